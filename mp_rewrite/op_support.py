@@ -1,0 +1,171 @@
+"""What TensorFlow's op registry says about ops: signatures (ports per type attribute), allowed dtypes, kernels.
+
+`Signatures` answers "which type attribute does input/output port k of this node use" from OpDefs (TF's registry,
+or the graph's function library for call ops). `KernelSupport` answers Grappler's `SupportsF16`: does a kernel
+exist for the node with one type attribute set to the low-precision dtype, on the node's device. TensorFlow's
+kernel registry answers for CPU (and for GPU in a GPU build); for GPU on a TF build without GPU kernels the
+shipped table `lists/gpu_kernels.toml` answers instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+import tomllib
+
+from tensorflow.core.framework import op_def_pb2
+from tensorflow.python.framework import kernels, op_def_registry
+
+from . import dtypes
+from .errors import GraphError
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSpec:
+    """One OpDef input or output argument, reduced to what port expansion needs."""
+
+    type_attr: str
+    number_attr: str
+    type_list_attr: str
+    fixed_type: int
+    is_ref: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSignature:
+    """The parts of an OpDef the pass uses, precomputed once per op type.
+
+    Attributes:
+        inputs, outputs: the argument specs in order.
+        type_attrs: (attr name, is_list, default) for every non-underscore attr of kind type or list(type).
+        allowed: attr name -> frozenset of allowed dtypes, or None when any dtype is allowed.
+        is_stateful: OpDef.is_stateful.
+        simple: True when no argument depends on number/list attrs, so port keys are the same for every node.
+    """
+
+    op: str
+    inputs: tuple
+    outputs: tuple
+    type_attrs: tuple
+    allowed: dict
+    is_stateful: bool
+    simple: bool
+    has_ref: bool
+
+
+def _arg_spec(arg) -> ArgSpec:
+    return ArgSpec(arg.type_attr, arg.number_attr, arg.type_list_attr, arg.type, arg.is_ref)
+
+
+def signature_from_op_def(op_def: op_def_pb2.OpDef) -> OpSignature:
+    """Build an OpSignature from an OpDef (a registered op or a FunctionDef's signature)."""
+    inputs = tuple(_arg_spec(a) for a in op_def.input_arg)
+    outputs = tuple(_arg_spec(a) for a in op_def.output_arg)
+    type_attrs, allowed = [], {}
+    for attr in op_def.attr:
+        if attr.name.startswith("_") or attr.type not in ("type", "list(type)"):
+            continue
+        default = attr.default_value if attr.HasField("default_value") else None
+        type_attrs.append((attr.name, attr.type == "list(type)", default))
+        values = attr.allowed_values.list.type if attr.HasField("allowed_values") else ()
+        allowed[attr.name] = frozenset(values) if values else None
+    args = inputs + outputs
+    simple = all(not a.number_attr and not a.type_list_attr for a in args)
+    return OpSignature(op_def.name, inputs, outputs, tuple(type_attrs), allowed, op_def.is_stateful, simple,
+                       any(a.is_ref for a in args))
+
+
+class Signatures:
+    """OpSignature lookup for a graph: TF's op registry first, then the graph's function library."""
+
+    def __init__(self, library=None):
+        self._functions = {f.signature.name: f.signature for f in library.function} if library else {}
+        self._cache = {}
+
+    def is_function(self, op: str) -> bool:
+        """True if `op` names a function of the graph's library (a direct function call node)."""
+        return op in self._functions
+
+    def get(self, op: str, node_name: str = "?") -> OpSignature:
+        """Return the signature of an op type.
+
+        Raises:
+            GraphError: the op is neither registered in TF nor a function of the library.
+        """
+        sig = self._cache.get(op)
+        if sig is None:
+            op_def = self._functions.get(op) or op_def_registry.get(op)
+            if op_def is None:
+                raise GraphError(f"node '{node_name}' uses op '{op}', which this TensorFlow's op registry and the "
+                                 "graph's function library do not define; load the library that registers it "
+                                 "(tf.load_op_library) or check the TensorFlow version")
+            sig = self._cache[op] = signature_from_op_def(op_def)
+        return sig
+
+
+@functools.lru_cache(maxsize=None)
+def _registry_kernels(op: str) -> tuple:
+    """(device_type, ((attr, frozenset(allowed)), ...)) for every kernel TF registered for `op`."""
+    result = []
+    for k in kernels.get_registered_kernels_for_op(op).kernel:
+        constraints = tuple((c.name, frozenset(c.allowed_values.list.type)) for c in k.constraint)
+        result.append((k.device_type, constraints))
+    return tuple(result)
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_kernel_table() -> dict:
+    """Return {dtype enum: frozenset(op names)} of ops with GPU kernels for half/bfloat16 (lists/gpu_kernels.toml)."""
+    resource = importlib.resources.files("mp_rewrite.lists") / "gpu_kernels.toml"
+    data = tomllib.loads(resource.read_text())["gpu"]
+    return {dtypes.HALF: frozenset(data.get("half", ())), dtypes.BFLOAT16: frozenset(data.get("bfloat16", ()))}
+
+
+class KernelSupport:
+    """Grappler's SupportsF16 kernel half: is there a kernel for this node with one attr set to the target?"""
+
+    def __init__(self, target: int):
+        self.target = target
+        self._cache = {}
+
+    def source(self, op: str, device_kind: str) -> str:
+        """Say which source answers for (op, device kind): "registry" or "gpu table"."""
+        if device_kind == "gpu" and not any(d == "GPU" for d, _ in _registry_kernels(op)):
+            return "gpu table"
+        return "registry"
+
+    def has_kernel(self, op: str, device_kind: str, attr: str, attr_values: dict) -> bool:
+        """Return True if a kernel exists for `op` on `device_kind` ("cpu"/"gpu") with `attr` set to the target.
+
+        Args:
+            attr: the type attr being retyped (a list attr retypes its element; the check is per attr name).
+            attr_values: the node's current type attr values, attr name -> dtype or tuple of dtypes.
+        """
+        key = (op, device_kind, attr, tuple(sorted(attr_values.items())))
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._lookup(op, device_kind, attr, attr_values)
+        return hit
+
+    def _lookup(self, op, device_kind, attr, attr_values) -> bool:
+        if self.source(op, device_kind) == "gpu table":
+            return op in gpu_kernel_table()[self.target]
+        device_type = device_kind.upper()
+        values = dict(attr_values)
+        current = values.get(attr)
+        values[attr] = tuple(self.target for _ in current) if isinstance(current, tuple) else self.target
+        for dev, constraints in _registry_kernels(op):
+            if dev != device_type:
+                continue
+            if all(_satisfies(values.get(name), allowed) for name, allowed in constraints):
+                return True
+        return False
+
+
+def _satisfies(value, allowed: frozenset) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, tuple):
+        return all(v in allowed for v in value)
+    return value in allowed

@@ -1,0 +1,134 @@
+"""Everything the stages read: the view, the lists, per-node facts, and Grappler's predicates over vertices."""
+
+from __future__ import annotations
+
+import fnmatch
+
+from . import dtypes
+from .errors import OptionError
+from .graph_view import GraphView, device_kind
+from .op_support import KernelSupport
+from .oplists import OpLists
+
+DEVICES = ("gpu", "cpu", "any")
+# Grappler's IsSourceOrSinkOp: a TensorList reaching one of these leaves the graph's view, so it must stay float32.
+SOURCE_OR_SINK_OPS = frozenset({"_Arg", "_Retval", "OptionalFromValue", "OptionalGetValue", "PartitionedCall",
+                                "Placeholder", "StatefulPartitionedCall"})
+# Grappler's CanForceFP16 exclusions (UNSAFE_FORCE_ALL).
+NEVER_FORCED_OPS = frozenset({"Const", "SoftmaxCrossEntropyWithLogits"})
+
+
+def compile_patterns(patterns, option: str):
+    """Return a predicate name -> bool for node-name patterns: globs ("dense*/MatMul"), exact names, and name
+    scopes ("loss" or "loss/" matches "loss/Log").
+
+    Raises:
+        OptionError: a pattern that is not a non-empty string.
+    """
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns or ())
+    for p in patterns:
+        if not isinstance(p, str) or not p.strip("/"):
+            raise OptionError(f"{option}: {p!r} is not a node name, scope or glob pattern")
+    globs = [p for p in patterns if any(c in p for c in "*?[")]
+    scopes = tuple(p.rstrip("/") for p in patterns if p not in globs)
+
+    def matches(name: str) -> bool:
+        if any(name == s or name.startswith(s + "/") for s in scopes):
+            return True
+        return any(fnmatch.fnmatchcase(name, g) for g in globs)
+    return matches
+
+
+class PassContext:
+    """Read-only facts for one run of the pass.
+
+    Attributes:
+        view, lists, target: the graph view, the op lists, the target dtype enum.
+        processed: per node, Grappler's ShouldProcess (not preserved, on the target device).
+        skip_reason: per node, why it is not processed ("" when it is).
+        category: per node, its list ("allow"/"infer"/"deny"/"clear"/None) after the user's node overrides.
+        override: per node, "keep_fp32" / "force_low" / "" (the user's overrides that decided `category`).
+        force_all: UNSAFE_FORCE_ALL.
+    """
+
+    def __init__(self, view: GraphView, lists: OpLists, target: int, device: str, preserved: dict,
+                 keep_fp32=None, force_low=None, force_all: bool = False):
+        self.view, self.lists, self.target, self.force_all = view, lists, target, force_all
+        self.kernels = KernelSupport(target)
+        self.device = device
+        self.default_kind = device if device != "any" else ("gpu" if target == dtypes.HALF else "cpu")
+        self.kinds = [device_kind(d) or self.default_kind for d in view.devices]
+        self.skip_reason = [preserved.get(name) or self._device_mismatch(kind)
+                            for name, kind in zip(view.names, self.kinds)]
+        self.processed = [not r for r in self.skip_reason]
+        self.category, self.override = self._categories(keep_fp32, force_low)
+
+    def _device_mismatch(self, kind: str) -> str:
+        if self.device == "any" or kind == self.device:
+            return ""
+        return f"placed on {kind.upper()} and the rewrite targets {self.device.upper()} nodes (device={self.device!r})"
+
+    def _categories(self, keep_fp32, force_low):
+        category = [self.lists.category(op) for op in self.view.ops]
+        override = [""] * len(category)
+        for option, color in (("force_low", "allow"), ("keep_fp32", "deny")):  # keep_fp32 wins over force_low
+            patterns = keep_fp32 if option == "keep_fp32" else force_low
+            if not patterns:
+                continue
+            matches = compile_patterns(patterns, option)
+            for i, name in enumerate(self.view.names):
+                if matches(name):
+                    category[i], override[i] = color, option
+        return category, override
+
+    # -- Grappler's predicates, per vertex ---------------------------------------------------------------------
+    def node_of(self, v: int) -> int:
+        return self.view.v_node[v]
+
+    def is_float32(self, v: int) -> bool:
+        return self.view.v_dtype[v] == dtypes.FLOAT
+
+    def supports_dtype(self, v: int) -> bool:
+        """SupportsF16DataType: the OpDef allows the target dtype for this type attribute."""
+        view = self.view
+        attr = view.v_attr[v]
+        if not attr:
+            return view.v_dtype[v] == self.target
+        allowed = view.sigs[view.v_node[v]].allowed.get(attr)
+        return allowed is None or self.target in allowed
+
+    def has_kernel(self, v: int) -> bool:
+        """The kernel half of SupportsF16 (a kernel exists for the node with this attr at the target dtype)."""
+        view = self.view
+        node = view.v_node[v]
+        return self.kernels.has_kernel(view.ops[node], self.kinds[node], view.v_attr[v], view.attr_values(node))
+
+    def supports_low(self, v: int) -> bool:
+        """SupportsF16: the OpDef allows the target dtype and a kernel exists for it on the node's device."""
+        return self.supports_dtype(v) and self.has_kernel(v)
+
+    def is_quantized(self, v: int) -> bool:
+        values = self.view.attr_values(self.view.v_node[v]).values()
+        return any((dt in dtypes.QUANTIZED) if isinstance(dt, int) else any(d in dtypes.QUANTIZED for d in dt)
+                   for dt in values)
+
+    def reads_ref_variable(self, node: int) -> bool:
+        """Grappler's NodeImplicitlyReadsNonResourceVariable: Identity(VariableV2), or Enter of such a read."""
+        view = self.view
+        op = view.ops[node]
+        if op not in ("Identity", "Enter") or not view.inputs[node]:
+            return False
+        src = view.inputs[node][0][0]
+        if op == "Identity":
+            return view.ops[src] in ("Variable", "VariableV2")
+        return self.reads_ref_variable(src)
+
+    def can_force(self, node: int) -> bool:
+        """Grappler's CanForceFP16 (UNSAFE_FORCE_ALL): not Const/SoftmaxCrossEntropyWithLogits, stateless, no refs."""
+        sig = self.view.sigs[node]
+        return self.view.ops[node] not in NEVER_FORCED_OPS and not sig.is_stateful and not sig.has_ref
+
+    def is_source_or_sink(self, node: int) -> bool:
+        op = self.view.ops[node]
+        return op in SOURCE_OR_SINK_OPS or self.view.signatures.is_function(op)
+

@@ -1,0 +1,195 @@
+"""`rewrite_graph_def`: the pass from GraphDef to mixed precision GraphDef, stage by stage in Grappler's order."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+
+from tensorflow.core.framework import graph_pb2
+
+from . import dtypes, stages, tensor_lists
+from .apply import Applied, apply_coloring
+from .coloring import ALLOW, Coloring, Paint, Reason
+from .errors import GraphError, OptionError
+from .graph_view import GraphView, device_kind, parse_input
+from .oplists import OpLists, apply_level, load_lists, normalize_level
+from .pass_context import DEVICES, PassContext
+
+# Grappler's order (AutoMixedPrecisionImpl::Optimize); the TensorList steps run around these.
+STAGES_BEFORE_LISTS = (stages.seed_allowlist, stages.propagate_deny_forward)
+STAGES_AFTER_LISTS = (stages.add_between_allow, stages.add_infer_after_allow, stages.propagate_allow_through_clear,
+                      stages.remove_unsupported)
+FINAL_STAGES = (stages.match_recurrent_edges, stages.make_casts_allow)
+
+
+@dataclasses.dataclass
+class RewriteResult:
+    """The outcome of one rewrite.
+
+    Attributes:
+        graph_def: the new GraphDef (the input is never modified).
+        coloring: (node, type attr) -> Decision for every type attribute, with its Reason.
+        casts: every inserted Cast (CastRecord).
+        retyped: the (node, type attr) pairs changed to the low-precision dtype.
+        precision, device: the options used.
+        lists: the effective OpLists.
+        num_nodes: node count of the input graph.
+    """
+
+    graph_def: graph_pb2.GraphDef
+    coloring: Coloring
+    casts: list
+    retyped: list
+    precision: str
+    device: str
+    lists: OpLists
+    num_nodes: int
+
+    @property
+    def converted_nodes(self) -> list[str]:
+        """Names of the nodes with at least one type attribute now in low precision, in graph order."""
+        return list(dict.fromkeys(node for node, _ in self.retyped))
+
+    def grappler_line(self) -> str:
+        """Grappler's own log line (X counts type attributes, as Grappler does)."""
+        to_low = sum(1 for c in self.casts if c.to_low)
+        return (f"Converted {len(self.retyped)}/{self.num_nodes} nodes to {self.precision} precision using "
+                f"{to_low} cast(s) to {self.precision}")
+
+    def summary(self, top: int = 10) -> str:
+        """Return "converted X/Y nodes to float16 with Z casts" and a short per-op-type table."""
+        converted = set(self.converted_nodes)
+        to_low = sum(1 for c in self.casts if c.to_low)
+        lines = [f"converted {len(converted)}/{self.num_nodes} nodes to {self.precision} with {len(self.casts)} "
+                 f"casts ({to_low} to {self.precision}, {len(self.casts) - to_low} to float32)"]
+        per_op = collections.Counter()
+        total = collections.Counter()
+        for d in self.coloring.values():
+            if d.dtype_before == "float":
+                total[d.op] += 1
+                per_op[d.op] += d.color == ALLOW
+        rows = sorted(total, key=lambda op: (-per_op[op], -total[op], op))[:top]
+        if rows:
+            lines.append(f"  {'op':<28}{'float32 attrs':>14}{'converted':>11}")
+            lines += [f"  {op:<28}{total[op]:>14}{per_op[op]:>11}" for op in rows]
+        return "\n".join(lines)
+
+
+def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16", fetches=(), *,
+                      device: str | None = None, lists: OpLists | None = None, keep_fp32=(), force_low=(),
+                      preserve=(), level: str | None = None, preserve_stateful: bool = False) -> RewriteResult:
+    """Rewrite a GraphDef to mixed precision, as Grappler's auto_mixed_precision pass does.
+
+    Args:
+        graph_def: a tf GraphDef; never modified.
+        precision: "float16" (TF's CUDA lists) or "bfloat16" (TF's oneDNN lists).
+        fetches: node or tensor names whose nodes are preserved (they keep float32 and their outputs' dtypes).
+        device: "gpu", "cpu" or "any": which placed nodes to convert (unplaced nodes always count). None means
+            "gpu" for float16 and "cpu" for bfloat16, like Grappler's CUDA and oneDNN modes.
+        lists: the op lists; None loads the built-in lists with TF's environment overrides.
+        keep_fp32: node-name patterns (globs, names, name scopes) kept in float32; they act as deny seeds.
+        force_low: node-name patterns treated as allow-list nodes (converted where the op supports it).
+        preserve: more node names to preserve, like Grappler's NodesToPreserve.
+        level: None, "TREAT_INFER_AS_DENY", "UNSAFE_FORCE_ALL" or "TENSOR_CORES_ONLY"; None reads TF's
+            TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL.
+        preserve_stateful: also preserve stateful and dataset ops (Grappler does so inside function bodies).
+
+    Returns:
+        A RewriteResult.
+
+    Raises:
+        OptionError: a bad precision, device, level, pattern or lists.
+        GraphError: a malformed graph (unknown op, missing input, unknown fetch).
+        StageError: a stage failed on a node (e.g. a NextIteration that does not feed a Merge).
+    """
+    target = dtypes.target_dtype(precision)
+    device = _check_device(device, precision)
+    level = normalize_level(level if level is not None else os.environ.get("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL"))
+    lists = _effective_lists(lists, precision, level)
+    if not isinstance(graph_def, graph_pb2.GraphDef):
+        raise GraphError(f"expected a tf GraphDef, got {type(graph_def).__name__}; pass graph.as_graph_def()")
+    preserved = {parse_input(f.lstrip("^"))[0]: "fetched (graph outputs keep their dtypes)" for f in fetches}
+    preserved.update({name: "preserved by the caller" for name in preserve})
+
+    def upgrade(name, node_device):
+        kind = device_kind(node_device) or device
+        return name not in preserved and (device == "any" or kind == device)
+    view = GraphView(graph_def, upgrade_batch_norm=upgrade)
+    missing = [name for name in preserved if name not in view.node_index]
+    if missing:
+        raise GraphError(f"fetch or preserved node '{missing[0]}' is not in the graph; check the name "
+                         f"(the graph has {view.num_nodes} nodes)")
+    if preserve_stateful:
+        for i, sig in enumerate(view.sigs):
+            if sig.is_stateful or "Dataset" in view.ops[i]:
+                preserved.setdefault(view.names[i], "stateful op in a function body (Grappler preserves it)")
+    ctx = PassContext(view, lists, target, device, preserved, keep_fp32, force_low, level == "UNSAFE_FORCE_ALL")
+    paint = run_stages(ctx)
+    applied = apply_coloring(graph_def, ctx, paint)
+    return _result(applied, ctx, paint, precision, device, lists)
+
+
+def run_stages(ctx: PassContext) -> Paint:
+    """Run every coloring stage in Grappler's order and return the final Paint."""
+    paint = Paint()
+    clusters = tensor_lists.find_clusters(ctx, paint)
+    for cluster in clusters:
+        ctx.view.add_edges(tensor_lists.implicit_edges(ctx, cluster))
+    for stage in STAGES_BEFORE_LISTS:
+        stage(ctx, paint)
+    if not paint.allow:
+        return paint  # Grappler: "No allowlist ops found, nothing to do"
+    tensor_lists.match_cluster_colors(ctx, paint, clusters)
+    for stage in STAGES_AFTER_LISTS:
+        stage(ctx, paint)
+    tensor_lists.match_cluster_colors(ctx, paint, clusters)
+    for stage in FINAL_STAGES:
+        stage(ctx, paint)
+    return paint
+
+
+def _check_device(device: str | None, precision: str) -> str:
+    if device is None:
+        return "gpu" if precision == "float16" else "cpu"
+    if device not in DEVICES:
+        raise OptionError(f"unknown device {device!r}: use 'gpu', 'cpu' or 'any'")
+    return device
+
+
+def _effective_lists(lists: OpLists | None, precision: str, level: str | None) -> OpLists:
+    if level == "UNSAFE_FORCE_ALL" and precision == "bfloat16":
+        raise OptionError("level UNSAFE_FORCE_ALL is not supported with bfloat16 (TF refuses it with oneDNN too)")
+    if lists is None:
+        return load_lists(precision, level=level)
+    if not isinstance(lists, OpLists) or lists.precision != precision:
+        raise OptionError(f"lists must be an OpLists for {precision!r} (see mp_rewrite.load_lists)")
+    return apply_level(lists, level)
+
+
+def _result(applied: Applied, ctx: PassContext, paint: Paint, precision, device, lists) -> RewriteResult:
+    coloring = Coloring(ctx.view, lists, paint, ctx.target, lambda v: why_kept(ctx, v))
+    return RewriteResult(applied.graph_def, coloring, applied.casts, applied.retyped, precision, device, lists,
+                         ctx.view.num_nodes)
+
+
+def why_kept(ctx: PassContext, v: int) -> Reason:
+    """The Reason for a vertex no stage painted: the first of Grappler's conditions it fails."""
+    view = ctx.view
+    node = view.v_node[v]
+    op, category = view.ops[node], ctx.category[node]
+    if not ctx.processed[node]:
+        return Reason("select_nodes", "not_processed", detail=ctx.skip_reason[node])
+    if not ctx.is_float32(v):
+        return Reason("select_nodes", "not_float32", detail=f"its dtype is {dtypes.name(view.v_dtype[v])}")
+    if category is None:
+        return Reason("select_nodes", "not_in_lists", detail=f"{op} is in no op list, so it keeps its dtype")
+    if category in ("clear", "infer") and not ctx.supports_low(v):
+        where = ctx.kernels.source(op, ctx.kinds[node])
+        return Reason("select_nodes", "no_low_precision_kernel",
+                      detail=f"no {dtypes.name(ctx.target)} kernel for {op} on {ctx.kinds[node].upper()} ({where})")
+    if category == "clear":
+        return Reason("propagate_allow_through_clear", "no_allow_neighbour",
+                      detail="clear op not connected to a low-precision node through clear ops")
+    return Reason("add_between_allow", "not_between_allow",
+                  detail="infer op neither on a path between allow nodes nor directly after one")
