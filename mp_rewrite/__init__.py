@@ -1,10 +1,30 @@
-"""mp_rewrite: an explainable, Grappler-faithful mixed precision graph rewriter for TensorFlow."""
+"""mp_rewrite: an explainable, Grappler-faithful mixed precision graph rewriter for TensorFlow.
+
+The public names are imported lazily, so `import mp_rewrite` (and `mp-rewrite --version`) does not start
+TensorFlow until something needs it.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
 
-from .errors import GraphError, ListError, ModelError, MpRewriteError, OptionError, StageError  # noqa: E402
-from .oplists import OpLists, builtin_lists, load_lists  # noqa: E402
-from .rewrite import RewriteResult, rewrite_graph_def  # noqa: E402
+_EXPORTS = {
+    "rewrite_graph_def": "rewrite", "RewriteResult": "rewrite",
+    "OpLists": "oplists", "builtin_lists": "oplists", "load_lists": "oplists",
+    "MpRewriteError": "errors", "GraphError": "errors", "ListError": "errors", "ModelError": "errors",
+    "OptionError": "errors", "StageError": "errors",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = ["rewrite_graph_def", "RewriteResult", "OpLists", "builtin_lists", "load_lists", "MpRewriteError",
-           "GraphError", "ListError", "ModelError", "OptionError", "StageError"]
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mp_rewrite' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

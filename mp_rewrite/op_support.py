@@ -25,6 +25,7 @@ from .errors import GraphError
 class ArgSpec:
     """One OpDef input or output argument, reduced to what port expansion needs."""
 
+    name: str
     type_attr: str
     number_attr: str
     type_list_attr: str
@@ -55,7 +56,7 @@ class OpSignature:
 
 
 def _arg_spec(arg) -> ArgSpec:
-    return ArgSpec(arg.type_attr, arg.number_attr, arg.type_list_attr, arg.type, arg.is_ref)
+    return ArgSpec(arg.name, arg.type_attr, arg.number_attr, arg.type_list_attr, arg.type, arg.is_ref)
 
 
 def signature_from_op_def(op_def: op_def_pb2.OpDef) -> OpSignature:

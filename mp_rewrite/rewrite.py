@@ -14,7 +14,9 @@ from .coloring import ALLOW, Coloring, Paint, Reason
 from .errors import GraphError, OptionError
 from .graph_view import GraphView, device_kind, parse_input
 from .oplists import OpLists, apply_level, load_lists, normalize_level
-from .pass_context import DEVICES, PassContext
+from .functions import graph_functions
+from .op_support import Signatures
+from .pass_context import DEVICES, PassContext, compile_patterns
 
 # Grappler's order (AutoMixedPrecisionImpl::Optimize); the TensorList steps run around these.
 STAGES_BEFORE_LISTS = (stages.seed_allowlist, stages.propagate_deny_forward)
@@ -35,6 +37,7 @@ class RewriteResult:
         precision, device: the options used.
         lists: the effective OpLists.
         num_nodes: node count of the input graph.
+        functions: function name -> RewriteResult of its body, for every library function rewritten.
     """
 
     graph_def: graph_pb2.GraphDef
@@ -45,6 +48,7 @@ class RewriteResult:
     device: str
     lists: OpLists
     num_nodes: int
+    functions: dict = dataclasses.field(default_factory=dict)
 
     @property
     def converted_nodes(self) -> list[str]:
@@ -76,10 +80,41 @@ class RewriteResult:
         return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The validated options of one rewrite, shared by the main graph and every function body."""
+
+    precision: str
+    target: int
+    device: str
+    lists: OpLists
+    keep_fp32: tuple = ()
+    force_low: tuple = ()
+    force_all: bool = False
+
+
+def make_options(precision="float16", device=None, lists=None, keep_fp32=(), force_low=(), level=None) -> Options:
+    """Validate rewrite options (see rewrite_graph_def) into an Options.
+
+    Raises:
+        OptionError, ListError: a bad precision, device, level, pattern or lists.
+    """
+    target = dtypes.target_dtype(precision)
+    device = _check_device(device, precision)
+    env_level = os.environ.get("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL")
+    level = normalize_level(level if level is not None else env_level)
+    lists = _effective_lists(lists, precision, level)
+    for option, patterns in (("keep_fp32", keep_fp32), ("force_low", force_low)):
+        compile_patterns(patterns, option)
+    as_tuple = lambda p: (p,) if isinstance(p, str) else tuple(p or ())  # noqa: E731
+    return Options(precision, target, device, lists, as_tuple(keep_fp32), as_tuple(force_low),
+                   level == "UNSAFE_FORCE_ALL")
+
+
 def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16", fetches=(), *,
                       device: str | None = None, lists: OpLists | None = None, keep_fp32=(), force_low=(),
-                      preserve=(), level: str | None = None, preserve_stateful: bool = False) -> RewriteResult:
-    """Rewrite a GraphDef to mixed precision, as Grappler's auto_mixed_precision pass does.
+                      preserve=(), level: str | None = None, functions: bool = True) -> RewriteResult:
+    """Rewrite a GraphDef (and the functions it calls) to mixed precision, as Grappler's pass does.
 
     Args:
         graph_def: a tf GraphDef; never modified.
@@ -93,29 +128,42 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
         preserve: more node names to preserve, like Grappler's NodesToPreserve.
         level: None, "TREAT_INFER_AS_DENY", "UNSAFE_FORCE_ALL" or "TENSOR_CORES_ONLY"; None reads TF's
             TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL.
-        preserve_stateful: also preserve stateful and dataset ops (Grappler does so inside function bodies).
+        functions: also rewrite every library function the graph reaches, each on its own as Grappler does
+            (arguments and return values keep their dtypes; stateful and dataset ops are preserved).
 
     Returns:
-        A RewriteResult.
+        A RewriteResult; `result.functions` maps each rewritten function's name to its own RewriteResult.
 
     Raises:
         OptionError: a bad precision, device, level, pattern or lists.
         GraphError: a malformed graph (unknown op, missing input, unknown fetch).
         StageError: a stage failed on a node (e.g. a NextIteration that does not feed a Merge).
     """
-    target = dtypes.target_dtype(precision)
-    device = _check_device(device, precision)
-    level = normalize_level(level if level is not None else os.environ.get("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL"))
-    lists = _effective_lists(lists, precision, level)
+    opts = make_options(precision, device, lists, keep_fp32, force_low, level)
     if not isinstance(graph_def, graph_pb2.GraphDef):
         raise GraphError(f"expected a tf GraphDef, got {type(graph_def).__name__}; pass graph.as_graph_def()")
+    signatures = Signatures(graph_def.library)
+    result = rewrite_body(graph_def, opts, fetches, preserve, signatures)
+    if functions:
+        from .library import rewrite_library
+        result.functions = rewrite_library(result.graph_def.library, opts, signatures, graph_functions(graph_def))
+    return result
+
+
+def rewrite_body(graph_def: graph_pb2.GraphDef, opts: Options, fetches=(), preserve=(),
+                 signatures: Signatures | None = None, preserve_stateful: bool = False) -> RewriteResult:
+    """Rewrite one graph (a main graph or a function body) without looking into the functions it calls.
+
+    Args:
+        preserve_stateful: preserve stateful and dataset ops too (Grappler does so inside function bodies).
+    """
     preserved = {parse_input(f.lstrip("^"))[0]: "fetched (graph outputs keep their dtypes)" for f in fetches}
     preserved.update({name: "preserved by the caller" for name in preserve})
 
     def upgrade(name, node_device):
-        kind = device_kind(node_device) or device
-        return name not in preserved and (device == "any" or kind == device)
-    view = GraphView(graph_def, upgrade_batch_norm=upgrade)
+        kind = device_kind(node_device) or opts.device
+        return name not in preserved and (opts.device == "any" or kind == opts.device)
+    view = GraphView(graph_def, upgrade_batch_norm=upgrade, signatures=signatures)
     missing = [name for name in preserved if name not in view.node_index]
     if missing:
         raise GraphError(f"fetch or preserved node '{missing[0]}' is not in the graph; check the name "
@@ -124,10 +172,11 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
         for i, sig in enumerate(view.sigs):
             if sig.is_stateful or "Dataset" in view.ops[i]:
                 preserved.setdefault(view.names[i], "stateful op in a function body (Grappler preserves it)")
-    ctx = PassContext(view, lists, target, device, preserved, keep_fp32, force_low, level == "UNSAFE_FORCE_ALL")
+    ctx = PassContext(view, opts.lists, opts.target, opts.device, preserved, opts.keep_fp32, opts.force_low,
+                      opts.force_all)
     paint = run_stages(ctx)
     applied = apply_coloring(graph_def, ctx, paint)
-    return _result(applied, ctx, paint, precision, device, lists)
+    return _result(applied, ctx, paint, opts)
 
 
 def run_stages(ctx: PassContext) -> Paint:
@@ -167,10 +216,10 @@ def _effective_lists(lists: OpLists | None, precision: str, level: str | None) -
     return apply_level(lists, level)
 
 
-def _result(applied: Applied, ctx: PassContext, paint: Paint, precision, device, lists) -> RewriteResult:
-    coloring = Coloring(ctx.view, lists, paint, ctx.target, lambda v: why_kept(ctx, v))
-    return RewriteResult(applied.graph_def, coloring, applied.casts, applied.retyped, precision, device, lists,
-                         ctx.view.num_nodes)
+def _result(applied: Applied, ctx: PassContext, paint: Paint, opts: Options) -> RewriteResult:
+    coloring = Coloring(ctx.view, opts.lists, paint, ctx.target, lambda v: why_kept(ctx, v))
+    return RewriteResult(applied.graph_def, coloring, applied.casts, applied.retyped, opts.precision, opts.device,
+                         opts.lists, ctx.view.num_nodes)
 
 
 def why_kept(ctx: PassContext, v: int) -> Reason:

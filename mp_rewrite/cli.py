@@ -1,0 +1,77 @@
+"""The `mp-rewrite` command line: one subcommand per module in mp_rewrite/commands/.
+
+Errors of the package's own type print one line and exit 2; a bug still shows its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# Subcommand modules, in the order `mp-rewrite --help` lists them. Each defines register(subparsers), which adds
+# its parser and sets `func` (args -> exit code).
+COMMANDS = ("demo", "convert", "verify", "inspect", "explain", "lists")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser with every available subcommand registered."""
+    from . import __version__
+    parser = argparse.ArgumentParser(prog="mp-rewrite", description="Mixed precision graph rewriter for TensorFlow "
+                                     "(Grappler's auto_mixed_precision pass, in Python, explained).")
+    parser.add_argument("--version", action="version", version=f"mp-rewrite {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"mp_rewrite.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"mp_rewrite.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow with file descriptor 2 silenced: its C++ start-up lines ("oneDNN custom operations are
+    on", absl's pre-init warning) ignore TF_CPP_MIN_LOG_LEVEL and bury a CLI's own output. An import error is
+    still raised, after stderr is restored."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def main(argv=None) -> int:
+    """Run the CLI; return the exit code (0 ok, 1 a check failed, 2 bad input or a failed rewrite)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:  # answer without starting TensorFlow
+        from . import __version__
+        print(f"mp-rewrite {__version__}")
+        return 0
+    import_tensorflow_quietly()
+    from .errors import MpRewriteError
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except MpRewriteError as e:
+        print(f"mp-rewrite: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mp-rewrite: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

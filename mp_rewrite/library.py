@@ -1,0 +1,42 @@
+"""Rewriting a function library: every reachable function body on its own, as Grappler's meta-optimizer does."""
+
+from __future__ import annotations
+
+from tensorflow.core.framework import function_pb2
+
+from .functions import (function_to_graph, graph_to_function, is_polymorphic, is_tf_data_function,
+                        reachable_functions)
+from .op_support import Signatures
+
+
+def skipped_functions(library: function_pb2.FunctionDefLibrary) -> dict:
+    """name -> why Grappler would not rewrite it: parametrised, or a tf.data function (and what it calls)."""
+    skipped = {}
+    for fdef in library.function:
+        if is_polymorphic(fdef):
+            skipped[fdef.signature.name] = "parametrised function (type attrs in its signature)"
+    data_roots = [f.signature.name for f in library.function if is_tf_data_function(f)]
+    for name in reachable_functions(library, data_roots):
+        skipped[name] = "tf.data function (or called by one)"
+    return skipped
+
+
+def rewrite_library(library: function_pb2.FunctionDefLibrary, opts, signatures: Signatures, names) -> dict:
+    """Rewrite the named functions of `library` in place (it must be the caller's own copy).
+
+    Returns:
+        name -> RewriteResult of each rewritten body.
+    """
+    from .rewrite import rewrite_body
+    skipped = skipped_functions(library)
+    index = {f.signature.name: i for i, f in enumerate(library.function)}
+    results = {}
+    for name in names:
+        if name in skipped or name not in index:
+            continue
+        fdef = library.function[index[name]]
+        body = function_to_graph(fdef, signatures)
+        result = rewrite_body(body.graph_def, opts, body.retvals, (), signatures, preserve_stateful=True)
+        library.function[index[name]].CopyFrom(graph_to_function(result.graph_def, fdef, signatures))
+        results[name] = result
+    return results
