@@ -21,8 +21,12 @@ def skipped_functions(library: function_pb2.FunctionDefLibrary) -> dict:
     return skipped
 
 
-def rewrite_library(library: function_pb2.FunctionDefLibrary, opts, signatures: Signatures, names) -> dict:
+def rewrite_library(library: function_pb2.FunctionDefLibrary, opts, signatures: Signatures, names,
+                    progress=None) -> dict:
     """Rewrite the named functions of `library` in place (it must be the caller's own copy).
+
+    Args:
+        progress: optional callable (done, total, function name), called after each function.
 
     Returns:
         name -> RewriteResult of each rewritten body.
@@ -31,12 +35,13 @@ def rewrite_library(library: function_pb2.FunctionDefLibrary, opts, signatures: 
     skipped = skipped_functions(library)
     index = {f.signature.name: i for i, f in enumerate(library.function)}
     results = {}
-    for name in names:
-        if name in skipped or name not in index:
-            continue
+    todo = [n for n in names if n not in skipped and n in index]
+    for done, name in enumerate(todo, 1):
         fdef = library.function[index[name]]
         body = function_to_graph(fdef, signatures)
         result = rewrite_body(body.graph_def, opts, body.retvals, (), signatures, preserve_stateful=True)
         library.function[index[name]].CopyFrom(graph_to_function(result.graph_def, fdef, signatures))
         results[name] = result
+        if progress is not None:
+            progress(done, len(todo), name)
     return results

@@ -113,7 +113,8 @@ def make_options(precision="float16", device=None, lists=None, keep_fp32=(), for
 
 def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16", fetches=(), *,
                       device: str | None = None, lists: OpLists | None = None, keep_fp32=(), force_low=(),
-                      preserve=(), level: str | None = None, functions: bool = True) -> RewriteResult:
+                      preserve=(), level: str | None = None, functions: bool = True,
+                      progress=None) -> RewriteResult:
     """Rewrite a GraphDef (and the functions it calls) to mixed precision, as Grappler's pass does.
 
     Args:
@@ -130,6 +131,7 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
             TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL.
         functions: also rewrite every library function the graph reaches, each on its own as Grappler does
             (arguments and return values keep their dtypes; stateful and dataset ops are preserved).
+        progress: optional callable (done, total, function name) called after each function body is rewritten.
 
     Returns:
         A RewriteResult; `result.functions` maps each rewritten function's name to its own RewriteResult.
@@ -146,7 +148,8 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
     result = rewrite_body(graph_def, opts, fetches, preserve, signatures)
     if functions:
         from .library import rewrite_library
-        result.functions = rewrite_library(result.graph_def.library, opts, signatures, graph_functions(graph_def))
+        result.functions = rewrite_library(result.graph_def.library, opts, signatures, graph_functions(graph_def),
+                                           progress)
     return result
 
 
