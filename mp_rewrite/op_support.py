@@ -116,6 +116,12 @@ def _registry_kernels(op: str) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
+def _built_with_gpu() -> bool:
+    from tensorflow.python.platform import test
+    return test.is_built_with_gpu_support()
+
+
+@functools.lru_cache(maxsize=None)
 def gpu_kernel_table() -> dict:
     """Return {dtype enum: frozenset(op names)} of ops with GPU kernels for half/bfloat16 (lists/gpu_kernels.toml)."""
     resource = importlib.resources.files("mp_rewrite.lists") / "gpu_kernels.toml"
@@ -131,10 +137,12 @@ class KernelSupport:
         self._cache = {}
 
     def source(self, op: str, device_kind: str) -> str:
-        """Say which source answers for (op, device kind): "registry" or "gpu table"."""
-        if device_kind == "gpu" and not any(d == "GPU" for d, _ in _registry_kernels(op)):
-            return "gpu table"
-        return "registry"
+        """Say which source answers for (op, device kind): "registry" or "gpu table".
+
+        A TF build without GPU support still registers a few GPU kernels (host-memory int32 ones), so the
+        registry only answers for GPU when the build has GPU support at all.
+        """
+        return "gpu table" if device_kind == "gpu" and not _built_with_gpu() else "registry"
 
     def has_kernel(self, op: str, device_kind: str, attr: str, attr_values: dict) -> bool:
         """Return True if a kernel exists for `op` on `device_kind` ("cpu"/"gpu") with `attr` set to the target.
@@ -157,7 +165,7 @@ class KernelSupport:
         current = values.get(attr)
         values[attr] = tuple(self.target for _ in current) if isinstance(current, tuple) else self.target
         for dev, constraints in _registry_kernels(op):
-            if dev != device_type:
+            if dev != device_type and dev != "DEFAULT":  # DEFAULT kernels serve every device, as in TF
                 continue
             if all(_satisfies(values.get(name), allowed) for name, allowed in constraints):
                 return True

@@ -14,6 +14,10 @@ DEVICES = ("gpu", "cpu", "any")
 # Grappler's IsSourceOrSinkOp: a TensorList reaching one of these leaves the graph's view, so it must stay float32.
 SOURCE_OR_SINK_OPS = frozenset({"_Arg", "_Retval", "OptionalFromValue", "OptionalGetValue", "PartitionedCall",
                                 "Placeholder", "StatefulPartitionedCall"})
+# Beyond Grappler: functional control flow hands the list to a body that is rewritten on its own, so the two sides
+# can disagree on the element dtype. TF 2.21's pass paints such lists half in the caller while the body keeps
+# float32, and the graph fails at run time ("op elements float but list elements half"); these are sinks here.
+FUNCTIONAL_CONTROL_FLOW_OPS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"})
 # Grappler's CanForceFP16 exclusions (UNSAFE_FORCE_ALL).
 NEVER_FORCED_OPS = frozenset({"Const", "SoftmaxCrossEntropyWithLogits"})
 
@@ -130,5 +134,6 @@ class PassContext:
 
     def is_source_or_sink(self, node: int) -> bool:
         op = self.view.ops[node]
-        return op in SOURCE_OR_SINK_OPS or self.view.signatures.is_function(op)
+        return (op in SOURCE_OR_SINK_OPS or op in FUNCTIONAL_CONTROL_FLOW_OPS
+                or self.view.signatures.is_function(op))
 
