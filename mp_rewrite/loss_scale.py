@@ -1,0 +1,694 @@
+"""Loss scaling for mixed precision training: `LossScaleOptimizer` and `wrap_optimizer`.
+
+`LossScaleOptimizer` has the semantics of tf_keras's `tf.keras.mixed_precision.LossScaleOptimizer` and is a
+Keras 3 optimizer (a subclass of `keras.optimizers.LossScaleOptimizer`, so `model.compile` never wraps it again).
+It accepts both ways of driving a loss scale optimizer:
+
+* Keras 3 (`model.fit`, custom loops): `scale_loss(loss)` inside the tape, then `apply(grads, vars)` or
+  `apply_gradients(...)` with the *scaled* gradients, which the optimizer unscales.
+* tf_keras: `get_scaled_loss(loss)`, `get_unscaled_gradients(grads)`, then `apply_gradients(...)` with the
+  *unscaled* gradients. `get_unscaled_gradients` sets a per-replica flag *variable* which the next apply reads
+  (and clears) at run time, so the two calls may sit in different `tf.function`s or mix eager and graph code.
+
+Dynamic scaling is bounded: the scale never drops below `MIN_LOSS_SCALE` (a warning is logged when the floor is
+hit) and never grows past `MAX_LOSS_SCALE`. Skipped steps, the scale and its recent changes are observable through
+`skipped_steps`, `loss_scale` and `scale_history`, and are logged to `logging.getLogger("mp_rewrite")`: INFO on each
+skipped step, WARNING at the floor, DEBUG on growth (host callbacks, left out inside XLA-compiled functions).
+
+Errors are `LossScaleError` (a ValueError) and `LossScaleTypeError` (a TypeError), both `OptionError`s, with TF's
+messages. TensorFlow backend of Keras 3 only (the update is written in TF ops, for tf.distribute).
+"""
+
+import importlib
+import inspect
+import logging
+import numbers
+import sys
+from collections.abc import Mapping
+
+import keras
+import tensorflow as tf
+
+from .errors import OptionError
+
+logger = logging.getLogger("mp_rewrite")
+
+MIN_LOSS_SCALE = 1.0
+MAX_LOSS_SCALE = 2.0**64  # far above any useful scale, and its reciprocal is still a normal float32
+SCALE_HISTORY_SIZE = 64  # scale changes kept for `scale_history`
+DEFAULT_INITIAL_SCALE = 2.0**15
+DEFAULT_GROWTH_STEPS = 2000
+
+_KERAS, _TF_KERAS_V2, _TF_KERAS_V3 = "keras", "tf_keras_v2", "tf_keras_v3"
+# Constructor arguments every optimizer has: options, not hyperparameters the wrapper should forward.
+_BASE_ARGS = frozenset(
+    "self name kwargs weight_decay clipnorm clipvalue global_clipnorm use_ema ema_momentum ema_overwrite_frequency "
+    "loss_scale_factor gradient_accumulation_steps jit_compile mesh".split()
+)
+_SETTINGS = ("dynamic", "initial_scale", "dynamic_growth_steps")
+# The update uses tf.cond/tf.where explicitly; letting AutoGraph rewrite this module costs seconds per trace.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+
+class LossScaleError(OptionError, ValueError):
+    """An invalid loss scale setting, optimizer or call context (a ValueError, as TF raises)."""
+
+
+class LossScaleTypeError(OptionError, TypeError):
+    """An argument of the wrong type: `dynamic`, the inner optimizer, a LossScale subclass (a TypeError, as in TF)."""
+
+
+def _tf_keras():
+    # Only look at tf_keras if the caller imported it (a tf_keras optimizer implies so); importing it is slow.
+    return sys.modules.get("tf_keras")
+
+
+def _optimizer_family(opt):
+    if isinstance(opt, keras.optimizers.Optimizer):
+        return _KERAS
+    tfk = _tf_keras()
+    if tfk is not None and isinstance(opt, tfk.optimizers.legacy.Optimizer):
+        return _TF_KERAS_V2
+    if tfk is not None and isinstance(opt, tfk.optimizers.Optimizer):
+        return _TF_KERAS_V3
+    return None
+
+
+def is_loss_scale_optimizer(opt):
+    """Whether `opt` already scales the loss (ours, Keras 3's, tf_keras's or TF v1's loss scale optimizer).
+
+    Args:
+        opt: any object.
+
+    Returns:
+        True if `opt` is a loss scale optimizer of any of those libraries.
+    """
+    classes = [keras.optimizers.LossScaleOptimizer, tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer]
+    tfk = _tf_keras()
+    if tfk is not None:
+        classes.append(tfk.mixed_precision.LossScaleOptimizer)
+    return isinstance(opt, tuple(classes))
+
+
+def _check_strategy_supported():
+    strategy = tf.distribute.get_strategy()
+    supported = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
+                 tf.distribute.OneDeviceStrategy, tf.compat.v1.distribute.MirroredStrategy,
+                 tf.compat.v1.distribute.OneDeviceStrategy)
+    if not tf.distribute.has_strategy() or isinstance(strategy, supported):
+        return
+    if "TPU" in type(strategy).__name__:
+        raise LossScaleError(
+            "Loss scaling is not supported with TPUStrategy. Loss scaling is unnecessary with TPUs, since "
+            "they support bfloat16 instead of float16 and bfloat16 does not require loss scaling.")
+    raise LossScaleError(f"Loss scaling is not supported with the tf.distribute.Strategy: {type(strategy).__name__}. "
+                         "Try using a different Strategy, e.g. a MirroredStrategy")
+
+
+def _check_settings(dynamic, initial_scale, dynamic_growth_steps):
+    """Validates the constructor settings (in tf_keras's order) and returns them with defaults filled in."""
+    if not isinstance(dynamic, bool):
+        raise LossScaleTypeError(
+            f'"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, but got: {dynamic!r}')
+    if not dynamic and initial_scale is None:
+        raise LossScaleError('"initial_scale" must be specified if "dynamic" is False')
+    if not dynamic and dynamic_growth_steps is not None:
+        raise LossScaleError(
+            f'"dynamic_growth_steps" must be None if "dynamic" is False, but got: {dynamic_growth_steps}')
+    initial_scale = DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale
+    if (isinstance(initial_scale, bool) or not isinstance(initial_scale, numbers.Real)
+            or not MIN_LOSS_SCALE <= float(initial_scale) <= MAX_LOSS_SCALE):
+        raise LossScaleError(
+            f'"initial_scale" must be a number between {MIN_LOSS_SCALE:g} and 2**64 (the bounds of the '
+            f"loss scale), but got: {initial_scale!r}")
+    if dynamic:
+        dynamic_growth_steps = DEFAULT_GROWTH_STEPS if dynamic_growth_steps is None else dynamic_growth_steps
+        if (isinstance(dynamic_growth_steps, bool) or not isinstance(dynamic_growth_steps, numbers.Integral)
+                or dynamic_growth_steps < 1):
+            raise LossScaleError(
+                '"dynamic_growth_steps" must be a positive int (the number of consecutive finite steps '
+                f"after which the loss scale doubles), but got: {dynamic_growth_steps!r}")
+        dynamic_growth_steps = int(dynamic_growth_steps)
+    return float(initial_scale), dynamic_growth_steps
+
+
+def _check_inner(inner_optimizer):
+    """Returns the optimizer family of `inner_optimizer`, raising tf_keras's errors for what cannot be wrapped."""
+    if is_loss_scale_optimizer(inner_optimizer):
+        raise LossScaleTypeError(
+            f"LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: {inner_optimizer}")
+    family = _optimizer_family(inner_optimizer)
+    if family is None:
+        raise LossScaleTypeError(
+            '"inner_optimizer" must be an instance of `keras.optimizers.Optimizer` (Keras 3) or of a '
+            f"tf_keras optimizer, but got: {inner_optimizer}.")
+    if getattr(inner_optimizer, "_is_wrapped_by_loss_scale_optimizer", False):
+        raise LossScaleError('"inner_optimizer" is already wrapped by a LossScaleOptimizer. An optimizer can only be '
+                             "wrapped by a single LossScaleOptimizer")
+    return family
+
+
+def _multiply(grad, factor):
+    """`grad * factor`, keeping None and IndexedSlices; half-precision values are scaled in float32."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(_multiply(grad.values, factor), grad.indices, grad.dense_shape)
+    grad = tf.convert_to_tensor(grad)
+    if grad.dtype in (tf.float16, tf.bfloat16):
+        # The reciprocal of a large scale underflows in float16 (2**-25 is 0), so unscale in float32.
+        return tf.cast(tf.cast(grad, tf.float32) * factor, grad.dtype)
+    return grad * tf.cast(factor, grad.dtype)
+
+
+def _all_finite(grads):
+    flags = [tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+             for g in grads if g is not None]
+    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
+
+
+def _in_xla_context():
+    from tensorflow.python.ops import control_flow_util  # TF-internal; no public way to ask
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _log_scale_event(step, old_scale, new_scale, finite, skipped):
+    """Host callback: one log line per skipped step or scale growth (no line on ordinary steps)."""
+    step, old_scale, new_scale, skipped = int(step), float(old_scale), float(new_scale), int(skipped)
+    if bool(finite):
+        logger.debug("loss scale grew %g -> %g at step %d", old_scale, new_scale, step)
+    elif old_scale * 0.5 < MIN_LOSS_SCALE:
+        logger.warning("non-finite gradients at step %d with the loss scale at its minimum of %g: step skipped "
+                       "(%d skipped so far). The overflow does not come from the loss scale; look for NaN/Inf in "
+                       "the model or data.", step, new_scale, skipped)
+    else:
+        logger.info("non-finite gradients at step %d: step skipped, loss scale %g -> %g (%d skipped so far)",
+                    step, old_scale, new_scale, skipped)
+    return []
+
+
+class _Untracked:
+    """Holds a variable out of sight of checkpoint tracking (transient per-step state)."""
+
+    def __init__(self, variable):
+        self.variable = variable
+
+
+@keras.saving.register_keras_serializable(package="mp_rewrite")
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """An optimizer wrapper that scales the loss to keep float16 gradients from underflowing.
+
+    With `dynamic=True` the scale starts at `initial_scale`; after `dynamic_growth_steps` consecutive steps with
+    finite gradients it doubles (at most to `MAX_LOSS_SCALE`); a step with any non-finite gradient, on any replica,
+    is skipped on every replica (variables and slots untouched, `iterations` still incremented, as in tf_keras), the
+    scale halves (at least to `MIN_LOSS_SCALE`) and the counter resets. With `dynamic=False` the scale is fixed
+    and every step is applied. Create it under the `tf.distribute` strategy's scope, like its inner optimizer.
+
+    Args:
+        inner_optimizer: a Keras 3 optimizer (`keras.optimizers.SGD(...)`, ...) or a tf_keras optimizer.
+        dynamic: bool, dynamic (default) or fixed loss scale.
+        initial_scale: the first (or the fixed) scale, in [1, 2**64]; defaults to 2**15 when dynamic, and is
+            required when not.
+        dynamic_growth_steps: a positive int, default 2000; must be None when not dynamic.
+        name: optional name.
+
+    Raises:
+        TypeError: `dynamic` is not a bool, or `inner_optimizer` is not an optimizer or is a loss scale optimizer.
+        ValueError: invalid `initial_scale`/`dynamic_growth_steps`, an inner optimizer that is already wrapped, or
+            an unsupported distribution strategy (TPU, parameter server, central storage).
+    """
+
+    def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None, name=None):
+        family = _check_inner(inner_optimizer)
+        initial_scale, dynamic_growth_steps = _check_settings(dynamic, initial_scale, dynamic_growth_steps)
+        _check_strategy_supported()
+        # Skip keras.optimizers.LossScaleOptimizer.__init__: it rejects dynamic=False. The subclassing is only there
+        # so that Keras (compile(auto_scale_loss=True), MultiOptimizer, callbacks) recognises a loss scale optimizer.
+        keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name)
+        self._family = family
+        self._dynamic = dynamic
+        self._initial_scale = initial_scale
+        self._growth_steps = dynamic_growth_steps
+        self._scaling_seen = False
+        self.inner_optimizer = inner_optimizer
+        inner_optimizer._is_wrapped_by_loss_scale_optimizer = True
+        if family == _KERAS:
+            inner_optimizer.loss_scale_factor = None  # the loss would otherwise be scaled twice
+        self._create_state()
+
+    def _create_state(self):
+        def scalar(name, dtype, init="zeros", shape=()):
+            return self.add_variable(shape, initializer=init, dtype=dtype, aggregation="only_first_replica", name=name)
+
+        # Per replica (ON_READ): each replica records whether *its* gradients were unscaled already.
+        flag = tf.Variable(0.0, trainable=False, name="grads_unscaled",
+                           synchronization=tf.VariableSynchronization.ON_READ,
+                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self._grads_unscaled = _Untracked(flag)
+        if not self._dynamic:
+            return
+        self.dynamic_scale = scalar("current_loss_scale", "float32", keras.initializers.Constant(self._initial_scale))
+        self.step_counter = scalar("good_steps", "int64")
+        self._skipped_steps = scalar("skipped_steps", "int64")
+        self._history_steps = scalar("scale_history_steps", "int64", shape=(SCALE_HISTORY_SIZE,))
+        self._history_scales = scalar("scale_history_scales", "float32", shape=(SCALE_HISTORY_SIZE,))
+        self._history_count = scalar("scale_history_count", "int64")
+
+    # -- properties ---------------------------------------------------------------------------------------------
+
+    @property
+    def dynamic(self):
+        """bool: whether the loss scale is dynamic."""
+        return self._dynamic
+
+    @property
+    def initial_scale(self):
+        """float: the initial (or fixed) loss scale."""
+        return self._initial_scale
+
+    @property
+    def dynamic_growth_steps(self):
+        """int | None: finite steps after which a dynamic scale doubles; None for a fixed scale."""
+        return self._growth_steps
+
+    @property
+    def loss_scale(self):
+        """A float32 scalar Tensor: the current loss scale."""
+        if self._dynamic:
+            return tf.convert_to_tensor(self.dynamic_scale)
+        return tf.constant(self._initial_scale, tf.float32)
+
+    @property
+    def dynamic_counter(self):
+        """The int64 variable counting consecutive finite steps, or None for a fixed scale."""
+        return self.step_counter if self._dynamic else None
+
+    @property
+    def skipped_steps(self):
+        """The int64 variable counting steps skipped for non-finite gradients, or None for a fixed scale."""
+        return self._skipped_steps if self._dynamic else None
+
+    @property
+    def scale_history(self):
+        """list[(step, scale)]: the last `SCALE_HISTORY_SIZE` changes of the scale, oldest first (read eagerly).
+
+        `step` is the value of `iterations` after the step that changed the scale; the scale before the first
+        change is `initial_scale`. Always empty for a fixed scale.
+        """
+        if not self._dynamic:
+            return []
+        count = int(self._history_count.numpy())
+        steps, scales = self._history_steps.numpy(), self._history_scales.numpy()
+        order = [i % SCALE_HISTORY_SIZE for i in range(max(0, count - SCALE_HISTORY_SIZE), count)]
+        return [(int(steps[i]), float(scales[i])) for i in order]
+
+    @property
+    def iterations(self):
+        """The inner optimizer's step counter (incremented on skipped steps too)."""
+        return self.inner_optimizer.iterations
+
+    @iterations.setter
+    def iterations(self, value):
+        if self._family == _KERAS:
+            self.inner_optimizer._iterations.assign(value)  # Keras 3 has no public setter
+        else:
+            self.inner_optimizer.iterations = value
+
+    @property
+    def learning_rate(self):
+        """The inner optimizer's learning rate (the same object)."""
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self.inner_optimizer.learning_rate = value
+
+    @property
+    def variables(self):
+        """This optimizer's variables (loss scale state included), then the inner optimizer's."""
+        inner = self.inner_optimizer.variables
+        return list(self._variables) + list(inner() if callable(inner) else inner)
+
+    # -- hyperparameter delegation (tf_keras: hyperparameters yes, arbitrary attributes no) ----------------------
+
+    def _hyperparameter_names(self):
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is None:
+            return set()
+        if self._family == _TF_KERAS_V2:
+            names = set(inner._hyper)
+            return names | {"lr"} if "learning_rate" in names else names
+        # Keras 3 has no hyperparameter registry: take the numeric constructor arguments (beta_1, momentum, ...).
+        names = {"learning_rate"}
+        for arg in inspect.signature(type(inner).__init__).parameters:
+            value = getattr(inner, arg, None) if arg not in _BASE_ARGS else None
+            if (isinstance(value, numbers.Real) and not isinstance(value, bool)) or isinstance(
+                    value, (tf.Variable, keras.Variable)):
+                names.add(arg)
+        return names
+
+    def __getattr__(self, name):
+        # Only reached when normal lookup fails.
+        if not name.startswith("_") and name in self._hyperparameter_names():
+            return getattr(self.inner_optimizer, name)
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __setattr__(self, name, value):
+        if (not name.startswith("_") and name not in self.__dict__ and not hasattr(type(self), name)
+                and name in self._hyperparameter_names()):
+            setattr(self.inner_optimizer, name, value)
+            return
+        super().__setattr__(name, value)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | self._hyperparameter_names())
+
+    # -- scaling --------------------------------------------------------------------------------------------------
+
+    def _expect_scaled_gradients(self):
+        self._scaling_seen = True
+        self._grads_unscaled.variable.assign(0.0)
+
+    @_no_autograph
+    def scale_loss(self, loss):
+        """Returns `loss * loss_scale` (what Keras 3's `fit` calls inside the tape).
+
+        Args:
+            loss: a scalar Tensor (any float dtype).
+
+        Returns:
+            The scaled loss, in the dtype of `loss`.
+        """
+        self._expect_scaled_gradients()
+        loss = tf.convert_to_tensor(loss)
+        return loss * tf.cast(self.loss_scale, loss.dtype)
+
+    @_no_autograph
+    def get_scaled_loss(self, loss):
+        """Scales the loss by the loss scale (tf_keras API).
+
+        Args:
+            loss: a scalar Tensor, or a callable returning one.
+
+        Returns:
+            `loss * loss_scale`, or for a callable a new callable returning that.
+        """
+        if callable(loss):
+            self._scaling_seen = True
+            return lambda: self.scale_loss(loss())
+        return self.scale_loss(loss)
+
+    @_no_autograph
+    def get_unscaled_gradients(self, grads):
+        """Divides gradients by the loss scale (tf_keras API); the next apply then does not unscale them again.
+
+        Args:
+            grads: a list of Tensors, IndexedSlices or None.
+
+        Returns:
+            A list of the unscaled gradients; None stays None, IndexedSlices stay IndexedSlices.
+        """
+        self._scaling_seen = True
+        reciprocal = tf.math.reciprocal(self.loss_scale)
+        unscaled = [_multiply(g, reciprocal) for g in grads]
+        self._grads_unscaled.variable.assign(1.0)
+        return unscaled
+
+    # -- applying ------------------------------------------------------------------------------------------------
+
+    def build(self, var_list):
+        """Creates the inner optimizer's slots for `var_list` (the loss scale state exists from construction).
+
+        Args:
+            var_list: the trainable variables.
+        """
+        if self.built:
+            return
+        # Not keras.optimizers.LossScaleOptimizer.build: that would add Keras 3's own (unbounded) scale variables.
+        keras.optimizers.Optimizer.build(self, var_list)
+        inner = self.inner_optimizer
+        if self._family == _TF_KERAS_V2:
+            with tf.init_scope():
+                inner._create_all_weights(var_list)
+        elif self._family == _TF_KERAS_V3:
+            with tf.init_scope():
+                inner.build(var_list)
+        elif not inner.built:
+            inner.build(var_list)
+
+    @_no_autograph
+    def apply_gradients(self, grads_and_vars, *, grads_unscaled=None):
+        """Applies gradients, unscaling them unless they are unscaled already; see `apply`.
+
+        Args:
+            grads_and_vars: (gradient, variable) pairs.
+            grads_unscaled: None (decide from `get_unscaled_gradients`), or a bool saying whether they are.
+
+        Returns:
+            The `iterations` variable.
+        """
+        grads_and_vars = list(grads_and_vars)
+        if grads_and_vars:
+            grads, variables = zip(*grads_and_vars)
+            self.apply(grads, variables, grads_unscaled=grads_unscaled)
+        return self.iterations
+
+    @_no_autograph
+    def apply(self, grads, trainable_variables=None, *, grads_unscaled=None):
+        """Applies one step: unscale, check finiteness on all replicas, apply or skip, update the scale.
+
+        Args:
+            grads: gradients (None entries allowed), scaled unless `get_unscaled_gradients` produced them.
+            trainable_variables: the variables; may be omitted once the optimizer is built.
+            grads_unscaled: None (decide from `get_unscaled_gradients`), or a bool saying whether they are.
+
+        Raises:
+            ValueError: called in a cross-replica context, or without variables before the first build.
+        """
+        grads = list(grads)
+        if not grads:
+            return
+        if tf.distribute.in_cross_replica_context():
+            raise LossScaleError("apply_gradients() must be called in a replica context.")
+        _check_strategy_supported()
+        variables = self._variables_for(trainable_variables)
+        factor = self._unscale_factor(grads_unscaled)
+        grads = [g if getattr(v, "overwrite_with_gradient", False) else _multiply(g, factor)
+                 for g, v in zip(grads, variables)]
+        if self._dynamic:
+            self._apply_dynamic(grads, variables)
+        else:
+            self._inner_apply(grads, variables)
+
+    def _variables_for(self, trainable_variables):
+        if trainable_variables is None:
+            if not self.built:
+                raise LossScaleError(
+                    "When passing `grads` without `variables`, the optimizer must already be built on a "
+                    "list of variables. Call `optimizer.build(trainable_variables)` first.")
+            return list(self._trainable_variables)
+        variables = list(trainable_variables)
+        if not self.built:
+            self.build(variables)
+        return variables
+
+    def _unscale_factor(self, grads_unscaled):
+        """1 if the gradients are unscaled already, else 1/scale; consumes the `get_unscaled_gradients` flag."""
+        flag = self._grads_unscaled.variable
+        reciprocal = tf.math.reciprocal(self.loss_scale)
+        if grads_unscaled is None:
+            if not self._scaling_seen and (self._dynamic or self._initial_scale != 1.0):
+                self._scaling_seen = True  # warn once
+                logger.warning("LossScaleOptimizer.apply_gradients() was called, but neither scale_loss(), "
+                               "get_scaled_loss() nor get_unscaled_gradients() was: the gradients are taken to be "
+                               "scaled and are divided by the loss scale.")
+            factor = tf.where(flag.read_value() > 0.5, tf.constant(1.0), reciprocal)
+        else:
+            factor = tf.constant(1.0) if grads_unscaled else reciprocal
+        flag.assign(0.0)
+        return factor
+
+    def _inner_apply(self, grads, variables):
+        if self._family == _KERAS:
+            self.inner_optimizer.apply(grads, variables)
+        else:
+            self.inner_optimizer.apply_gradients(list(zip(grads, variables)))
+
+    def _apply_dynamic(self, grads, variables):
+        # Every replica must agree on skipping, so the non-finite flags are summed over replicas before deciding.
+        nonfinite = tf.cast(tf.logical_not(_all_finite(grads)), tf.float32)
+        context = tf.distribute.get_replica_context()
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            total = context.all_reduce(tf.distribute.ReduceOp.SUM, nonfinite)
+            self._apply_or_skip(tf.equal(total, 0.0), lambda: self._inner_apply(grads, variables))
+            return
+
+        def merge_fn(distribution, nonfinite, grads):
+            # Variables are closed over, not passed: a merge_call would unwrap MirroredVariables to components.
+            def apply_fn():
+                distribution.extended.call_for_each_replica(lambda g: self._inner_apply(g, variables), args=(grads,))
+
+            total = distribution.reduce(tf.distribute.ReduceOp.SUM, nonfinite, axis=None)
+            # A cond in cross-replica context: a replica-context cond may not contain the inner optimizer's merge_call.
+            self._apply_or_skip(tf.equal(total, 0.0), apply_fn)
+
+        context.merge_call(merge_fn, args=(nonfinite, grads))
+
+    def _apply_or_skip(self, finite, apply_fn):
+        def skip_fn():
+            iterations = self.inner_optimizer._iterations if self._family == _KERAS else self.inner_optimizer.iterations
+            iterations.assign_add(1)
+
+        tf.cond(finite, apply_fn, skip_fn)
+        self._update_scale(finite)
+
+    def _update_scale(self, finite):
+        old = tf.convert_to_tensor(self.dynamic_scale)
+        counter = tf.convert_to_tensor(self.step_counter)
+        grow = tf.logical_and(finite, counter + 1 >= self._growth_steps)
+        new = tf.where(finite, tf.where(grow, tf.minimum(old * 2.0, MAX_LOSS_SCALE), old),
+                       tf.maximum(old * 0.5, MIN_LOSS_SCALE))
+        self.dynamic_scale.assign(new)
+        self.step_counter.assign(tf.where(finite & ~grow, counter + 1, tf.zeros_like(counter)))
+        self._skipped_steps.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        step = tf.cast(tf.convert_to_tensor(self.iterations), tf.int64)
+        changed = tf.not_equal(new, old)
+        tf.cond(changed, lambda: self._record_scale(step, new), lambda: None)
+        if not _in_xla_context():  # host callbacks cannot run inside an XLA cluster; the variables still record it
+            def log_fn():
+                tf.numpy_function(_log_scale_event, [step, old, new, finite, tf.convert_to_tensor(self._skipped_steps)],
+                                  Tout=[], stateful=True)
+
+            tf.cond(tf.logical_or(changed, tf.logical_not(finite)), log_fn, lambda: None)
+
+    def _record_scale(self, step, scale):
+        index = tf.reshape(tf.math.floormod(tf.convert_to_tensor(self._history_count), SCALE_HISTORY_SIZE), (1, 1))
+        self._history_steps.assign(tf.tensor_scatter_nd_update(self._history_steps, index, tf.reshape(step, (1,))))
+        self._history_scales.assign(tf.tensor_scatter_nd_update(self._history_scales, index, tf.reshape(scale, (1,))))
+        self._history_count.assign_add(1)
+
+    @_no_autograph
+    def minimize(self, loss, var_list, tape=None):
+        """Scales the loss, computes and unscales the gradients, applies them (tf_keras API).
+
+        Args:
+            loss: a callable returning the loss, or a Tensor computed under `tape`.
+            var_list: the variables to train, or a callable returning them.
+            tape: the `tf.GradientTape` that recorded a Tensor `loss`.
+
+        Returns:
+            The `iterations` variable.
+
+        Raises:
+            ValueError: a Tensor `loss` without `tape`.
+        """
+        if not callable(loss) and tape is None:
+            raise LossScaleError(
+                f"`tape` is required when a `Tensor` loss is passed. Received: loss={loss}, tape={tape}.")
+        tape = tape if tape is not None else tf.GradientTape()
+        with tape:
+            if callable(loss):
+                loss = loss()
+            scaled_loss = self.get_scaled_loss(loss)
+        var_list = list(var_list() if callable(var_list) else var_list)
+        grads = self.get_unscaled_gradients(tape.gradient(scaled_loss, var_list))
+        return self.apply_gradients(zip(grads, var_list), grads_unscaled=True)
+
+    # -- serialization -------------------------------------------------------------------------------------------
+
+    def get_config(self):
+        """Returns the config: name, the serialized inner optimizer and the three loss scale settings."""
+        return {"name": self.name, "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+                "dynamic": self._dynamic, "initial_scale": self._initial_scale,
+                "dynamic_growth_steps": self._growth_steps}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """Rebuilds an optimizer (without state) from `get_config()` output.
+
+        Args:
+            config: the dict from `get_config`.
+            custom_objects: optional dict for deserializing a custom inner optimizer.
+
+        Returns:
+            A new LossScaleOptimizer.
+        """
+        config = dict(config)
+        inner = _deserialize_inner(config.pop("inner_optimizer"), custom_objects)
+        return cls(inner, **config)
+
+
+def _deserialize_inner(config, custom_objects):
+    module = config.get("module") or ""
+    if module.startswith("tf_keras"):
+        # Keras 3's deserializer cannot locate tf_keras classes; they rebuild themselves from their own config.
+        return getattr(importlib.import_module(module), config["class_name"]).from_config(config["config"])
+    return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+
+
+def _settings_from_loss_scale(loss_scale):
+    """Translates enable_mixed_precision_graph_rewrite's `loss_scale` into LossScaleOptimizer keyword arguments."""
+    if loss_scale is None:  # no loss scaling, but still a LossScaleOptimizer, so both scaling APIs keep working
+        return {"dynamic": False, "initial_scale": 1.0}
+    if isinstance(loss_scale, str) and loss_scale == "dynamic":
+        return {}
+    if isinstance(loss_scale, numbers.Real) and not isinstance(loss_scale, bool):
+        return {"dynamic": False, "initial_scale": loss_scale}
+    if isinstance(loss_scale, Mapping):
+        unknown = sorted(set(loss_scale) - set(_SETTINGS))
+        if unknown:
+            raise LossScaleError(
+                f"Invalid key(s) {unknown} in the loss_scale dict; the valid keys are {list(_SETTINGS)}.")
+        return dict(loss_scale)
+    v1 = tf.compat.v1.mixed_precision
+    if isinstance(loss_scale, v1.FixedLossScale):
+        return {"dynamic": False, "initial_scale": float(loss_scale._loss_scale_value)}
+    if isinstance(loss_scale, v1.DynamicLossScale):
+        if loss_scale.multiplier != 2:
+            raise LossScaleError(
+                'When passing a DynamicLossScale to "loss_scale", DynamicLossScale.multiplier must be 2. '
+                f"Got: {loss_scale}")
+        return {"initial_scale": loss_scale.initial_loss_scale, "dynamic_growth_steps": loss_scale.increment_period}
+    if isinstance(loss_scale, v1.LossScale):
+        raise LossScaleTypeError(
+            "Passing a LossScale that is not a FixedLossScale or a DynamicLossScale is not supported. "
+            f"Got: {loss_scale}")
+    raise LossScaleError(
+        'Invalid value passed to loss_scale. loss_scale must be the string "dynamic" (recommended), an '
+        "int, a float, None (no loss scaling), a dict of LossScaleOptimizer settings "
+        f"({', '.join(_SETTINGS)}), a FixedLossScale, or a DynamicLossScale. Got value: {loss_scale!r}")
+
+
+def wrap_optimizer(opt, loss_scale="dynamic"):
+    """Wraps `opt` in a LossScaleOptimizer, as `enable_mixed_precision_graph_rewrite(opt, loss_scale)` does.
+
+    Args:
+        opt: a Keras 3 or tf_keras optimizer (not already a loss scale optimizer). A TF v1 `tf.compat.v1.train.
+            Optimizer` gets TF's own `MixedPrecisionLossScaleOptimizer`, as in TF (None then means the fixed scale
+            1; dicts are not accepted).
+        loss_scale: "dynamic" (default: dynamic scaling from 2**15, doubling after 2000 finite steps); an int or
+            float (a fixed scale); a dict of LossScaleOptimizer settings (`dynamic`, `initial_scale`,
+            `dynamic_growth_steps`); a TF v1 `FixedLossScale`/`DynamicLossScale`; or None for no loss scaling, which
+            returns a LossScaleOptimizer with the fixed scale 1 (exact, and `get_scaled_loss` etc. keep working).
+
+    Returns:
+        The new LossScaleOptimizer (a `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` for v1 `opt`).
+
+    Raises:
+        ValueError: `opt` is a loss scale optimizer already or not a supported optimizer, or `loss_scale` is invalid.
+        TypeError: `loss_scale` is a LossScale subclass other than FixedLossScale and DynamicLossScale.
+    """
+    if is_loss_scale_optimizer(opt):
+        raise LossScaleError(f'"opt" must not already be an instance of a {type(opt).__name__}. '
+                             "`enable_mixed_precision_graph_rewrite` will automatically wrap the optimizer with a "
+                             "LossScaleOptimizer.")
+    if isinstance(opt, tf.compat.v1.train.Optimizer):
+        # TF 2.21 still ships the wrapper enable_mixed_precision_graph_rewrite used for v1 optimizers.
+        v1_loss_scale = 1 if loss_scale is None else loss_scale
+        return tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, v1_loss_scale)
+    if _optimizer_family(opt) is None:
+        raise LossScaleError(
+            '"opt" must be an instance of a tf.compat.v1.train.Optimizer, a keras.optimizers.Optimizer '
+            f"(Keras 3) or a tf_keras optimizer, but got: {opt}")
+    return LossScaleOptimizer(opt, **_settings_from_loss_scale(loss_scale))
