@@ -1,0 +1,160 @@
+"""Loss scale settings: defaults, bounds, TF's argument checks and messages, and optimizer families.
+
+The `loss_scale` argument of enable_mixed_precision_graph_rewrite and LossScaleOptimizer's own arguments are
+validated here, with TF's error messages; `loss_scale.py` holds the optimizer itself.
+"""
+
+import numbers
+import sys
+from collections.abc import Mapping
+
+import keras
+import tensorflow as tf
+
+from .errors import OptionError
+
+MIN_LOSS_SCALE = 1.0
+MAX_LOSS_SCALE = 2.0**64  # far above any useful scale, and its reciprocal is still a normal float32
+SCALE_HISTORY_SIZE = 64  # scale changes kept for `scale_history`
+DEFAULT_INITIAL_SCALE = 2.0**15
+DEFAULT_GROWTH_STEPS = 2000
+
+_KERAS, _TF_KERAS_V2, _TF_KERAS_V3 = "keras", "tf_keras_v2", "tf_keras_v3"
+# Constructor arguments every optimizer has: options, not hyperparameters the wrapper should forward.
+_BASE_ARGS = frozenset(
+    "self name kwargs weight_decay clipnorm clipvalue global_clipnorm use_ema ema_momentum ema_overwrite_frequency "
+    "loss_scale_factor gradient_accumulation_steps jit_compile mesh".split()
+)
+_SETTINGS = ("dynamic", "initial_scale", "dynamic_growth_steps")
+# The update uses tf.cond/tf.where explicitly; letting AutoGraph rewrite this module costs seconds per trace.
+
+
+class LossScaleError(OptionError, ValueError):
+    """An invalid loss scale setting, optimizer or call context (a ValueError, as TF raises)."""
+
+
+class LossScaleTypeError(OptionError, TypeError):
+    """An argument of the wrong type: `dynamic`, the inner optimizer, a LossScale subclass (a TypeError, as in TF)."""
+
+
+def _tf_keras():
+    # Only look at tf_keras if the caller imported it (a tf_keras optimizer implies so); importing it is slow.
+    return sys.modules.get("tf_keras")
+
+
+def _optimizer_family(opt):
+    if isinstance(opt, keras.optimizers.Optimizer):
+        return _KERAS
+    tfk = _tf_keras()
+    if tfk is not None and isinstance(opt, tfk.optimizers.legacy.Optimizer):
+        return _TF_KERAS_V2
+    if tfk is not None and isinstance(opt, tfk.optimizers.Optimizer):
+        return _TF_KERAS_V3
+    return None
+
+
+def is_loss_scale_optimizer(opt):
+    """Whether `opt` already scales the loss (ours, Keras 3's, tf_keras's or TF v1's loss scale optimizer).
+
+    Args:
+        opt: any object.
+
+    Returns:
+        True if `opt` is a loss scale optimizer of any of those libraries.
+    """
+    classes = [keras.optimizers.LossScaleOptimizer, tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer]
+    tfk = _tf_keras()
+    if tfk is not None:
+        classes.append(tfk.mixed_precision.LossScaleOptimizer)
+    return isinstance(opt, tuple(classes))
+
+
+def _check_strategy_supported():
+    strategy = tf.distribute.get_strategy()
+    supported = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
+                 tf.distribute.OneDeviceStrategy, tf.compat.v1.distribute.MirroredStrategy,
+                 tf.compat.v1.distribute.OneDeviceStrategy)
+    if not tf.distribute.has_strategy() or isinstance(strategy, supported):
+        return
+    if "TPU" in type(strategy).__name__:
+        raise LossScaleError(
+            "Loss scaling is not supported with TPUStrategy. Loss scaling is unnecessary with TPUs, since "
+            "they support bfloat16 instead of float16 and bfloat16 does not require loss scaling.")
+    raise LossScaleError(f"Loss scaling is not supported with the tf.distribute.Strategy: {type(strategy).__name__}. "
+                         "Try using a different Strategy, e.g. a MirroredStrategy")
+
+
+def _check_settings(dynamic, initial_scale, dynamic_growth_steps):
+    """Validates the constructor settings (in tf_keras's order) and returns them with defaults filled in."""
+    if not isinstance(dynamic, bool):
+        raise LossScaleTypeError(
+            f'"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, but got: {dynamic!r}')
+    if not dynamic and initial_scale is None:
+        raise LossScaleError('"initial_scale" must be specified if "dynamic" is False')
+    if not dynamic and dynamic_growth_steps is not None:
+        raise LossScaleError(
+            f'"dynamic_growth_steps" must be None if "dynamic" is False, but got: {dynamic_growth_steps}')
+    initial_scale = DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale
+    if (isinstance(initial_scale, bool) or not isinstance(initial_scale, numbers.Real)
+            or not MIN_LOSS_SCALE <= float(initial_scale) <= MAX_LOSS_SCALE):
+        raise LossScaleError(
+            f'"initial_scale" must be a number between {MIN_LOSS_SCALE:g} and 2**64 (the bounds of the '
+            f"loss scale), but got: {initial_scale!r}")
+    if dynamic:
+        dynamic_growth_steps = DEFAULT_GROWTH_STEPS if dynamic_growth_steps is None else dynamic_growth_steps
+        if (isinstance(dynamic_growth_steps, bool) or not isinstance(dynamic_growth_steps, numbers.Integral)
+                or dynamic_growth_steps < 1):
+            raise LossScaleError(
+                '"dynamic_growth_steps" must be a positive int (the number of consecutive finite steps '
+                f"after which the loss scale doubles), but got: {dynamic_growth_steps!r}")
+        dynamic_growth_steps = int(dynamic_growth_steps)
+    return float(initial_scale), dynamic_growth_steps
+
+
+def _check_inner(inner_optimizer):
+    """Returns the optimizer family of `inner_optimizer`, raising tf_keras's errors for what cannot be wrapped."""
+    if is_loss_scale_optimizer(inner_optimizer):
+        raise LossScaleTypeError(
+            f"LossScaleOptimizer cannot wrap another LossScaleOptimizer, but got: {inner_optimizer}")
+    family = _optimizer_family(inner_optimizer)
+    if family is None:
+        raise LossScaleTypeError(
+            '"inner_optimizer" must be an instance of `keras.optimizers.Optimizer` (Keras 3) or of a '
+            f"tf_keras optimizer, but got: {inner_optimizer}.")
+    if getattr(inner_optimizer, "_is_wrapped_by_loss_scale_optimizer", False):
+        raise LossScaleError('"inner_optimizer" is already wrapped by a LossScaleOptimizer. An optimizer can only be '
+                             "wrapped by a single LossScaleOptimizer")
+    return family
+
+
+def settings_from_loss_scale(loss_scale):
+    """Translates enable_mixed_precision_graph_rewrite's `loss_scale` into LossScaleOptimizer keyword arguments."""
+    if loss_scale is None:  # no loss scaling, but still a LossScaleOptimizer, so both scaling APIs keep working
+        return {"dynamic": False, "initial_scale": 1.0}
+    if isinstance(loss_scale, str) and loss_scale == "dynamic":
+        return {}
+    if isinstance(loss_scale, numbers.Real) and not isinstance(loss_scale, bool):
+        return {"dynamic": False, "initial_scale": loss_scale}
+    if isinstance(loss_scale, Mapping):
+        unknown = sorted(set(loss_scale) - set(_SETTINGS))
+        if unknown:
+            raise LossScaleError(
+                f"Invalid key(s) {unknown} in the loss_scale dict; the valid keys are {list(_SETTINGS)}.")
+        return dict(loss_scale)
+    v1 = tf.compat.v1.mixed_precision
+    if isinstance(loss_scale, v1.FixedLossScale):
+        return {"dynamic": False, "initial_scale": float(loss_scale._loss_scale_value)}
+    if isinstance(loss_scale, v1.DynamicLossScale):
+        if loss_scale.multiplier != 2:
+            raise LossScaleError(
+                'When passing a DynamicLossScale to "loss_scale", DynamicLossScale.multiplier must be 2. '
+                f"Got: {loss_scale}")
+        return {"initial_scale": loss_scale.initial_loss_scale, "dynamic_growth_steps": loss_scale.increment_period}
+    if isinstance(loss_scale, v1.LossScale):
+        raise LossScaleTypeError(
+            "Passing a LossScale that is not a FixedLossScale or a DynamicLossScale is not supported. "
+            f"Got: {loss_scale}")
+    raise LossScaleError(
+        'Invalid value passed to loss_scale. loss_scale must be the string "dynamic" (recommended), an '
+        "int, a float, None (no loss scaling), a dict of LossScaleOptimizer settings "
+        f"({', '.join(_SETTINGS)}), a FixedLossScale, or a DynamicLossScale. Got value: {loss_scale!r}")
