@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
+from tensorflow.python.framework import versions
 
 from .errors import GraphError
 from .op_support import Signatures
@@ -79,7 +80,7 @@ def function_to_graph(fdef: function_pb2.FunctionDef, signatures: Signatures) ->
         source = _to_graph_input(fdef.ret[arg.name], args, ranges, name)
         graph.node.append(_special_node(ret_name, "_Retval", source, arg.type, i))
         retvals.append(ret_name)
-    graph.versions.producer = 1
+    graph.versions.producer = versions.GRAPH_DEF_VERSION  # an old producer makes TF reject the graph
     return BodyGraph(graph, tuple(retvals))
 
 
