@@ -13,6 +13,9 @@ _EXPORTS = {
     "OpLists": "oplists", "builtin_lists": "oplists", "load_lists": "oplists",
     "MpRewriteError": "errors", "GraphError": "errors", "ListError": "errors", "ModelError": "errors",
     "OptionError": "errors", "StageError": "errors",
+    "enable_mixed_precision_graph_rewrite": "training", "disable_mixed_precision_graph_rewrite": "training",
+    "mixed_precision_graph_rewrite": "training", "rewritten_functions": "training", "rewrite_failures": "training",
+    "LossScaleOptimizer": "loss_scale",
 }
 __all__ = sorted(_EXPORTS)
 

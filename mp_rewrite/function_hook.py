@@ -1,0 +1,380 @@
+"""The tf.function hook: while it is installed, every function TensorFlow registers in the eager context runs
+rewritten.
+
+How it works. Every traced function reaches the runtime through one call, `atomic_function.from_func_graph(name,
+func_graph, attrs, ...)`: `tf.function` traces (ConcreteFunction.from_func_graph), the forward/backward pairs built
+when a function is differentiated from outside (concrete_function._create_forward_backward_with_graph), the
+branch and body functions of `tf.cond`/`tf.while_loop` (control_flow_util_v2), `wrap_function` and SavedModel
+loading. It turns the FuncGraph into a FunctionDef, registers it in the eager context and returns an
+AtomicFunction that calls the function *by name*. The hook wraps that call: once the original has registered the
+function, it reads the FunctionDef back from the context, rewrites the body as Grappler rewrites a function item
+(arguments and return values keep their dtypes, stateful ops are preserved), and swaps the definition in the
+context (`remove_function` + `add_function_def`). Every later call, eager or from an outer function, runs the new
+body; an outer function traced later copies the rewritten definition into its own library, because
+`Graph._add_function` reads it from the context too. The FuncGraph Python keeps (for gradients, shapes) stays the
+traced float32 graph, which is what keeps gradient construction working: signatures do not change.
+
+Functions the hook leaves alone: tf.data functions and everything they call (Grappler never rewrites them; a
+function rewritten while its tf.data caller was being traced is put back), parametrised functions, and bodies
+without an allow-list op (Grappler's "nothing to do"). A body the pass cannot handle, or whose rewrite TF could
+not run (a dtype its OpDef does not allow, no kernel on this machine's devices: checked before the swap, because
+TF only validates a FunctionDef when it first runs it), keeps its original definition and a warning is logged.
+`restore` puts traced definitions back; records of functions TF has collected are dropped.
+
+The hook patches one TensorFlow-internal module attribute; this is the only module that touches it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+import weakref
+
+from tensorflow.core.framework import function_pb2
+from tensorflow.python.eager import context
+from tensorflow.python.eager.polymorphic_function import atomic_function
+from tensorflow.python.framework import kernels, op_def_registry
+
+from .errors import GraphError, MpRewriteError
+from .graph_view import device_kind
+from .functions import function_to_graph, graph_to_function, is_polymorphic, is_tf_data_function
+from .library import skipped_functions
+from .op_support import Signatures
+
+logger = logging.getLogger("mp_rewrite")
+
+_PATCHED_ATTR = "from_func_graph"
+_MAX_CHECKED = 100_000  # names of bodies found to need no rewrite; forgotten in bulk past this size
+
+
+@dataclasses.dataclass
+class FunctionRecord:
+    """One function whose definition in the eager context was replaced.
+
+    Attributes:
+        name: the function's name in the eager context.
+        original: its FunctionDef as traced (what `restore` puts back).
+        result: the RewriteResult of its body.
+        seq: the order of the rewrite (for restoring everything rewritten after a point).
+        atomic: a weak reference to the function's AtomicFunction, when the hook saw it.
+    """
+
+    name: str
+    original: function_pb2.FunctionDef
+    result: object
+    seq: int
+    atomic: object = None  # weakref to the AtomicFunction, when known
+
+
+class _Hook:
+    """The hook's state: the active rewrite (or None), the veto, what was rewritten, what failed."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.options = None
+        self.veto = None
+        self.original_from_func_graph = None
+        self.records: dict[str, FunctionRecord] = {}
+        self.failures: dict[str, str] = {}
+        self.checked: set[str] = set()
+        self.seq = 0
+
+
+_HOOK = _Hook()
+
+
+def install(options, veto=None) -> None:
+    """Make every function registered from now on run rewritten with `options`.
+
+    Installing again replaces the options (functions rewritten before keep their rewrite).
+
+    Args:
+        options: a validated `rewrite.Options` (see `rewrite.make_options`).
+        veto: optional callable returning a reason (str) to skip rewriting at this moment, or None to go ahead.
+
+    Raises:
+        MpRewriteError: this TensorFlow has no `atomic_function.from_func_graph` to hook (TF before 2.14).
+    """
+    current = getattr(atomic_function, _PATCHED_ATTR, None)
+    if current is None:
+        import tensorflow as tf
+
+        raise MpRewriteError(f"TensorFlow {tf.__version__} has no atomic_function.{_PATCHED_ATTR}, where the "
+                             "tf.function hook sits; the training rewrite needs TensorFlow 2.14 or newer")
+    with _HOOK.lock:
+        _HOOK.options, _HOOK.veto = options, veto
+        if not getattr(current, "_mp_rewrite_hook", False):
+            _HOOK.original_from_func_graph = current
+            setattr(atomic_function, _PATCHED_ATTR, _make_hooked(current))
+
+
+def uninstall() -> None:
+    """Stop rewriting new functions (already rewritten ones keep running rewritten; see `restore`)."""
+    with _HOOK.lock:
+        _HOOK.options, _HOOK.veto = None, None
+        current = getattr(atomic_function, _PATCHED_ATTR)
+        # Only unpatch if nobody patched on top of us; otherwise our wrapper stays in the chain as a pass-through.
+        if getattr(current, "_mp_rewrite_hook", False) and _HOOK.original_from_func_graph is not None:
+            setattr(atomic_function, _PATCHED_ATTR, _HOOK.original_from_func_graph)
+            _HOOK.original_from_func_graph = None
+
+
+def active_options():
+    """Return the `rewrite.Options` new functions are rewritten with, or None when the hook is not installed."""
+    return _HOOK.options
+
+
+def _make_hooked(original):
+    @functools.wraps(original)
+    def from_func_graph(*args, **kwargs):
+        atomic = original(*args, **kwargs)
+        options = _HOOK.options
+        if options is not None:
+            _after_registration(atomic, options)
+        return atomic
+
+    from_func_graph._mp_rewrite_hook = True
+    return from_func_graph
+
+
+def _after_registration(atomic, options) -> None:
+    """Rewrite a just-registered function and the children it calls; never raises."""
+    name = atomic.name.decode()
+    try:
+        veto = _HOOK.veto() if _HOOK.veto is not None else None
+        if veto:
+            logger.debug("not rewriting %s: %s", name, veto)
+            return
+        ctx = context.context()
+        fdef = ctx.get_function_def(name)
+        if is_tf_data_function(fdef):
+            _restore_data_children(ctx, atomic)
+            return
+        rewrite_registered(name, options, fdef, atomic)
+        for child in atomic.children:
+            child_name = child.name.decode()
+            if child_name not in _HOOK.records and child_name not in _HOOK.checked:
+                rewrite_registered(child_name, options, atomic=child)
+    except Exception as error:  # noqa: BLE001 -- the hook must never break tracing
+        logger.warning("mp_rewrite: the function hook failed on '%s' (%s: %s); the function runs as traced",
+                       name, type(error).__name__, error)
+
+
+def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None = None, atomic=None):
+    """Rewrite the function `name` registered in the eager context, in place, and record it.
+
+    Args:
+        name: the function's name in the eager context.
+        options: a `rewrite.Options`.
+        fdef: its current FunctionDef, if the caller read it already.
+        atomic: its AtomicFunction, if known: its cached definition is refreshed, and the record is dropped when
+            TF collects it.
+
+    Returns:
+        The RewriteResult if the definition was replaced; None if there was nothing to do, the function is one
+        Grappler skips, or the rewrite failed (a warning is logged and the original stays registered).
+    """
+    from .rewrite import rewrite_body
+
+    ctx = context.context()
+    with _HOOK.lock:
+        if name in _HOOK.records:
+            return None
+        fdef = fdef if fdef is not None else ctx.get_function_def(name)
+        if is_polymorphic(fdef) or is_tf_data_function(fdef) or not _has_allow_op(fdef, options):
+            _remember_checked(name)
+            return None
+        try:
+            signatures = Signatures(_called_library(ctx, fdef))
+            body = function_to_graph(fdef, signatures)
+            result = rewrite_body(body.graph_def, options, body.retvals, (), signatures, preserve_stateful=True)
+            if not result.retyped:
+                _remember_checked(name)
+                return None
+            new = graph_to_function(result.graph_def, fdef, signatures)
+            check_runnable(new, result, signatures)
+            _swap(ctx, name, new, fdef, atomic)
+        except Exception as error:  # noqa: BLE001 -- any failure leaves the original running
+            _HOOK.failures[name] = f"{type(error).__name__}: {error}"
+            logger.warning("mp_rewrite: could not rewrite tf.function '%s' (%s: %s); it runs in float32 as traced",
+                           name, type(error).__name__, error)
+            return None
+        _HOOK.seq += 1
+        _HOOK.records[name] = FunctionRecord(name, fdef, result, _HOOK.seq,
+                                             weakref.ref(atomic) if atomic is not None else None)
+        if atomic is not None:
+            weakref.finalize(atomic, _forget, name).atexit = False
+        logger.info("mp_rewrite: %s: %s", name, result.grappler_line())
+        return result
+
+
+def _has_allow_op(fdef, options) -> bool:
+    """Grappler's "no allowlist ops found, nothing to do", checked before building any view."""
+    if options.force_low or options.force_all:
+        return True
+    allow = options.lists.allow
+    return any(node.op in allow for node in fdef.node_def)
+
+
+def _called_library(ctx, fdef) -> function_pb2.FunctionDefLibrary:
+    """The FunctionDefs of functions the body calls directly by op name (their signatures are the op's)."""
+    library = function_pb2.FunctionDefLibrary()
+    for op in sorted({node.op for node in fdef.node_def}):
+        if op_def_registry.get(op) is None and ctx.has_function(op):
+            library.function.append(ctx.get_function_def(op))
+    return library
+
+
+def check_runnable(fdef, result, signatures) -> None:
+    """Check that TF can run every retyped node of a rewritten body: the OpDef allows its dtypes and a kernel for
+    them exists on a device of this machine (its own device's kind if placed). A body that fails is never swapped in:
+    TF validates a FunctionDef only when it first runs it, too late to fall back.
+
+    Raises:
+        GraphError: naming the first node that could not run.
+    """
+    retyped = {node for node, _ in result.retyped}
+    kinds = _device_types()
+    for node in fdef.node_def:
+        if node.name not in retyped:
+            continue
+        sig = signatures.get(node.op, node.name)
+        values = {attr: tuple(node.attr[attr].list.type) if is_list else (node.attr[attr].type,)
+                  for attr, is_list, _ in sig.type_attrs if attr in node.attr}
+        for attr, allowed in sig.allowed.items():
+            if allowed is not None and not set(values.get(attr, ())) <= allowed:
+                raise GraphError(f"the rewrite gave node '{node.name}' (op {node.op}) a dtype its attr '{attr}' does "
+                                 "not allow")
+        own = device_kind(node.device).upper()
+        candidates = [own] if own else kinds
+        if not any(_has_kernel(node.op, kind, values) for kind in candidates):
+            raise GraphError(f"the rewrite gave node '{node.name}' (op {node.op}) dtypes no {'/'.join(candidates)} "
+                             "kernel of this TensorFlow supports")
+
+
+@functools.lru_cache(maxsize=None)
+def _device_types() -> tuple:
+    """The kernel device types of this machine's physical devices ("CPU", and "GPU" when there is one)."""
+    from tensorflow.python.framework import config
+
+    return tuple(sorted({d.device_type for d in config.list_physical_devices()} & {"CPU", "GPU"}))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_constraints(op: str) -> tuple:
+    return tuple((k.device_type, tuple((c.name, frozenset(c.allowed_values.list.type)) for c in k.constraint))
+                 for k in kernels.get_registered_kernels_for_op(op).kernel)
+
+
+def _has_kernel(op: str, device_type: str, values: dict) -> bool:
+    # DEFAULT kernels (IdentityN, Identity for some dtypes) serve every device, as in TF's kernel lookup.
+    return any(dev in (device_type, "DEFAULT")
+               and all(set(values.get(name, ())) <= allowed for name, allowed in constraints)
+               for dev, constraints in _kernel_constraints(op))
+
+
+def _swap(ctx, name, new, original, atomic=None) -> None:
+    ctx.remove_function(name)
+    try:
+        ctx.add_function_def(new)
+    except Exception:
+        ctx.add_function_def(original)
+        raise
+    if atomic is not None:
+        # AtomicFunction caches its FunctionDef on first read (ConcreteFunction.function_def shows that copy).
+        atomic._cached_definition = None  # pylint: disable=protected-access
+
+
+def _remember_checked(name: str) -> None:
+    if len(_HOOK.checked) >= _MAX_CHECKED:
+        _HOOK.checked.clear()
+    _HOOK.checked.add(name)
+
+
+def _forget(name: str) -> None:
+    """Drop the record of a function TensorFlow removed from the context (its AtomicFunction was collected)."""
+    try:
+        if context.context().has_function(name):
+            return  # another AtomicFunction of the same name still holds it
+    except Exception:  # noqa: BLE001 -- interpreter shutdown
+        return
+    with _HOOK.lock:
+        _HOOK.records.pop(name, None)
+
+
+def _restore_data_children(ctx, atomic) -> None:
+    """Put back the original of every function a tf.data function calls (Grappler leaves them alone)."""
+    names = {child.name.decode() for child in atomic.children}
+    library = function_pb2.FunctionDefLibrary()
+    library.function.extend(ctx.get_function_def(n) for n in names if ctx.has_function(n))
+    library.function.append(ctx.get_function_def(atomic.name.decode()))
+    with _HOOK.lock:
+        for name in skipped_functions(library):
+            _restore_one(ctx, name)
+            _remember_checked(name)
+
+
+def _restore_one(ctx, name: str) -> bool:
+    record = _HOOK.records.pop(name, None)
+    if record is None or not ctx.has_function(name):
+        return False
+    current = ctx.get_function_def(name)
+    _swap(ctx, name, record.original, current, record.atomic() if record.atomic is not None else None)
+    return True
+
+
+def restore(since: int = 0) -> list[str]:
+    """Put the traced definitions back for functions rewritten after `since` (see `mark`); forget their records.
+
+    Returns:
+        The names of the functions restored (those still registered in the eager context).
+    """
+    ctx = context.context()
+    with _HOOK.lock:
+        names = [n for n, r in sorted(_HOOK.records.items(), key=lambda item: item[1].seq) if r.seq > since]
+        restored = [n for n in names if _restore_one(ctx, n)]
+        _HOOK.checked.clear()
+        return restored
+
+
+def mark() -> int:
+    """Return a point in the rewrite history, for `restore(since=...)`."""
+    return _HOOK.seq
+
+
+def existing_candidates(options) -> list[str]:
+    """Functions registered in the eager context that this rewrite would change but the hook has not rewritten
+    (traced before the hook was installed, or restored since): not tf.data, not parametrised, with an allow op.
+    """
+    ctx = context.context()
+    library = function_pb2.FunctionDefLibrary()
+    for name in ctx.list_function_names():
+        if name not in _HOOK.records and name not in _HOOK.checked and ctx.has_function(name):
+            library.function.append(ctx.get_function_def(name))
+    skipped = skipped_functions(library)
+    return [f.signature.name for f in library.function
+            if f.signature.name not in skipped and _has_allow_op(f, options)]
+
+
+def rewritten() -> dict:
+    """Return {function name: RewriteResult} for every function whose definition the hook replaced and which is
+    still registered in the eager context, in the order they were rewritten."""
+    ctx = context.context()
+    with _HOOK.lock:
+        gone = [n for n in _HOOK.records if not ctx.has_function(n)]
+        for name in gone:
+            del _HOOK.records[name]
+        return {n: r.result for n, r in sorted(_HOOK.records.items(), key=lambda item: item[1].seq)}
+
+
+def original_definition(name: str) -> function_pb2.FunctionDef | None:
+    """Return the traced (float32) FunctionDef of a rewritten function, or None if it was not rewritten."""
+    record = _HOOK.records.get(name)
+    return record.original if record is not None else None
+
+
+def failures() -> dict:
+    """Return {function name: "ErrorType: message"} for every function the rewrite failed on (they run as traced)."""
+    return dict(_HOOK.failures)

@@ -1,0 +1,255 @@
+"""Mixed precision training by graph rewrite: `enable_mixed_precision_graph_rewrite(opt)`.
+
+The counterpart of TF's `tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite`, for TF2 code and
+Keras 3: it wraps the optimizer in a `LossScaleOptimizer` and makes every `tf.function` traced from then on (the
+user's own, Keras's train/test/predict functions, nested functions, cond/while bodies, gradient functions) run
+the mixed precision rewrite of its traced graph -- forward, backward and update together, as Grappler sees a
+training step. The model and its variables stay float32: variable reads and updates are stateful ops, which the
+pass preserves inside function bodies, so casts go to the low precision after each read and back before each update.
+
+Choices, where TF left them open:
+
+* No GPU (float16): Grappler's CUDA pass silently does nothing without a GPU. Here `device=None` with float16
+  and no GPU logs a one-time warning and does not rewrite (the optimizer is still wrapped, so the training code
+  runs unchanged). `device="cpu"` rewrites anyway, checking kernels against TF's CPU kernels (a warning says
+  float16 on CPU is slow: most CPU kernels have no native float16 path). Prefer `precision="bfloat16"` on CPU.
+  `device="any"` converts all nodes but checks unplaced ones against GPU kernels; use it only where a GPU runs
+  them.
+* bfloat16 has float32's exponent range, so it needs no loss scaling: by default the optimizer is wrapped with a
+  fixed scale of 1 (exact, and `get_scaled_loss`/`get_unscaled_gradients`/`scale_loss` keep working, so the same
+  training code runs in both precisions). An explicit `loss_scale` is honoured.
+* `disable_mixed_precision_graph_rewrite()` stops rewriting new traces and, by default, puts the traced float32
+  definitions back for every function rewritten so far, so functions run as they were traced before enabling.
+  Pass `restore=False` to keep them rewritten. Optimizers are not unwrapped (as in TF).
+* Functions traced before enabling keep running float32; a warning names them. `rewrite_existing=True` rewrites
+  them too. A Keras model picks up the rewrite when its train function is next traced (`model.compile(...)`
+  again, or `model.make_train_function(force=True)`).
+
+Limits (details in `function_hook`):
+
+* `tf.saved_model.save` while the rewrite is on saves the rewritten bodies (they are what TF holds). Disable
+  first for a float32 SavedModel; for a deliberate mixed precision export, the SavedModel converter is the tool.
+* `concrete_function.graph` stays the traced float32 FuncGraph; what runs is `rewritten_functions()` / the eager
+  context's FunctionDef.
+* A function differentiated from outside (called under a tape that is outside it) gets a forward and a backward
+  function, rewritten separately: the tensors passed between them stay float32, so there are casts at that
+  boundary which a single-function step (tape inside the tf.function, as in Keras) does not have.
+* The hook checks dtypes against OpDefs and kernels before swapping a body in; other failures that TF only
+  reports when the function first runs cannot fall back to float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+
+from . import function_hook
+from .loss_scale import wrap_optimizer
+
+logger = logging.getLogger("mp_rewrite")
+
+class _DefaultLossScale:
+    """The loss_scale default: "dynamic" for float16, no scaling (a fixed scale of 1) for bfloat16."""
+
+    def __repr__(self):
+        return "'dynamic' (float16) / None (bfloat16)"
+
+
+_DEFAULT = _DefaultLossScale()
+_MAX_NAMED = 5  # function names listed in a warning
+
+
+@dataclasses.dataclass(frozen=True)
+class _Enabled:
+    precision: str
+    device: str
+    options: object  # rewrite.Options, or None when no rewrite runs (float16 without a GPU, device=None)
+
+
+_STATE = {"enabled": None, "warned": set()}
+
+
+def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: str = "float16", device=None, *,
+                                         rewrite_existing: bool = False, **rewrite_options):
+    """Wrap `opt` with loss scaling and make every tf.function traced from now on run mixed precision.
+
+    Args:
+        opt: a Keras 3, tf_keras or TF v1 optimizer (see `loss_scale.wrap_optimizer`); None to only enable the
+            rewrite (e.g. for inference).
+        loss_scale: "dynamic" (the float16 default: start at 2**15, halve and skip the step on inf/nan, double
+            after 2000 finite steps); a number (a fixed scale); a dict of LossScaleOptimizer settings
+            (`dynamic`, `initial_scale`, `dynamic_growth_steps`); None for no scaling. The bfloat16 default is
+            no scaling (a fixed scale of 1).
+        precision: "float16" or "bfloat16".
+        device: "gpu", "cpu" or "any" (see `rewrite_graph_def`); None picks "gpu" for float16 and "cpu" for
+            bfloat16. float16 on "gpu" without a GPU does not rewrite (warning); pass "cpu" to rewrite on CPU.
+        rewrite_existing: also rewrite functions already traced (otherwise a warning names them).
+        **rewrite_options: `keep_fp32`, `force_low`, `lists`, `level`, as for `rewrite_graph_def`.
+
+    Returns:
+        The wrapped optimizer (a `mp_rewrite.loss_scale.LossScaleOptimizer`; TF's own wrapper for a v1
+        optimizer), or None if `opt` is None.
+
+    Raises:
+        ValueError: `opt` is not a supported optimizer or is a loss scale optimizer already, a Keras mixed
+            precision dtype policy is set (the model would be cast twice), or `loss_scale` is invalid.
+        TypeError: `loss_scale` is a TF v1 LossScale other than Fixed/DynamicLossScale.
+        OptionError: a bad precision, device, level or pattern.
+    """
+    _check_no_mixed_policy()
+    options, resolved = _rewrite_options(precision, device, rewrite_options)
+    wrapped = None if opt is None else wrap_optimizer(opt, _loss_scale_for(precision, loss_scale))
+    # Nothing changed state before this point, so a failed call leaves the rewrite as it was (as TF does).
+    options = _check_device_available(options, precision, resolved)
+    _STATE["enabled"] = _Enabled(precision, resolved, options)
+    if options is None:
+        function_hook.uninstall()
+        return wrapped
+    function_hook.install(options, veto=_mixed_policy_veto)
+    existing = function_hook.existing_candidates(options)
+    if rewrite_existing:
+        for name in existing:
+            function_hook.rewrite_registered(name, options)
+    elif existing:
+        _warn_existing(existing)
+    return wrapped
+
+
+def disable_mixed_precision_graph_rewrite(restore: bool = True) -> list[str]:
+    """Stop rewriting newly traced functions.
+
+    Args:
+        restore: also put the traced float32 definitions back for every function rewritten so far.
+
+    Returns:
+        The names of the functions restored.
+    """
+    if _STATE["enabled"] is None:
+        logger.warning("disable_mixed_precision_graph_rewrite() called when mixed precision is already disabled.")
+    _STATE["enabled"] = None
+    function_hook.uninstall()
+    return function_hook.restore() if restore else []
+
+
+@contextlib.contextmanager
+def mixed_precision_graph_rewrite(opt=None, loss_scale=_DEFAULT, precision: str = "float16", device=None, *,
+                                  restore: bool = True, rewrite_existing: bool = False, **rewrite_options):
+    """Enable the rewrite inside a `with` block; yields the wrapped optimizer (None without `opt`).
+
+    On exit the previous state comes back: the rewrite is disabled (or the enclosing block's settings
+    reinstalled), and with `restore` every function rewritten inside the block gets its traced definition back.
+    Arguments are those of `enable_mixed_precision_graph_rewrite`.
+    """
+    previous = _STATE["enabled"]
+    previous_options = function_hook.active_options()
+    since = function_hook.mark()
+    wrapped = enable_mixed_precision_graph_rewrite(opt, loss_scale, precision, device,
+                                                   rewrite_existing=rewrite_existing, **rewrite_options)
+    try:
+        yield wrapped
+    finally:
+        _STATE["enabled"] = previous
+        if previous_options is not None:
+            function_hook.install(previous_options, veto=_mixed_policy_veto)
+        else:
+            function_hook.uninstall()
+        if restore:
+            function_hook.restore(since=since)
+
+
+def is_enabled() -> bool:
+    """True while `enable_mixed_precision_graph_rewrite` is in effect (even when it found no device to rewrite for)."""
+    return _STATE["enabled"] is not None
+
+
+def rewritten_functions() -> dict:
+    """Return {function name: RewriteResult} for every tf.function body running rewritten, in rewrite order.
+
+    `result.summary()` says what was converted; `result.coloring` why. Failed rewrites are in `rewrite_failures()`.
+    """
+    return function_hook.rewritten()
+
+
+def rewrite_failures() -> dict:
+    """Return {function name: error} for functions the rewrite failed on (they run float32, as traced)."""
+    return function_hook.failures()
+
+
+def _rewrite_options(precision, device, rewrite_options):
+    from .rewrite import make_options
+
+    unknown = sorted(set(rewrite_options) - {"keep_fp32", "force_low", "lists", "level"})
+    if unknown:
+        raise TypeError(f"enable_mixed_precision_graph_rewrite() got unexpected keyword argument(s) {unknown}; "
+                        "rewrite options are keep_fp32, force_low, lists and level")
+    options = make_options(precision, device, **rewrite_options)
+    return options, options.device
+
+
+def _loss_scale_for(precision, loss_scale):
+    if loss_scale is _DEFAULT:
+        return "dynamic" if precision == "float16" else None
+    return loss_scale
+
+
+def _check_device_available(options, precision, device):
+    """Return the options to install, or None when there is nothing to rewrite for; warn once about CPU float16."""
+    import tensorflow as tf
+
+    has_gpu = bool(tf.config.list_physical_devices("GPU"))
+    if device == "gpu" and not has_gpu:
+        slow = "" if precision == "bfloat16" else " (slow: most CPU kernels emulate float16)"
+        _warn_once("no_gpu", f"mixed precision graph rewrite: no GPU found, so {precision} graphs are not "
+                   "rewritten (as Grappler's pass does without a GPU); loss scaling stays on. To rewrite anyway, "
+                   f"pass device='cpu'{slow}.")
+        return None
+    if precision == "float16" and not has_gpu:
+        _warn_once("cpu_float16", "mixed precision graph rewrite: float16 on CPU (no GPU found). The rewrite runs, "
+                   "but most CPU kernels have no native float16 path and emulate it through float32, so training "
+                   "is usually slower than float32. Use precision='bfloat16' for speed on CPU.")
+    return options
+
+
+def _warn_once(key, message):
+    if key not in _STATE["warned"]:
+        _STATE["warned"].add(key)
+        logger.warning(message)
+
+
+def _keras_mixed_policy():
+    import sys
+
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return None
+    name = keras.mixed_precision.global_policy().name
+    return name if name.startswith("mixed_") else None
+
+
+def _check_no_mixed_policy():
+    policy = _keras_mixed_policy()
+    if policy:
+        raise ValueError(
+            f"The mixed precision graph rewrite cannot be enabled, because the global Keras dtype policy is "
+            f"'{policy}'. Use one or the other: keras.mixed_precision.set_global_policy('{policy}') casts layers "
+            "itself, and the graph rewrite would cast the graph a second time. Call "
+            "keras.mixed_precision.set_global_policy('float32') before enabling the rewrite.")
+
+
+def _mixed_policy_veto():
+    policy = _keras_mixed_policy()
+    if not policy:
+        return None
+    _warn_once("policy", f"mixed precision graph rewrite: the global Keras dtype policy was set to '{policy}' after "
+               "the rewrite was enabled; functions traced under it are not rewritten (they would be cast twice).")
+    return f"the global Keras dtype policy is '{policy}'"
+
+
+def _warn_existing(names):
+    shown = [n for n in names if n.startswith("__inference_")] or names
+    more = len(names) - min(len(shown), _MAX_NAMED)
+    listed = ", ".join(shown[:_MAX_NAMED]) + (f" and {more} more" if more > 0 else "")
+    logger.warning("mixed precision graph rewrite: %d function(s) traced before enabling keep running in float32: "
+                   "%s. Retrace them (a Keras model: compile it again or make_train_function(force=True)) or pass "
+                   "rewrite_existing=True.", len(names), listed)
