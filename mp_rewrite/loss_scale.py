@@ -32,6 +32,7 @@ from .loss_scale_settings import (  # noqa: F401  (the error classes and bounds 
     LossScaleTypeError, _check_inner, _check_settings, _check_strategy_supported, _optimizer_family,
     is_loss_scale_optimizer, settings_from_loss_scale)
 
+UNSCALE_SCOPE = "mp_rewrite_unscale"
 # AutoGraph would re-convert this module's Python on every trace (~3 s); none of it needs conversion.
 _no_autograph = tf.autograph.experimental.do_not_convert
 
@@ -39,16 +40,22 @@ logger = logging.getLogger("mp_rewrite")
 
 
 def _multiply(grad, factor):
-    """`grad * factor`, keeping None and IndexedSlices; half-precision values are scaled in float32."""
+    """`grad * factor`, keeping None and IndexedSlices; half-precision values are scaled in float32.
+
+    The ops sit in the name scope UNSCALE_SCOPE, which the training rewrite keeps in float32: otherwise the graph
+    rewrite would run the unscale Mul in float16 (an infer op right after the gradient MatMuls) and flush
+    unscaled gradients below float16's range (6e-8) to zero.
+    """
     if grad is None:
         return None
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(_multiply(grad.values, factor), grad.indices, grad.dense_shape)
     grad = tf.convert_to_tensor(grad)
-    if grad.dtype in (tf.float16, tf.bfloat16):
-        # The reciprocal of a large scale underflows in float16 (2**-25 is 0), so unscale in float32.
-        return tf.cast(tf.cast(grad, tf.float32) * factor, grad.dtype)
-    return grad * tf.cast(factor, grad.dtype)
+    with tf.name_scope(UNSCALE_SCOPE):
+        if grad.dtype in (tf.float16, tf.bfloat16):
+            # The reciprocal of a large scale underflows in float16 (2**-25 is 0), so unscale in float32.
+            return tf.cast(tf.cast(grad, tf.float32) * factor, grad.dtype)
+        return grad * tf.cast(factor, grad.dtype)
 
 
 def _all_finite(grads):

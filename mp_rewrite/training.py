@@ -177,13 +177,17 @@ def rewrite_failures() -> dict:
 
 
 def _rewrite_options(precision, device, rewrite_options):
+    from .loss_scale import UNSCALE_SCOPE
     from .rewrite import make_options
 
     unknown = sorted(set(rewrite_options) - {"keep_fp32", "force_low", "lists", "level"})
     if unknown:
         raise TypeError(f"enable_mixed_precision_graph_rewrite() got unexpected keyword argument(s) {unknown}; "
                         "rewrite options are keep_fp32, force_low, lists and level")
-    options = make_options(precision, device, **rewrite_options)
+    # Gradients are unscaled in float32 (see loss_scale._multiply), whatever the user keeps besides.
+    keep = rewrite_options.pop("keep_fp32", ())
+    keep = ([keep] if isinstance(keep, str) else list(keep)) + [f"*{UNSCALE_SCOPE}*"]
+    options = make_options(precision, device, keep_fp32=keep, **rewrite_options)
     return options, options.device
 
 

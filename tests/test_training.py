@@ -22,7 +22,7 @@ from tensorflow.python.eager.polymorphic_function import atomic_function
 
 from mp_rewrite import function_hook, training
 from mp_rewrite.errors import OptionError
-from mp_rewrite.loss_scale import LossScaleOptimizer, wrap_optimizer
+from mp_rewrite.loss_scale import UNSCALE_SCOPE, LossScaleOptimizer, wrap_optimizer
 from mp_rewrite.training import (
     disable_mixed_precision_graph_rewrite,
     enable_mixed_precision_graph_rewrite,
@@ -133,6 +133,9 @@ def test_executed_step_has_low_precision_matmul_conv_and_gradients(kind, precisi
     assert not ops_in(function_hook.original_definition(name), low)
     assert name in rewritten_functions() and rewritten_functions()[name].precision == precision
     assert "MatMul" in ops_in(step.get_concrete_function(x, y).function_def, low)  # TF's own view agrees
+    # Gradients are unscaled in float32, not in the low precision of the gradient MatMuls that feed them.
+    unscale = [n for n in fdef.node_def if UNSCALE_SCOPE in n.name and n.op == "Mul"]
+    assert unscale and all(n.attr["T"].type == tf.float32.as_datatype_enum for n in unscale)
 
 
 def test_model_fit_train_function_runs_rewritten():
