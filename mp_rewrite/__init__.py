@@ -16,6 +16,8 @@ _EXPORTS = {
     "enable_mixed_precision_graph_rewrite": "training", "disable_mixed_precision_graph_rewrite": "training",
     "mixed_precision_graph_rewrite": "training", "rewritten_functions": "training", "rewrite_failures": "training",
     "LossScaleOptimizer": "loss_scale",
+    "guard": "accuracy_guard", "GuardResult": "accuracy_guard", "load_overrides": "accuracy_guard",
+    "guard_saved_model": "guard_saved_model",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,0 +1,142 @@
+"""The accuracy guard for SavedModels (a front end: it loads the model in TensorFlow).
+
+A TF2 SavedModel computes in function bodies that read variables, which `run_graph_def` cannot run. So one
+signature is frozen into a single graph (`convert_variables_to_constants_v2` inlines the calls, turning the body
+node "model/dense/MatMul" into "StatefulPartitionedCall/model/dense/MatMul"), the guard runs on that graph, and the
+nodes it keeps are mapped back to the body nodes, as keep_fp32 patterns for `convert_saved_model`, which rewrites
+the bodies themselves. The calibration inputs are made as `mp-rewrite verify` makes them (an .npz or a dict keyed
+by input name or "SIGNATURE/name"; random for inputs not given), so `convert --guard --verify` checks what the
+guard measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .errors import ModelError
+from .accuracy_guard import GuardResult, exact_patterns, guard
+from .guard_result import write_overrides
+
+
+@dataclasses.dataclass
+class SavedModelGuard:
+    """The guard's outcome for one signature of a SavedModel.
+
+    Attributes:
+        result: the GuardResult on the frozen signature graph.
+        signature: the signature key guarded.
+        keep_fp32: patterns matching the kept nodes in the SavedModel's own graphs (function bodies, main graph),
+            to pass to convert_saved_model together with the user's own.
+        nodes: frozen-graph node -> (SavedModel node, its pattern) for every kept node that has one.
+        unmapped: kept frozen-graph nodes with no counterpart in the SavedModel (inlining's own Identity nodes).
+    """
+
+    result: GuardResult
+    signature: str
+    keep_fp32: tuple
+    nodes: dict
+    unmapped: tuple
+
+    def save_overrides(self, path):
+        """Write the keep set in the SavedModel's names (TOML for ".toml", JSON otherwise), for
+        `convert --keep-fp32-file` / load_overrides; the user's own patterns are not in it."""
+        data = self.result.overrides()
+        data["keep_fp32"] = list(self.keep_fp32)
+        data["nodes"] = [{**n, "node": self.nodes[n["node"]][0], "pattern": self.nodes[n["node"]][1]}
+                         for n in data["nodes"] if n["node"] in self.nodes]
+        data["signature"] = self.signature
+        return write_overrides(path, data)
+
+
+def frozen_signature(loaded, key: str):
+    """(GraphDef, input name -> placeholder name, output tensor names) of a loaded signature, frozen and inlined.
+
+    Raises:
+        ModelError: the signature cannot be frozen (e.g. it uses lookup tables).
+    """
+    from tensorflow.python.framework import convert_to_constants
+    function = loaded.signatures[key]
+    try:
+        frozen = convert_to_constants.convert_variables_to_constants_v2(function)
+    except Exception as e:  # TF raises ValueError, InvalidArgumentError, ... for what it cannot freeze
+        raise ModelError(f"cannot freeze signature '{key}' into one graph for the guard: {str(e).splitlines()[0]}; "
+                         "convert without --guard, or guard a frozen GraphDef") from None
+    specs = function.structured_input_signature[1]
+    # A signature takes keyword arguments; its flat inputs follow the sorted keys (tf.nest order).
+    placeholders = {name: t.op.name for name, t in zip(sorted(specs), frozen.inputs)}
+    return frozen.graph.as_graph_def(), placeholders, [t.name for t in frozen.outputs]
+
+
+def inlined_patterns(patterns) -> tuple:
+    """The user's keep_fp32/force_low patterns, widened to match the same nodes under inlining prefixes."""
+    out = []
+    for p in patterns:
+        if any(c in p for c in "*?["):
+            out += [p, f"*/{p}"]
+        else:
+            scope = p.rstrip("/")
+            out += [p, f"*/{scope}", f"*/{scope}/*"]
+    return tuple(out)
+
+
+def body_nodes(kept, graph_def) -> tuple:
+    """({frozen node: (SavedModel node, exact keep_fp32 pattern)}, unmapped frozen nodes) for the SavedModel nodes
+    the frozen `kept` nodes came from.
+
+    A frozen name maps to the longest of its "/"-suffixes that names a node of the SavedModel's main graph or of a
+    function body (the fewest inlining prefixes stripped).
+    """
+    names = [n.name for n in graph_def.node] + [n.name for f in graph_def.library.function for n in f.node_def]
+    known = set(names)
+    mapped, unmapped = {}, []
+    for name in kept:
+        parts = name.split("/")
+        match = next(("/".join(parts[i:]) for i in range(len(parts)) if "/".join(parts[i:]) in known), None)
+        if match is None:
+            unmapped.append(name)
+        else:
+            mapped[name] = match
+    patterns = exact_patterns(set(mapped.values()), names)
+    return {frozen: (body, patterns[body]) for frozen, body in mapped.items()}, tuple(unmapped)
+
+
+def guard_saved_model(source, inputs=None, signature: str | None = None, precision: str = "float16",
+                      rtol: float | None = None, atol: float | None = None, *, batch_size: int = 2, seed: int = 0,
+                      **rewrite_options) -> SavedModelGuard:
+    """Run the accuracy guard on one signature of a SavedModel.
+
+    Args:
+        source: the SavedModel directory.
+        inputs: calibration inputs: a dict or an .npz path keyed by input name (or "SIGNATURE/name"); inputs not
+            given are random, as `mp-rewrite verify` makes them (batch_size, seed).
+        signature: the signature to guard; None takes "serving_default", else the first.
+        precision, rtol, atol, **rewrite_options: as for guard(); keep_fp32/force_low patterns are matched against
+            the frozen graph's names with their inlining prefixes too.
+
+    Returns:
+        A SavedModelGuard; pass `.keep_fp32` (plus the user's own patterns) to convert_saved_model.
+
+    Raises:
+        ModelError: the model cannot be loaded, frozen or fed; OptionError: bad options.
+    """
+    from .saved_model import read_saved_model
+    from .verify import _load, load_inputs, signature_inputs
+    loaded = _load(source, "original")
+    keys = sorted(loaded.signatures.keys())
+    key = signature or ("serving_default" if "serving_default" in keys else (keys[0] if keys else None))
+    if key not in keys:
+        raise ModelError(f"the SavedModel has no signature '{key}' (its signatures: {', '.join(keys) or 'none'})")
+    given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
+    arrays, _ = signature_inputs(key, loaded.signatures[key].structured_input_signature[1], dict(given or {}),
+                                 batch_size, seed)
+    graph_def, placeholders, outputs = frozen_signature(loaded, key)
+    for option in ("keep_fp32", "force_low"):
+        if rewrite_options.get(option):
+            patterns = rewrite_options[option]
+            rewrite_options[option] = inlined_patterns([patterns] if isinstance(patterns, str) else patterns)
+    result = guard(graph_def, outputs, {placeholders[k]: v for k, v in arrays.items()}, precision, rtol, atol,
+                   **rewrite_options)
+    meta_graph = read_saved_model(source).meta_graphs[0]
+    nodes, unmapped = body_nodes([k.node for k in result.kept], meta_graph.graph_def)
+    keep = tuple(dict.fromkeys(pattern for _, pattern in nodes.values()))
+    return SavedModelGuard(result, key, keep, nodes, unmapped)

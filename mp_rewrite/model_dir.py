@@ -1,0 +1,168 @@
+"""A SavedModel directory on disk: finding its proto, checking where a converted copy may go, and writing that copy
+so that it appears only when complete.
+
+The copy is built in a temporary sibling of the output (same file system, so the final move is a rename); an
+existing output is replaced (with overwrite) only after the new one is complete, and on any failure -- a full
+disk, a permission, an interrupt -- the temporary directory is removed and the source and any existing output are
+left as they were. The source is only ever read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from .errors import ModelError
+
+MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+FINGERPRINT_FILE = "fingerprint.pb"
+
+
+def model_file(directory) -> Path:
+    """Return the path of the SavedModel proto in `directory` (saved_model.pb, else saved_model.pbtxt).
+
+    Raises:
+        ModelError: the directory does not exist, is not a directory, or holds no SavedModel.
+    """
+    path = Path(directory)
+    if not path.exists():
+        raise ModelError(f"'{directory}' does not exist; give the path of a SavedModel directory")
+    if not path.is_dir():
+        raise ModelError(f"'{directory}' is not a directory; a SavedModel is a directory holding saved_model.pb")
+    for name in MODEL_FILES:
+        if (path / name).is_file():
+            return path / name
+    raise ModelError(f"'{directory}' is not a SavedModel: it has no saved_model.pb (or saved_model.pbtxt); "
+                     "write one with tf.saved_model.save(obj, path) or model.export(path)")
+
+
+def check_output(source, output, overwrite: bool = False) -> tuple[Path, Path]:
+    """Check that a converted copy of `source` may be written at `output`, before any work is done.
+
+    Returns:
+        (source, output) as absolute paths.
+
+    Raises:
+        ModelError: the source is not a SavedModel; the output is the source, inside it or contains it; the output
+            exists without overwrite; or it exists but is neither a SavedModel nor an empty directory (replacing it
+            could lose someone's files).
+    """
+    model_file(source)
+    src, out = Path(source).resolve(), Path(output).resolve()
+    if out == src or src in out.parents:
+        raise ModelError(f"output '{output}' is inside the source '{source}'; write the converted model outside "
+                         "the source directory")
+    if out in src.parents:
+        raise ModelError(f"output '{output}' contains the source '{source}'; replacing it would delete the "
+                         "source, choose another output path")
+    target = Path(os.path.abspath(output))
+    if os.path.lexists(target):
+        if not overwrite:
+            raise ModelError(f"output '{output}' already exists; pass --overwrite (API: overwrite=True) to "
+                             "replace it, or choose another path")
+        if not target.is_dir() or not (any((target / f).is_file() for f in MODEL_FILES) or _is_empty(target)):
+            raise ModelError(f"output '{output}' exists and is not a SavedModel; refusing to replace it, remove "
+                             "it yourself or choose another path")
+    return Path(os.path.abspath(source)), target
+
+
+def _is_empty(directory: Path) -> bool:
+    return not any(directory.iterdir())
+
+
+def write_model_dir(source: Path, output: Path, saved_model, overwrite: bool = False) -> None:
+    """Write a SavedModel proto, with every other file of `source` (variables, assets, ...), at `output`.
+
+    The files are written to a temporary sibling directory, which is moved into place when complete.
+
+    Args:
+        source: the SavedModel directory the proto came from (only read).
+        output: where the new SavedModel goes (checked with check_output first).
+        saved_model: the new SavedModel proto; written as .pb or .pbtxt like the source's.
+        overwrite: replace an existing output (only after the new one is complete).
+
+    Raises:
+        ModelError: the output cannot be written (full disk, permissions, a proto too large to serialize).
+    """
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+    except OSError as e:
+        raise ModelError(f"cannot create the output directory '{output}': {_reason(e)}") from None
+    try:
+        _fill(staging, source, saved_model)
+        _move_into_place(staging, output, overwrite)
+    except OSError as e:
+        kept = "the existing output and the source are unchanged" if overwrite else "the source is unchanged"
+        raise ModelError(f"cannot write the converted model to '{output}': {_reason(e)}; nothing was written "
+                         f"({kept})") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _reason(error: OSError) -> str:
+    where = f" ({error.filename})" if error.filename else ""
+    return f"{error.strerror or error}{where}"
+
+
+def _fill(staging: Path, source: Path, saved_model) -> None:
+    """Copy the source's files except its proto and fingerprint, then write the new proto and fingerprint."""
+    proto = model_file(source)
+    _copy_tree(source, staging, skip={proto.name, FINGERPRINT_FILE})
+    if proto.suffix == ".pbtxt":
+        (staging / proto.name).write_text(text_format.MessageToString(saved_model), encoding="utf-8")
+    else:
+        try:
+            data = saved_model.SerializeToString()
+        except ValueError as e:  # protobuf refuses messages over 2 GB
+            raise ModelError(f"the converted SavedModel proto cannot be serialized: {e}") from None
+        (staging / proto.name).write_bytes(data)
+    if (source / FINGERPRINT_FILE).exists():
+        _write_fingerprint(staging)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it 0700; the output should look like any new directory
+
+
+def _copy_tree(source: Path, target: Path, skip: set) -> None:
+    """Copy every file under `source` into `target` (existing), leaving out the top-level names in `skip`."""
+    for root, dirs, files in os.walk(source):
+        rel = Path(root).relative_to(source)
+        for name in dirs:
+            (target / rel / name).mkdir(exist_ok=True)
+        for name in files:
+            if rel == Path(".") and name in skip:
+                continue
+            shutil.copy2(Path(root) / name, target / rel / name)
+
+
+def _write_fingerprint(directory: Path) -> None:
+    """Recompute fingerprint.pb for the new proto (TF's loader reads it for its metrics; it is optional)."""
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+    try:
+        data = fingerprinting.CreateFingerprintDef(str(directory))
+    except fingerprinting.FingerprintException:
+        return
+    (directory / FINGERPRINT_FILE).write_bytes(data)
+
+
+def _move_into_place(staging: Path, output: Path, overwrite: bool) -> None:
+    """Rename the complete staging directory to `output`; an existing output is set aside first and restored if
+    the rename fails."""
+    if not os.path.lexists(output):
+        os.rename(staging, output)
+        return
+    if not overwrite:
+        raise FileExistsError(17, "the output appeared while converting", str(output))
+    aside = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
+    os.rename(output, aside / "previous")
+    try:
+        os.rename(staging, output)
+    except OSError:
+        os.rename(aside / "previous", output)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)

@@ -1,0 +1,388 @@
+"""Verification: run an original and a converted model on the same inputs and compare their outputs.
+
+`compare_outputs` is pure numpy, so anything that has two sets of outputs can use it (the accuracy guard does).
+The rest is a front end: it loads both SavedModels in TensorFlow, makes inputs (random ones from the signature
+with a fixed seed, or arrays from an .npz file), runs every signature on both and compares.
+
+Pass/fail is numpy's `allclose` rule, element by element: |converted - original| <= atol + rtol * |original|.
+NaN or Inf where the original has none fails; the same NaN/Inf in both passes. Integer, bool and string outputs
+must match exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import zlib
+
+import numpy as np
+
+from .errors import ModelError, OptionError
+
+# (rtol, atol) per precision, measured (TF 2.21 CPU, batch 4 of random normal inputs, seeds 0 and 1, outputs of
+# magnitude 0.2-2 unless said) on Keras models with random weights converted by convert_saved_model:
+#   largest |converted - original|   float16   bfloat16
+#   CNN + BatchNorm (2 conv blocks)  1.4e-3    6.4e-3
+#   Transformer encoder (2 blocks)   3.2e-3    1.6e-2
+#   LSTM (20 steps)                  1.9e-4    1.6e-3
+#   ResNet-50, MobileNetV2 (softmax) 1.7e-6    5.5e-6   (outputs ~1e-3)
+# float16 keeps 11 significant bits, bfloat16 8: the defaults leave a 3x margin over the worst case above, so a
+# correct conversion passes and a broken one (an overflow, a wrong cast) fails. Outputs far below atol (softmax
+# probabilities) are judged by atol alone: look at the cosine similarity too, or pass a smaller --atol.
+DEFAULT_TOLERANCES = {"float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)}
+
+
+def default_tolerance(precision: str) -> tuple[float, float]:
+    """Return the default (rtol, atol) for "float16" or "bfloat16".
+
+    Raises:
+        OptionError: an unknown precision.
+    """
+    try:
+        return DEFAULT_TOLERANCES[precision]
+    except KeyError:
+        raise OptionError(f"unknown precision {precision!r}: use 'float16' or 'bfloat16'") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputCheck:
+    """The comparison of one output.
+
+    Attributes:
+        signature, output: which output ("" signature for plain dicts).
+        shape, dtype: of the original's output.
+        max_abs: largest |converted - original| over elements finite in both (0 when none).
+        max_rel: largest |converted - original| / |original| over elements with |original| > atol.
+        cosine: cosine similarity of the flattened finite elements (None for non-numeric outputs).
+        nan, inf: (count in the original, count in the converted output).
+        bad: elements outside the tolerance (or different, for exact outputs).
+        size: number of elements.
+        passed: True if every element is within the tolerance.
+        problem: why it failed, in a few words ("" when it passed).
+    """
+
+    signature: str
+    output: str
+    shape: tuple
+    dtype: str
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    cosine: float | None = None
+    nan: tuple = (0, 0)
+    inf: tuple = (0, 0)
+    bad: int = 0
+    size: int = 0
+    passed: bool = True
+    problem: str = ""
+
+
+def compare_outputs(ref: dict, got: dict, rtol: float, atol: float, signature: str = "") -> list[OutputCheck]:
+    """Compare two dicts of output arrays (name -> array-like), one OutputCheck per name in either.
+
+    Args:
+        ref: the original's outputs. got: the converted model's outputs.
+        rtol, atol: the tolerance, numpy.allclose's rule per element.
+        signature: a label copied into every check.
+
+    Returns:
+        One OutputCheck per output, in `ref`'s order, then any output only `got` has (those fail).
+    """
+    checks = []
+    for name, value in ref.items():
+        reference = np.asarray(value)
+        if name not in got:
+            checks.append(_failed(signature, name, reference, "missing from the converted model's outputs"))
+        else:
+            checks.append(compare_arrays(reference, np.asarray(got[name]), rtol, atol, signature, name))
+    for name in got:
+        if name not in ref:
+            checks.append(_failed(signature, name, np.asarray(got[name]), "output the original does not have"))
+    return checks
+
+
+def _failed(signature: str, name: str, array: np.ndarray, problem: str) -> OutputCheck:
+    return OutputCheck(signature, name, tuple(array.shape), str(array.dtype), size=int(array.size), passed=False,
+                       problem=problem)
+
+
+def compare_arrays(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float, signature: str = "",
+                   name: str = "") -> OutputCheck:
+    """Compare one output array with its reference (see compare_outputs)."""
+    if ref.shape != got.shape:
+        return _failed(signature, name, ref, f"shape {got.shape} instead of {ref.shape}")
+    if ref.dtype != got.dtype:
+        return _failed(signature, name, ref, f"dtype {got.dtype} instead of {ref.dtype}")
+    if not _is_float(ref.dtype):
+        bad = int(np.count_nonzero(ref != got))
+        return OutputCheck(signature, name, tuple(ref.shape), str(ref.dtype), bad=bad, size=int(ref.size),
+                           passed=bad == 0, problem=f"{bad} of {ref.size} elements differ" if bad else "")
+    r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+    finite = np.isfinite(r) & np.isfinite(g)
+    diff = np.abs(g[finite] - r[finite])
+    within = diff <= atol + rtol * np.abs(r[finite])
+    # A non-finite element passes only if both are the same NaN/Inf.
+    same_special = (np.isnan(r) & np.isnan(g)) | (np.isinf(r) & (r == g))
+    bad = int(np.count_nonzero(~within) + np.count_nonzero(~finite & ~same_special))
+    big = np.abs(r[finite]) > atol
+    nan = (int(np.isnan(r).sum()), int(np.isnan(g).sum()))
+    inf = (int(np.isinf(r).sum()), int(np.isinf(g).sum()))
+    problem = ""
+    if bad:
+        problem = f"{bad} of {ref.size} elements outside rtol={rtol:g}, atol={atol:g}"
+        if nan[1] > nan[0] or inf[1] > inf[0]:
+            problem = f"NaN/Inf where the original is finite ({nan[1]} NaN, {inf[1]} Inf); " + problem
+    return OutputCheck(signature, name, tuple(ref.shape), str(ref.dtype),
+                       max_abs=float(diff.max()) if diff.size else 0.0,
+                       max_rel=float((diff[big] / np.abs(r[finite][big])).max()) if big.any() else 0.0,
+                       cosine=_cosine(r[finite], g[finite]), nan=nan, inf=inf, bad=bad, size=int(ref.size),
+                       passed=bad == 0, problem=problem)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return np.issubdtype(dtype, np.floating) or dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+# --------------------------------------------------------------------------------------------- SavedModels
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    """The outcome of verify_saved_models.
+
+    Attributes:
+        original, converted: the SavedModel paths.
+        precision: the precision whose default tolerances apply.
+        rtol, atol: the tolerance used.
+        defaults: True when rtol and atol are the precision's defaults (neither was given).
+        checks: one OutputCheck per signature output.
+        inputs: signature -> {input name: "random" or "file"}.
+        seconds: wall time.
+    """
+
+    original: str
+    converted: str
+    precision: str
+    rtol: float
+    atol: float
+    defaults: bool
+    checks: list
+    inputs: dict
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """True when every output is within the tolerance."""
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failures(self) -> list[OutputCheck]:
+        """The checks that failed."""
+        return [c for c in self.checks if not c.passed]
+
+    def summary(self) -> str:
+        """One line: passed or failed, how many outputs, at which tolerance."""
+        verdict = "passed" if self.passed else f"FAILED ({len(self.failures)} of {len(self.checks)} outputs)"
+        where = f"the {self.precision} defaults" if self.defaults else "as given"
+        return (f"verification {verdict}: {_count(len(self.checks), 'output')} of "
+                f"{_count(len(self.inputs), 'signature')} compared at rtol={self.rtol:g}, atol={self.atol:g} ({where})")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def detect_precision(path) -> str:
+    """The low precision a converted SavedModel uses: "bfloat16" if any node attr is bfloat16, else "float16"."""
+    from tensorflow.core.framework import types_pb2
+
+    from .saved_model import read_saved_model
+    seen = set()
+    for meta_graph in read_saved_model(path).meta_graphs:
+        bodies = [meta_graph.graph_def.node] + [f.node_def for f in meta_graph.graph_def.library.function]
+        for nodes in bodies:
+            for node in nodes:
+                for value in node.attr.values():
+                    seen.add(value.type)
+                    seen.update(value.list.type)
+    return "bfloat16" if types_pb2.DT_BFLOAT16 in seen else "float16"
+
+
+def load_inputs(path) -> dict:
+    """Read an .npz file of inputs: keys are input names, or "SIGNATURE/input" for one signature only.
+
+    Raises:
+        ModelError: the file cannot be read as .npz.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read inputs file '{path}' (an .npz written by numpy.savez): {e}") from None
+
+
+def _load(path, which: str):
+    import tensorflow as tf
+    try:
+        return tf.saved_model.load(str(path))
+    except Exception as e:  # TF raises OSError, ValueError, OpError, ... for unloadable models
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{path}': {message}") from None
+
+
+def _random_array(spec, rng, batch_size: int, where: str, name: str) -> np.ndarray:
+    """A random array for a TensorSpec: normal floats, integers 0/1, random bools; batch dim = batch_size."""
+    ask = f"give its value with --inputs FILE.npz (key '{name}')"
+    if spec.shape.rank is None:
+        raise ModelError(f"{where} has an unknown rank; {ask}")
+    dims = spec.shape.as_list()
+    if dims and dims[0] is None:
+        dims[0] = batch_size
+    if None in dims:
+        raise ModelError(f"{where} has shape {spec.shape} with an undefined dimension {dims.index(None)}; random "
+                         f"inputs only fill the batch dimension (--batch-size), so {ask}")
+    dtype = spec.dtype
+    if dtype.is_floating:
+        return rng.standard_normal(dims).astype(dtype.as_numpy_dtype)
+    if dtype.is_integer:
+        return rng.integers(0, 2, dims).astype(dtype.as_numpy_dtype)  # 0/1 are valid ids for any lookup
+    if dtype.is_bool:
+        return rng.random(dims) < 0.5
+    raise ModelError(f"{where} is of type {dtype.name}, which random inputs do not cover; {ask}")
+
+
+def _given_array(value: np.ndarray, spec, where: str, key: str) -> np.ndarray:
+    if not spec.shape.is_compatible_with(value.shape):
+        raise ModelError(f"--inputs array '{key}' has shape {value.shape} but {where} needs {spec.shape}")
+    if spec.dtype.name == "string":
+        if value.dtype.kind not in "SUO":
+            raise ModelError(f"--inputs array '{key}' is {value.dtype} but {where} is string")
+        return value
+    want = np.dtype(spec.dtype.as_numpy_dtype)
+    if value.dtype != want and value.dtype.kind != want.kind and not (_is_float(value.dtype) and _is_float(want)):
+        raise ModelError(f"--inputs array '{key}' is {value.dtype} but {where} is {spec.dtype.name}")
+    return value.astype(want)
+
+
+def signature_inputs(signature: str, specs: dict, given: dict, batch_size: int, seed: int) -> tuple[dict, dict]:
+    """Inputs for one signature: from `given` (keys "SIGNATURE/name" or "name"), else random from its TensorSpec.
+
+    Returns:
+        ({input name: array}, {input name: "file" or "random"}).
+
+    Raises:
+        ModelError: a given array does not fit, or an input cannot be made at random (undefined dims, strings).
+    """
+    arrays, sources = {}, {}
+    for name, spec in specs.items():
+        where = f"signature '{signature}' input '{name}'"
+        key = next((k for k in (f"{signature}/{name}", name) if k in given), None)
+        if key is not None:
+            arrays[name], sources[name] = _given_array(given[key], spec, where, key), "file"
+        else:
+            rng = np.random.default_rng([seed, zlib.crc32(f"{signature}/{name}".encode())])
+            arrays[name], sources[name] = _random_array(spec, rng, batch_size, where, name), "random"
+    return arrays, sources
+
+
+def _run(function, inputs: dict, which: str, signature: str, precision: str) -> dict:
+    import tensorflow as tf
+    try:
+        outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
+    except (tf.errors.OpError, ValueError, TypeError) as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        hint = ""
+        if "OpKernel" in message and precision == "float16":
+            hint = " (a float16 model converted for --device gpu needs a GPU; convert with --device cpu to run here)"
+        raise ModelError(f"the {which} model failed to run signature '{signature}': {message}{hint}") from None
+    return {k: v.numpy() for k, v in outputs.items()}
+
+
+def _check_keys(loaded, signatures) -> list[str]:
+    keys = list(loaded.signatures.keys())
+    if not signatures:
+        return keys
+    wanted = [signatures] if isinstance(signatures, str) else list(signatures)
+    for key in wanted:
+        if key not in keys:
+            raise ModelError(f"the SavedModel has no signature '{key}' (its signatures: {', '.join(keys) or 'none'})")
+    return list(dict.fromkeys(wanted))
+
+
+def _interface(function) -> tuple:
+    """(input specs, output specs) of a loaded signature, for comparing two models' signatures."""
+    outputs = {k: (v.dtype, tuple(v.shape.as_list()) if v.shape.rank is not None else None)
+               for k, v in function.structured_outputs.items()}
+    return function.structured_input_signature[1], outputs
+
+
+def verify_saved_models(original, converted, *, signatures=None, inputs=None, batch_size: int = 2, seed: int = 0,
+                        rtol: float | None = None, atol: float | None = None, precision: str | None = None,
+                        progress=None) -> VerifyReport:
+    """Run every (or the given) signature of both SavedModels on the same inputs and compare the outputs.
+
+    Args:
+        original, converted: SavedModel directories.
+        signatures: signature keys to verify (a str or several); None: all of the original's.
+        inputs: a dict or an .npz path of arrays keyed by input name (or "SIGNATURE/name"); inputs not given are
+            random, from the signature's TensorSpec with `seed` (undefined batch dimension = batch_size).
+        rtol, atol: the tolerance; None takes the default of the precision.
+        precision: "float16" or "bfloat16" for the default tolerance; None detects it from the converted model.
+        progress: optional callable (done, total, step name), after each model run.
+
+    Returns:
+        A VerifyReport (report.passed tells whether every output is within the tolerance).
+
+    Raises:
+        ModelError: a model cannot be loaded or run, an unknown signature, unusable inputs.
+        OptionError: a bad precision or tolerance.
+    """
+    from .model_dir import model_file
+    start = time.perf_counter()
+    model_file(original), model_file(converted)
+    precision = precision or detect_precision(converted)
+    default_rtol, default_atol = default_tolerance(precision)
+    defaults = rtol is None and atol is None
+    rtol, atol = (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+    if rtol < 0 or atol < 0:
+        raise OptionError(f"tolerances must be >= 0 (got rtol={rtol}, atol={atol})")
+    if batch_size < 1:
+        raise OptionError(f"--batch-size must be at least 1 (got {batch_size})")
+    given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
+    given = dict(given or {})
+    models = _load(original, "original"), _load(converted, "converted")
+    keys = _check_keys(models[0], signatures)
+    _check_given(given, {k: models[0].signatures[k].structured_input_signature[1] for k in keys})
+    checks, sources, total = [], {}, 2 * len(keys)
+    for i, key in enumerate(keys):
+        if key not in models[1].signatures:
+            checks.append(OutputCheck(key, "*", (), "", passed=False, problem="signature missing in converted model"))
+            continue
+        ref_fn, got_fn = models[0].signatures[key], models[1].signatures[key]
+        if _interface(ref_fn) != _interface(got_fn):
+            checks.append(OutputCheck(key, "*", (), "", passed=False, problem="signature inputs/outputs differ"))
+            continue
+        arrays, sources[key] = signature_inputs(key, ref_fn.structured_input_signature[1], given, batch_size, seed)
+        outputs = []
+        for which, fn, step in (("original", ref_fn, 2 * i + 1), ("converted", got_fn, 2 * i + 2)):
+            outputs.append(_run(fn, arrays, which, key, precision))
+            if progress is not None:
+                progress(step, total, f"{key} ({which})")
+        checks += compare_outputs(outputs[0], outputs[1], rtol, atol, signature=key)
+    return VerifyReport(str(original), str(converted), precision, rtol, atol, defaults, checks, sources,
+                        time.perf_counter() - start)
+
+
+def _check_given(given: dict, specs: dict) -> None:
+    """Refuse .npz keys that name no input of the verified signatures (likely a typo)."""
+    names = {n for s in specs.values() for n in s} | {f"{k}/{n}" for k, s in specs.items() for n in s}
+    unknown = sorted(k for k in given if k not in names)
+    if unknown:
+        raise ModelError(f"--inputs has arrays that name no signature input: {', '.join(unknown)} (keys are input "
+                         f"names, or SIGNATURE/input; inputs: {', '.join(sorted(names))})")
