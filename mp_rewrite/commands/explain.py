@@ -1,0 +1,36 @@
+"""`mp-rewrite explain MODEL NODE`: the final color of one node, the chain of reasons that decided it, and what
+would have made it convert."""
+
+from __future__ import annotations
+
+import json
+
+from .inspect import add_model_options, load_and_rewrite
+
+
+def register(sub) -> None:
+    """Add the `explain` subcommand."""
+    p = sub.add_parser("explain", help="why one node has its dtype (and what would convert it)",
+                       description="Rewrite MODEL and explain NODE: its color per type attribute, the chain of "
+                                   "nodes that decided it, and near misses. For SavedModels every rewritten "
+                                   "function is searched (names are per function).")
+    add_model_options(p)
+    p.add_argument("node", metavar="NODE", help="the node name (as in the GraphDef or FunctionDef)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Print the explanation of every node named NODE."""
+    from ..report.explain import explain_all
+    _, result = load_and_rewrite(args)
+    explanations = explain_all(result, args.node, args.function)
+    if args.json:
+        print(json.dumps([e.as_dict() for e in explanations], indent=1))
+        return 0
+    blocks = []
+    for e in explanations:
+        head = f"in function {e.graph}:\n" if e.graph and (len(explanations) > 1 or not args.function) else ""
+        blocks.append(head + e.text())
+    print("\n\n".join(blocks))
+    return 0

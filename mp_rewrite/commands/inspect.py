@@ -1,0 +1,112 @@
+"""`mp-rewrite inspect MODEL`: the colored graph and why nodes stayed float32 — text, JSON, DOT/SVG, HTML or a
+TensorBoard log."""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import ModelError, OptionError
+from ..oplists import LIST_NAMES
+
+FORMATS = ("text", "json", "dot", "svg", "html", "tensorboard")
+
+
+def add_model_options(p) -> None:
+    """The options shared by `inspect` and `explain`: the model and how to rewrite it."""
+    p.add_argument("model", metavar="MODEL", help="a SavedModel directory, a GraphDef (.pb/.pbtxt) or a MetaGraphDef")
+    p.add_argument("--precision", default="float16", choices=("float16", "bfloat16"))
+    p.add_argument("--device", choices=("gpu", "cpu", "any"),
+                   help="which placed nodes to convert (default: gpu for float16, cpu for bfloat16)")
+    p.add_argument("--function", metavar="NAME", help="only this rewritten function of the model")
+    p.add_argument("--fetch", action="append", metavar="NAME",
+                   help="a node or tensor the graph returns (kept float32); default: the signatures' outputs")
+    p.add_argument("--keep-fp32", action="append", default=[], metavar="PATTERN",
+                   help="node names, scopes or globs to keep in float32")
+    p.add_argument("--force-low", action="append", default=[], metavar="PATTERN",
+                   help="node names, scopes or globs to force to low precision")
+    p.add_argument("--lists", dest="lists_file", metavar="FILE", help="a TOML file of op list changes")
+    for name in LIST_NAMES:
+        p.add_argument(f"--{name}", action="append", default=[], metavar="OP", help=f"move OP into the {name} list")
+
+
+def register(sub) -> None:
+    """Add the `inspect` subcommand."""
+    p = sub.add_parser("inspect", help="show the colored graph and why ops stayed float32",
+                       description="Rewrite MODEL and report what was converted and why the rest was not.")
+    add_model_options(p)
+    p.add_argument("--format", default="text", choices=FORMATS)
+    p.add_argument("-o", "--output", metavar="OUT", help="output file (a directory for tensorboard); default stdout")
+    p.add_argument("--around", metavar="NODE", help="dot/svg/html: draw only the neighbourhood of NODE")
+    p.add_argument("--depth", type=int, default=2, metavar="K", help="edges around --around NODE (default 2)")
+    p.add_argument("--collapse-scopes", nargs="?", const=True, default=None, type=int, metavar="DEPTH",
+                   help="dot/svg/html: draw name scopes (at DEPTH, or the deepest that fits) as boxes; automatic "
+                        "above --max-nodes nodes")
+    p.add_argument("--no-collapse", dest="collapse_scopes", action="store_false", help="never collapse scopes")
+    p.add_argument("--max-nodes", type=int, default=150, metavar="N", help="box budget of a picture (default 150)")
+    p.add_argument("--top", type=int, default=12, metavar="N", help="rows per summary table (default 12)")
+    p.set_defaults(func=run)
+
+
+def load_and_rewrite(args):
+    """Read args.model and rewrite it with the options of add_model_options; returns (LoadedModel, result)."""
+    from ..report.model_loader import load_model, rewrite_model
+    from ..saved_model import effective_lists
+    model = load_model(args.model)
+    lists = effective_lists(args.precision, None, args.lists_file, *(getattr(args, name) for name in LIST_NAMES))
+    result = rewrite_model(model, args.precision, args.fetch, device=args.device, lists=lists,
+                           keep_fp32=args.keep_fp32, force_low=args.force_low)
+    return model, result
+
+
+def write_output(path: str | None, text: str) -> None:
+    """Write text to `path`, or to stdout when None.
+
+    Raises:
+        ModelError: the file cannot be written.
+    """
+    if path is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise ModelError(f"cannot write '{path}': {e.strerror or e}") from None
+
+
+def _picture_options(args) -> dict:
+    if args.max_nodes < 1:
+        raise OptionError(f"--max-nodes must be at least 1, got {args.max_nodes}")
+    return {"around": args.around, "depth": args.depth, "collapse_scopes": args.collapse_scopes,
+            "max_nodes": args.max_nodes}
+
+
+def run(args) -> int:
+    """Rewrite the model and write the report in the chosen format."""
+    from ..report import dot, html, json_report, tensorboard, text
+    from ..report.node_table import build_tables
+    if args.format == "tensorboard" and not args.output:
+        raise OptionError("--format tensorboard needs -o LOGDIR")
+    if args.around and args.format in ("text", "json", "tensorboard"):
+        raise OptionError(f"--around draws a picture: use it with --format dot, svg or html, not {args.format}")
+    model, result = load_and_rewrite(args)
+    if args.format in ("dot", "svg"):
+        out = dot.to_dot(result, args.function, **_picture_options(args))
+        write_output(args.output, dot.render_svg(out) if args.format == "svg" else out)
+        return 0
+    tables = build_tables(result, args.function, with_flops=args.format != "tensorboard")
+    if args.format == "tensorboard":
+        path = tensorboard.write_tensorboard(result, args.output, args.function, tables)
+        print(f"wrote {path}; view it with: tensorboard --logdir {args.output}")
+    elif args.format == "json":
+        write_output(args.output, json_report.to_json(result, args.function, tables=tables, model=args.model))
+    elif args.format == "html":
+        write_output(args.output, html.to_html(result, args.function, tables=tables, model=args.model,
+                                               top=args.top, **_picture_options(args)))
+    elif args.output is None and sys.stdout.isatty():
+        from rich.console import Console
+        from ..report.stats import summarize
+        text.render_rich(text.blocks(summarize(tables, result), args.top), Console())
+    else:
+        write_output(args.output, text.to_text(result, args.top, args.function, tables))
+    return 0
