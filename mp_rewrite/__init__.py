@@ -18,6 +18,8 @@ _EXPORTS = {
     "LossScaleOptimizer": "loss_scale",
     "guard": "accuracy_guard", "GuardResult": "accuracy_guard", "load_overrides": "accuracy_guard",
     "guard_saved_model": "guard_saved_model",
+    "convert_saved_model": "saved_model", "ConversionResult": "saved_model",
+    "verify_saved_models": "verify", "compare_outputs": "verify", "OutputCheck": "verify", "VerifyReport": "verify",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -48,6 +48,7 @@ class ConversionResult:
         skipped: function name -> why it was reachable but not rewritten (parametrised, tf.data).
         flops: mp_rewrite.flops.FlopShare over everything rewritten, or None when not estimated.
         function_flops: function name -> its own FlopShare.
+        graph_flops: MetaGraph tags -> FlopShare of its main graph (where TF1 SavedModels compute).
         seconds: wall time of the conversion.
     """
 
@@ -60,6 +61,7 @@ class ConversionResult:
     skipped: dict
     flops: object = None
     function_flops: dict = dataclasses.field(default_factory=dict)
+    graph_flops: dict = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -117,9 +119,8 @@ def read_saved_model(directory) -> saved_model_pb2.SavedModel:
 
 
 def signature_keys(saved_model: saved_model_pb2.SavedModel) -> list[str]:
-    """The user signature keys of every MetaGraph, in order (internal ones like __saved_model_init_op left out)."""
-    keys = [k for mg in saved_model.meta_graphs for k in mg.signature_def if not k.startswith(INTERNAL_PREFIX)]
-    return list(dict.fromkeys(keys))
+    """The user signature keys of every MetaGraph, sorted (internal ones like __saved_model_init_op left out)."""
+    return sorted({k for mg in saved_model.meta_graphs for k in mg.signature_def if not k.startswith(INTERNAL_PREFIX)})
 
 
 def select_signatures(saved_model: saved_model_pb2.SavedModel, wanted=None) -> tuple | None:
@@ -298,17 +299,19 @@ def rewrite_saved_model(saved_model: saved_model_pb2.SavedModel, opts, keys=None
 
 
 def estimate_flops(graphs: dict) -> tuple:
-    """(FlopShare over every rewritten graph and function, {function name: FlopShare}) from known shapes."""
+    """FLOPs from known shapes: (FlopShare over every rewritten graph and function, {function name: FlopShare},
+    {MetaGraph tags: FlopShare of the main graph})."""
     from .flops import FlopShare, low_precision_flop_share, result_flops
     low = total = unknown = nodes = 0
-    per_function = {}
-    for result in graphs.values():
+    per_function, per_graph = {}, {}
+    for tags, result in graphs.items():
         flops = result_flops(result)
         share = low_precision_flop_share(result, flops)
         low, total, unknown, nodes = low + share.low, total + share.total, unknown + share.unknown, nodes + share.nodes
+        per_graph[tags] = low_precision_flop_share(result, {"": flops.get("", {})})
         for name, sub in result.functions.items():
             per_function[name] = low_precision_flop_share(sub, {"": flops.get(name, {})})
-    return FlopShare(low, total, unknown, nodes), per_function
+    return FlopShare(low, total, unknown, nodes), per_function, per_graph
 
 
 # --------------------------------------------------------------------------------------------- the API
@@ -357,8 +360,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
     saved_model = read_saved_model(source_dir)
     keys = select_signatures(saved_model, signatures)
     new, graphs, skipped = rewrite_saved_model(saved_model, opts, keys, progress)
-    share, per_function = estimate_flops(graphs) if flops else (None, {})
+    share, per_function, per_graph = estimate_flops(graphs) if flops else (None, {}, {})
     write_model_dir(source_dir, output_dir, new, overwrite)
     return ConversionResult(str(source), str(output), opts.precision, opts.device,
                             keys or tuple(signature_keys(saved_model)), graphs, skipped, share, per_function,
-                            time.perf_counter() - start)
+                            per_graph, time.perf_counter() - start)

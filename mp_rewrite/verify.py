@@ -227,13 +227,17 @@ def load_inputs(path) -> dict:
         raise ModelError(f"cannot read inputs file '{path}' (an .npz written by numpy.savez): {e}") from None
 
 
-def _load(path, which: str):
+def load_saved_model(path, which: str = "original"):
+    """`tf.saved_model.load(path)`, with a one-line ModelError naming the model (`which`) if TF cannot load it."""
     import tensorflow as tf
     try:
         return tf.saved_model.load(str(path))
     except Exception as e:  # TF raises OSError, ValueError, OpError, ... for unloadable models
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{path}': {message}") from None
+
+
+_load = load_saved_model  # the name mp_rewrite.guard_saved_model imports
 
 
 def _random_array(spec, rng, batch_size: int, where: str, name: str) -> np.ndarray:
@@ -305,7 +309,10 @@ def _run(function, inputs: dict, which: str, signature: str, precision: str) -> 
 
 
 def _check_keys(loaded, signatures) -> list[str]:
-    keys = list(loaded.signatures.keys())
+    keys = sorted(loaded.signatures.keys())
+    if not keys:
+        raise ModelError("the original SavedModel has no signatures, so there is nothing to run and compare; save "
+                         "it with signatures (tf.saved_model.save(obj, path, signatures=...) or model.export)")
     if not signatures:
         return keys
     wanted = [signatures] if isinstance(signatures, str) else list(signatures)
@@ -345,7 +352,8 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
     """
     from .model_dir import model_file
     start = time.perf_counter()
-    model_file(original), model_file(converted)
+    model_file(original)
+    model_file(converted)
     precision = precision or detect_precision(converted)
     default_rtol, default_atol = default_tolerance(precision)
     defaults = rtol is None and atol is None
@@ -356,7 +364,7 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
         raise OptionError(f"--batch-size must be at least 1 (got {batch_size})")
     given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
     given = dict(given or {})
-    models = _load(original, "original"), _load(converted, "converted")
+    models = load_saved_model(original, "original"), load_saved_model(converted, "converted")
     keys = _check_keys(models[0], signatures)
     _check_given(given, {k: models[0].signatures[k].structured_input_signature[1] for k in keys})
     checks, sources, total = [], {}, 2 * len(keys)

@@ -1,0 +1,132 @@
+"""`mp-rewrite convert SRC DST`: write a mixed precision copy of a SavedModel (see mp_rewrite.saved_model).
+
+Prints a table of what changed per function and the share of matmul/conv FLOPs now in low precision; with
+--verify, then runs both models on the same inputs and exits 1 if an output is outside the tolerance.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ..saved_model import ConversionResult, convert_saved_model
+from .verify import add_verify_options, progress_bar, run_verification, stdout_console
+
+TOP_ROWS = 15  # functions listed in the table; the rest are summed in one line
+
+
+def register(sub) -> None:
+    """Add the `convert` subcommand."""
+    p = sub.add_parser("convert", help="convert a SavedModel to mixed precision (float16 or bfloat16)",
+                       description="Write a new SavedModel whose signatures, variables, assets and object graph "
+                       "are the original's, with every function its signatures (and restored objects) run "
+                       "rewritten to mixed precision the way Grappler's auto_mixed_precision pass would. The "
+                       "source is only read; the output appears only when complete.")
+    p.add_argument("source", help="the SavedModel directory to convert")
+    p.add_argument("output", help="the directory to write (must not exist, unless --overwrite)")
+    p.add_argument("--precision", default="float16", metavar="float16|bfloat16",
+                   help="the low precision (default float16)")
+    p.add_argument("--signature", action="append", default=[], metavar="NAME",
+                   help="convert only the functions of this signature (repeatable; default: every signature and "
+                   "the functions tf.saved_model.load restores)")
+    p.add_argument("--device", default=None, metavar="gpu|cpu|any",
+                   help="which device's nodes to convert (default: gpu for float16, cpu for bfloat16)")
+    for name in ("allow", "infer", "deny", "clear"):
+        p.add_argument(f"--{name}", action="append", default=[], metavar="OP",
+                       help=f"move OP into the {name} list (repeatable)")
+    p.add_argument("--lists", dest="lists_file", metavar="FILE", help="a TOML file of op list changes")
+    p.add_argument("--keep-fp32", action="append", default=[], metavar="PATTERN",
+                   help="keep nodes matching this name pattern (glob or name scope) in float32 (repeatable)")
+    p.add_argument("--force-low", action="append", default=[], metavar="PATTERN",
+                   help="force nodes matching this name pattern to low precision (repeatable)")
+    p.add_argument("--weights", default="keep", metavar="keep|low",
+                   help="keep: variables stay float32 (default); low: not supported yet")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing output (only once the new one is complete)")
+    p.add_argument("--verify", action="store_true", help="then run both models on the same inputs and compare")
+    add_verify_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Convert, print the summary, and verify if asked; 0 on success, 1 if verification failed."""
+    with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
+        result = convert_saved_model(
+            args.source, args.output, args.precision, signatures=args.signature or None, device=args.device,
+            lists_file=args.lists_file, allow=args.allow, infer=args.infer, deny=args.deny, clear=args.clear,
+            keep_fp32=args.keep_fp32, force_low=args.force_low, weights=args.weights, overwrite=args.overwrite,
+            progress=progress)
+    print_result(result)
+    if not args.verify:
+        return 0
+    report = run_verification(args.source, args.output, args, args.signature, result.precision)
+    if not report.passed:
+        stdout_console().print(f"the converted model is kept at {args.output}; loosen --rtol/--atol if the errors "
+                               "are acceptable, or keep the offending nodes in float32 with --keep-fp32",
+                               soft_wrap=True)
+        return 1
+    return 0
+
+
+def _flops(value: int) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value} FLOP"
+
+
+def _rows(result: ConversionResult) -> list[tuple]:
+    """(name, RewriteResult, FlopShare or None) for the main graphs and functions that changed or compute."""
+    rows = [(f"main graph ({tags})", r, result.graph_flops.get(tags)) for tags, r in result.graphs.items()
+            if r.retyped or r.casts]
+    for name, r in result.functions.items():
+        share = result.function_flops.get(name)
+        if r.retyped or r.casts or (share is not None and share.nodes):
+            rows.append((name, r, share))
+    return sorted(rows, key=lambda row: (-(row[2].total if row[2] else 0), -len(row[1].retyped)))
+
+
+def print_result(result: ConversionResult) -> None:
+    """Print what changed per function, then the totals and the low-precision share of matmul/conv FLOPs."""
+    console = stdout_console()
+    table = Table(title=f"{result.source} -> {result.output} ({result.precision}, device {result.device})",
+                  title_justify="left")
+    for column in ("function", "nodes", "converted", "casts", "matmul/conv FLOPs", f"in {result.precision}"):
+        table.add_column(column, justify="left" if column == "function" else "right")
+    rows = _rows(result)
+    for name, r, share in rows[:TOP_ROWS]:
+        flops = _flops(share.total) if share and share.total else "-"
+        low = f"{share.share:.1%}" if share and share.share is not None else "-"
+        table.add_row(name, str(r.num_nodes), str(len(r.converted_nodes)), str(len(r.casts)), flops, low)
+    console.print(table)
+    listed = {name for name, _, _ in rows[:TOP_ROWS]}
+    more = len(rows) - min(len(rows), TOP_ROWS)
+    unchanged = sum(1 for name in result.functions if name not in {n for n, _, _ in rows})
+    notes = [f"{_count(more, 'more function')} not listed"] * bool(more and listed)
+    notes += [f"{_count(unchanged, 'function')} unchanged (wrappers, nothing to convert)"] * bool(unchanged)
+    notes += [f"{_count(len(result.skipped), 'function')} not rewritten ({_why(result.skipped)})"] * \
+        bool(result.skipped)
+    for note in notes + [_flop_line(result)]:
+        console.print(note, soft_wrap=True)
+    console.print(f"wrote {result.output}: {_count(result.converted_nodes, 'node')} converted to "
+                  f"{result.precision}, {_count(result.casts, 'cast')} inserted, in {result.seconds:.1f} s",
+                  soft_wrap=True)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _why(skipped: dict) -> str:
+    reasons = sorted(set(skipped.values()))
+    return "; ".join(reasons)
+
+
+def _flop_line(result: ConversionResult) -> str:
+    share = result.flops
+    if share is None or not share.nodes:
+        return "matmul/conv FLOPs: none found"
+    if share.share is None:
+        return f"matmul/conv FLOPs: shapes unknown for all {share.nodes} matmul/conv nodes"
+    unknown = f"; {share.unknown} of {share.nodes} nodes with unknown shapes not counted" if share.unknown else ""
+    return (f"matmul/conv FLOPs in {result.precision}: {share.share:.1%} ({_flops(share.low)} of "
+            f"{_flops(share.total)}, estimated from shapes, unknown batch dimensions counted as 1{unknown})")

@@ -1,0 +1,109 @@
+"""`mp-rewrite verify ORIGINAL CONVERTED`: run both SavedModels on the same inputs and compare every output.
+
+Also the progress bar and result tables that `mp-rewrite convert --verify` shares. Progress goes to stderr as a
+rich bar on a terminal and is silent when stderr is piped; tables go to stdout (plain text when piped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..verify import VerifyReport, verify_saved_models
+
+PLAIN_WIDTH = 120  # tables printed to a pipe or file: wide enough not to wrap columns
+
+
+def register(sub) -> None:
+    """Add the `verify` subcommand."""
+    p = sub.add_parser("verify", help="compare a converted SavedModel's outputs with the original's",
+                       description="Run every signature of both SavedModels on the same inputs (random ones from "
+                       "the signature with a fixed seed, or --inputs) and compare each output: max abs and rel "
+                       "error, cosine similarity, NaN/Inf counts. Exit 1 if an output is outside the tolerance.")
+    p.add_argument("original", help="the original SavedModel directory")
+    p.add_argument("converted", help="the converted SavedModel directory")
+    p.add_argument("--signature", action="append", default=[], metavar="NAME",
+                   help="verify only this signature (repeatable; default: all)")
+    p.add_argument("--precision", default=None, metavar="float16|bfloat16",
+                   help="whose default tolerances to use (default: detected from the converted model)")
+    add_verify_options(p)
+    p.set_defaults(func=run)
+
+
+def add_verify_options(parser) -> None:
+    """Add the options shared by `verify` and `convert --verify`."""
+    g = parser.add_argument_group("verification")
+    g.add_argument("--inputs", metavar="FILE.npz", help="input arrays keyed by input name (or SIGNATURE/name); "
+                   "inputs not in the file are random")
+    g.add_argument("--batch-size", type=int, default=2, metavar="N",
+                   help="size of an undefined batch dimension in random inputs (default 2)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    g.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: float16 1e-2, "
+                   "bfloat16 5e-2)")
+    g.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: float16 1e-2, "
+                   "bfloat16 5e-2)")
+
+
+def run(args) -> int:
+    """Verify and print the comparison; 0 if every output passed, 1 otherwise."""
+    report = run_verification(args.original, args.converted, args, args.signature, args.precision)
+    return 0 if report.passed else 1
+
+
+def run_verification(original, converted, args, signatures, precision) -> VerifyReport:
+    """Run verify_saved_models with the CLI's options and progress bar, then print the report."""
+    with progress_bar("verifying") as progress:
+        report = verify_saved_models(original, converted, signatures=signatures or None, inputs=args.inputs,
+                                     batch_size=args.batch_size, seed=args.seed, rtol=args.rtol, atol=args.atol,
+                                     precision=precision, progress=progress)
+    print_report(report)
+    return report
+
+
+def stdout_console() -> Console:
+    """A console for tables: rich on a terminal, plain and wide when piped."""
+    console = Console()
+    return console if console.is_terminal else Console(width=PLAIN_WIDTH, no_color=True, highlight=False)
+
+
+@contextlib.contextmanager
+def progress_bar(description: str, finishing: str | None = None):
+    """Yield a callback (done, total, name) driving a progress bar on stderr when it is a terminal; a no-op
+    otherwise. The bar is removed when the block ends; `finishing` replaces the description once done == total."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda done, total, name: None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("[dim]{task.fields[item]}"))
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(description, total=None, item="")
+
+        def update(done, total, name):
+            label = finishing if finishing and done >= total else description
+            bar.update(task, completed=done, total=total, item=name, description=label)
+        yield update
+
+
+def _number(value: float) -> str:
+    return "0" if value == 0 else f"{value:.2e}"
+
+
+def print_report(report: VerifyReport, console: Console | None = None) -> None:
+    """Print one row per output (max abs/rel error, cosine, NaN/Inf, verdict) and the summary line."""
+    console = console or stdout_console()
+    table = Table(title=f"{report.converted} against {report.original}", title_justify="left")
+    for column in ("signature", "output", "shape", "max abs", "max rel", "cosine", "NaN/Inf", "result"):
+        table.add_column(column, justify="right" if column in ("max abs", "max rel", "cosine") else "left")
+    for c in report.checks:
+        special = f"{c.nan[0] + c.inf[0]} -> {c.nan[1] + c.inf[1]}"
+        cosine = "-" if c.cosine is None else f"{c.cosine:.6f}"
+        result = "[green]pass[/]" if c.passed else f"[red]FAIL[/] {c.problem}"
+        table.add_row(c.signature, c.output, "x".join(map(str, c.shape)) or "scalar", _number(c.max_abs),
+                      _number(c.max_rel), cosine, special, result)
+    console.print(table)
+    inputs = sorted({source for per in report.inputs.values() for source in per.values()})
+    console.print(f"{report.summary()}; inputs: {', '.join(inputs) or 'none'}", soft_wrap=True)
