@@ -329,3 +329,19 @@ def test_mp_rewrite_guard_is_the_function_whatever_was_imported():
     import mp_rewrite.guard_saved_model  # noqa: F401
     g = fragile_mlp(hot_scale=1.0, logit_offset=0.0)
     assert mp_rewrite.guard(g.graph_def, g.fetches, g.inputs).executions == 2
+
+
+def test_cli_convert_guard_meets_the_tolerance_and_writes_overrides(tmp_path, capsys):
+    from mp_rewrite import cli
+    source = tmp_path / "fragile"
+    fragile_model().export(str(source), verbose=False)
+    inputs = tmp_path / "calib.npz"
+    np.savez(inputs, features=np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32))
+    out, overrides = tmp_path / "out", tmp_path / "kept.toml"
+    common = ["--precision", "float16", "--device", "any", "--inputs", str(inputs), "--verify"]
+    assert cli.main(["convert", str(source), str(tmp_path / "plain")] + common) == 1  # plain conversion misses
+    assert cli.main(["convert", str(source), str(out), "--guard", "--guard-overrides", str(overrides)] + common) == 0
+    assert "fragile_mlp_1/hot_1/MatMul" in load_overrides(overrides)
+    again = ["convert", str(source), str(tmp_path / "again"), "--keep-fp32-file", str(overrides)] + common
+    assert cli.main(again) == 0
+    assert "hot_1/MatMul" in capsys.readouterr().out

@@ -43,19 +43,33 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output (only once the new one is complete)")
     p.add_argument("--verify", action="store_true", help="then run both models on the same inputs and compare")
+    p.add_argument("--guard", action="store_true",
+                   help="accuracy guard: measure against float32 on --inputs (or random inputs) and keep in float32 "
+                   "the few nodes the outputs need to meet --rtol/--atol")
+    p.add_argument("--guard-overrides", metavar="FILE",
+                   help="with --guard: write the kept nodes and why (.toml or .json), to re-apply with --keep-fp32-file")
+    p.add_argument("--keep-fp32-file", metavar="FILE", help="keep_fp32 patterns from a guard overrides file")
     add_verify_options(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    """Convert, print the summary, and verify if asked; 0 on success, 1 if verification failed."""
+    """Convert (after the accuracy guard, if asked), print the summary, and verify if asked; 0 on success, 1 if
+    verification failed or the guard could not meet the tolerance."""
+    keep = list(args.keep_fp32) + list(_guard_overrides(args.keep_fp32_file))
+    guarded = _run_guard(args, keep) if args.guard else None
+    if guarded is not None:
+        keep += list(guarded.keep_fp32)
     with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
         result = convert_saved_model(
             args.source, args.output, args.precision, signatures=args.signature or None, device=args.device,
             lists_file=args.lists_file, allow=args.allow, infer=args.infer, deny=args.deny, clear=args.clear,
-            keep_fp32=args.keep_fp32, force_low=args.force_low, weights=args.weights, overwrite=args.overwrite,
+            keep_fp32=keep, force_low=args.force_low, weights=args.weights, overwrite=args.overwrite,
             progress=progress)
     print_result(result)
+    if guarded is not None and not guarded.result.met:
+        stdout_console().print("the accuracy guard could not meet the tolerance; see the kept nodes above", soft_wrap=True)
+        return 1
     if not args.verify:
         return 0
     report = run_verification(args.source, args.output, args, args.signature, result.precision)
@@ -65,6 +79,27 @@ def run(args) -> int:
                                soft_wrap=True)
         return 1
     return 0
+
+
+def _guard_overrides(path) -> list:
+    if not path:
+        return []
+    from ..accuracy_guard import load_overrides
+    return load_overrides(path)
+
+
+def _run_guard(args, keep):
+    """Run the accuracy guard on the (first) signature; print what it kept; save the overrides if asked."""
+    from ..guard_saved_model import guard_saved_model
+    from ..saved_model import effective_lists
+    lists = effective_lists(args.precision, None, args.lists_file, args.allow, args.infer, args.deny, args.clear)
+    guarded = guard_saved_model(args.source, args.inputs, args.signature[0] if args.signature else None,
+                                args.precision, args.rtol, args.atol, batch_size=args.batch_size, seed=args.seed,
+                                device=args.device, keep_fp32=keep, force_low=args.force_low, lists=lists)
+    stdout_console().print(guarded.result.summary(), soft_wrap=True)
+    if args.guard_overrides:
+        guarded.save_overrides(args.guard_overrides)
+    return guarded
 
 
 def _flops(value: int) -> str:
