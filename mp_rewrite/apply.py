@@ -54,75 +54,137 @@ def apply_coloring(graph_def: graph_pb2.GraphDef, ctx: PassContext, paint: Paint
     """
     view, allow = ctx.view, paint.allow
     out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    taken = set(view.names)
-    retyped, casts, edits = [], [], {}   # edits: node index -> (attr changes, input rewires)
-    for node in range(view.num_nodes):
-        for key, v in view.node_vids[node].items():
-            if view.v_dtype[v] != dtypes.FLOAT:
-                continue
-            src_allow = v in allow
-            if src_allow:
-                edits.setdefault(node, ({}, {}))[0][key] = ctx.target
-                retyped.append((view.names[node], key))
-            for port, out_vid in enumerate(view.out_vids[node]):
-                if out_vid == v:
-                    _cast_port(ctx, allow, node, port, src_allow, taken, casts, edits)
-    _write_edits(out, view, edits)
-    for record in casts:
-        out.node.append(_cast_node(record, view.devices[view.node_index[record.src]]))
+    out.CopyFrom(graph_def)  # one bulk copy in C; only the nodes that change are touched afterwards
+    retypes, rewires = {}, {}  # node index -> [attr key], node index -> [(input port, cast name)]
+    retyped = []
+    for v in sorted(allow):
+        if view.v_dtype[v] == dtypes.FLOAT:
+            node = view.v_node[v]
+            retypes.setdefault(node, []).append(view.v_key[v])
+            retyped.append((view.names[node], view.v_key[v]))
+    cast_names = set()
+    casts = [_add_cast(ctx, src_vertex in allow, src_vertex, src_port, edges, cast_names, rewires)
+             for (src_vertex, src_port), edges in sorted(_boundary_edges(view, allow).items())]
+    _write_edits(out, view, retypes, rewires, ctx.target)
+    _append_casts(out, view, casts)
     return Applied(out, retyped, casts)
 
 
-def _cast_port(ctx, allow, node, port, src_allow, taken, casts, edits) -> None:
+def _boundary_edges(view, allow: set) -> dict:
+    """(source vertex, source port) -> the edges from a float32 vertex to a consumer of the other color.
+
+    Sorted by key, this is Grappler's order: node by node, type attr by type attr, output port by output port.
+    """
+    boundary, float32, v_dtype = {}, dtypes.FLOAT, view.v_dtype
+    for e, (u, v) in enumerate(zip(view.e_u, view.e_v)):
+        if v_dtype[u] == float32 and (u in allow) != (v in allow):
+            key = (u, view.e_src_port[e])
+            if key in boundary:
+                boundary[key].append(e)
+            else:
+                boundary[key] = [e]
+    return boundary
+
+
+def _add_cast(ctx, src_allow, src_vertex, port, edges, cast_names, rewires) -> CastRecord:
     view = ctx.view
-    consumers = [(d, p) for d, p in view.out_edges[node][port] if (view.in_vids[d][p] in allow) != src_allow]
-    if not consumers:
-        return
+    node = view.v_node[src_vertex]
     src_dtype, to = (ctx.target, dtypes.FLOAT) if src_allow else (dtypes.FLOAT, ctx.target)
-    name = _cast_name(view.names[node], port, dtypes.CAST_KIND[to], taken)
+    name = _cast_name(view.names[node], port, dtypes.CAST_KIND[to], view.node_index, cast_names)
+    consumers = [(view.e_dst[e], e - view.in_start[view.e_dst[e]]) for e in edges]
     for dst, dst_port in consumers:
-        edits.setdefault(dst, ({}, {}))[1][dst_port] = name
-    casts.append(CastRecord(name, view.names[node], port, dtypes.name(src_dtype), dtypes.name(to),
-                            tuple((view.names[d], p) for d, p in consumers)))
+        rewires.setdefault(dst, []).append((dst_port, name))
+    return CastRecord(name, view.names[node], port, _DTYPE_NAMES[src_dtype], _DTYPE_NAMES[to],
+                      tuple((view.names[d], p) for d, p in consumers))
 
 
-def _cast_name(src: str, port: int, kind: str, taken: set) -> str:
+def _cast_name(src: str, port: int, kind: str, node_names, taken: set) -> str:
     """TF 2.21's Cast name: the smallest free id in "<src>-<port>-<kind>-<id>-AutoMixedPrecision"."""
     n = 0
-    while f"{src}-{port}-{kind}-{n}-AutoMixedPrecision" in taken:
+    while (name := f"{src}-{port}-{kind}-{n}-AutoMixedPrecision") in node_names or name in taken:
         n += 1
-    name = f"{src}-{port}-{kind}-{n}-AutoMixedPrecision"
     taken.add(name)
     return name
 
 
-def _write_edits(out: graph_pb2.GraphDef, view, edits: dict) -> None:
+def _write_edits(out: graph_pb2.GraphDef, view, retypes: dict, rewires: dict, target: int) -> None:
+    """Retype and rewire the changed nodes of `out`, and finish Grappler's FusedBatchNorm -> V2 upgrades."""
     nodes = out.node
-    for index, (attr_changes, rewires) in edits.items():
+    for index in retypes.keys() | rewires.keys() | view.upgraded:
         node = nodes[index]
         if index in view.upgraded:
             node.op = view.ops[index]
             node.attr["U"].type = dtypes.FLOAT
-        for key, dtype in attr_changes.items():
+        if index in retypes:
+            _retype(node.attr, retypes[index], target)
+        if index in rewires:
+            _rewire(node.input, rewires[index], view.control_inputs[index])
+
+
+def _retype(attrs, keys: list, dtype: int) -> None:
+    for key in keys:
+        if "[" not in key:
+            attrs[key].type = dtype
+        else:
             attr, _, element = key.partition("[")
-            if element:
-                node.attr[attr].list.type[int(element[:-1])] = dtype
-            else:
-                node.attr[attr].type = dtype
-        if rewires:
-            data_positions = [i for i, name in enumerate(node.input) if not name.startswith("^")]
-            for port, cast_name in rewires.items():
-                node.input[data_positions[port]] = cast_name
-    for index in view.upgraded - edits.keys():
-        nodes[index].op = view.ops[index]
-        nodes[index].attr["U"].type = dtypes.FLOAT
+            attrs[attr].list.type[int(element[:-1])] = dtype
 
 
-def _cast_node(record: CastRecord, device: str) -> node_def_pb2.NodeDef:
-    node = node_def_pb2.NodeDef(name=record.name, op="Cast", input=[f"{record.src}:{record.src_port}"],
-                                device=device)
-    node.attr["SrcT"].type = dtypes.by_name(record.from_dtype)
-    node.attr["DstT"].type = dtypes.by_name(record.to_dtype)
+def _rewire(inputs, rewires: list, n_control: int) -> None:
+    if n_control == 0:  # then every input is a data input: port == position
+        for port, cast_name in rewires:
+            inputs[port] = cast_name
+    else:
+        data_positions = [i for i, name in enumerate(inputs) if not name.startswith("^")]
+        for port, cast_name in rewires:
+            inputs[data_positions[port]] = cast_name
+
+
+def _append_casts(out: graph_pb2.GraphDef, view, casts: list) -> None:
+    """Append the Cast nodes in one MergeFromString of their wire encoding.
+
+    A NodeDef wrapper per Cast cost more than the rest of the apply step on cast-heavy graphs; merging serialized
+    messages appends to repeated fields, which is protobuf's defined semantics. Each Cast is a serialized template
+    (op, device, attrs) followed by its name and input, as a GraphDef `node` field.
+    """
+    templates, chunks = {}, []
+    for record in casts:
+        device = view.devices[view.node_index[record.src]]
+        key = (record.from_dtype, record.to_dtype, device)
+        template = templates.get(key)
+        if template is None:
+            template = templates[key] = _cast_template(*key)
+        body = template + _string_field(_NAME, record.name) + _string_field(_INPUT, f"{record.src}:{record.src_port}")
+        chunks.append(_length_delimited(_NODE, body))
+    out.MergeFromString(b"".join(chunks))
+
+
+def _cast_template(from_dtype: str, to_dtype: str, device: str) -> bytes:
+    node = node_def_pb2.NodeDef(op="Cast", device=device)
+    node.attr["SrcT"].type = dtypes.by_name(from_dtype)
+    node.attr["DstT"].type = dtypes.by_name(to_dtype)
     node.attr["Truncate"].b = False
-    return node
+    return node.SerializeToString(deterministic=True)
+
+
+_DTYPE_NAMES = {d: dtypes.name(d) for d in (dtypes.FLOAT, dtypes.HALF, dtypes.BFLOAT16)}
+_NAME = node_def_pb2.NodeDef.DESCRIPTOR.fields_by_name["name"].number
+_INPUT = node_def_pb2.NodeDef.DESCRIPTOR.fields_by_name["input"].number
+_NODE = graph_pb2.GraphDef.DESCRIPTOR.fields_by_name["node"].number
+
+
+def _string_field(number: int, text: str) -> bytes:
+    return _length_delimited(number, text.encode())
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    """Wire encoding of a length-delimited field (wire type 2) numbered below 16: tag, varint length, payload."""
+    n = len(payload)
+    if n <= 0x7F:
+        return bytes((number << 3 | 2, n)) + payload
+    length = bytearray()
+    while n > 0x7F:
+        length.append(0x80 | (n & 0x7F))
+        n >>= 7
+    length.append(n)
+    return bytes([number << 3 | 2]) + bytes(length) + payload

@@ -43,6 +43,7 @@ class OpSignature:
         allowed: attr name -> frozenset of allowed dtypes, or None when any dtype is allowed.
         is_stateful: OpDef.is_stateful.
         simple: True when no argument depends on number/list attrs, so port keys are the same for every node.
+        number_attrs: the attrs that give argument counts (number_attr), in order of first use.
     """
 
     op: str
@@ -53,6 +54,7 @@ class OpSignature:
     is_stateful: bool
     simple: bool
     has_ref: bool
+    number_attrs: tuple = ()
 
 
 def _arg_spec(arg) -> ArgSpec:
@@ -73,8 +75,9 @@ def signature_from_op_def(op_def: op_def_pb2.OpDef) -> OpSignature:
         allowed[attr.name] = frozenset(values) if values else None
     args = inputs + outputs
     simple = all(not a.number_attr and not a.type_list_attr for a in args)
+    number_attrs = tuple(dict.fromkeys(a.number_attr for a in args if a.number_attr))
     return OpSignature(op_def.name, inputs, outputs, tuple(type_attrs), allowed, op_def.is_stateful, simple,
-                       any(a.is_ref for a in args))
+                       any(a.is_ref for a in args), number_attrs)
 
 
 class Signatures:
@@ -82,7 +85,9 @@ class Signatures:
 
     def __init__(self, library=None):
         self._functions = {f.signature.name: f.signature for f in library.function} if library else {}
-        self._cache = {}
+        # Registered ops cannot change once registered, so their signatures are shared by every graph.
+        self._cache = {} if self._functions else _REGISTRY_SIGNATURES
+        self._layouts = {} if self._functions else _REGISTRY_LAYOUTS
 
     def is_function(self, op: str) -> bool:
         """True if `op` names a function of the graph's library (a direct function call node)."""
@@ -103,6 +108,93 @@ class Signatures:
                                  "(tf.load_op_library) or check the TensorFlow version")
             sig = self._cache[op] = signature_from_op_def(op_def)
         return sig
+
+    def layout(self, sig: OpSignature, lengths: tuple, counts: tuple) -> "PortLayout":
+        """Return the (cached) PortLayout of a node of `sig` with these list lengths and argument counts.
+
+        Args:
+            lengths: per type attr of `sig.type_attrs`, the list length (None for a single type).
+            counts: the values of `sig.number_attrs`, in that order.
+        """
+        key = (sig.op, lengths, counts)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = port_layout(sig, lengths, dict(zip(sig.number_attrs, counts)))
+        return layout
+
+
+_REGISTRY_SIGNATURES, _REGISTRY_LAYOUTS = {}, {}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PortLayout:
+    """The vertices of one node and the vertex of each of its ports, shared by nodes of the same shape.
+
+    Attributes:
+        keys: vertex keys in vertex order: the type attrs in OpDef order (a list attr as "T[0]", "T[1]", ...),
+            then the fixed-dtype keys ("fixed:float") in order of first use by an input or output.
+        attrs: per vertex, its type attr name ("" for a fixed dtype).
+        fixed: the dtypes of the trailing fixed-dtype vertices.
+        inputs, outputs: per data port, the offset of its vertex in `keys`.
+        spans: (attr name, is_list, first offset, count) per type attr, to rebuild a node's attr values.
+        size: the number of vertices (len(keys)).
+    """
+
+    keys: tuple
+    attrs: tuple
+    fixed: tuple
+    inputs: tuple
+    outputs: tuple
+    spans: tuple
+    size: int
+
+    def attr_values(self, dtypes_of_node) -> dict:
+        """attr name -> dtype (tuple of dtypes for a list attr), from the node's vertex dtypes in vertex order."""
+        return {name: tuple(dtypes_of_node[first:first + count]) if is_list else dtypes_of_node[first]
+                for name, is_list, first, count in self.spans}
+
+
+def port_layout(sig: OpSignature, lengths: tuple, counts: dict) -> PortLayout:
+    """Expand a signature into a PortLayout for the given list lengths and number-attr values (see PortLayout)."""
+    keys, attrs, spans = [], [], []
+    for (attr_name, is_list, _), length in zip(sig.type_attrs, lengths):
+        spans.append((attr_name, is_list, len(keys), length if is_list else 1))
+        if is_list:
+            keys.extend(f"{attr_name}[{i}]" for i in range(length))
+            attrs.extend([attr_name] * length)
+        else:
+            keys.append(attr_name)
+            attrs.append(attr_name)
+    list_lengths = {name: length for (name, is_list, _), length in zip(sig.type_attrs, lengths) if is_list}
+    in_keys = _port_keys(sig.inputs, list_lengths, counts)
+    out_keys = _port_keys(sig.outputs, list_lengths, counts)
+    fixed = [key for key in dict.fromkeys(in_keys + out_keys) if key not in keys]
+    keys.extend(fixed)
+    attrs.extend([""] * len(fixed))
+    offset = {key: i for i, key in enumerate(keys)}
+    return PortLayout(tuple(keys), tuple(attrs), tuple(FIXED_DTYPES[k] for k in fixed),
+                      tuple(offset[k] for k in in_keys), tuple(offset[k] for k in out_keys), tuple(spans), len(keys))
+
+
+def _port_keys(args, list_lengths: dict, counts: dict) -> list:
+    keys = []
+    for arg in args:
+        if arg.type_list_attr:
+            keys.extend(f"{arg.type_list_attr}[{i}]" for i in range(list_lengths[arg.type_list_attr]))
+        else:
+            key = arg.type_attr or fixed_key(arg.fixed_type)
+            keys.extend([key] * (counts[arg.number_attr] if arg.number_attr else 1))
+    return keys
+
+
+FIXED_DTYPES = {}
+
+
+def fixed_key(dtype: int) -> str:
+    """The vertex key of an argument with a fixed dtype, e.g. "fixed:float"."""
+    key = "fixed:" + dtypes.name(dtype)
+    FIXED_DTYPES[key] = dtype
+    return key
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,12 +221,15 @@ def gpu_kernel_table() -> dict:
     return {dtypes.HALF: frozenset(data.get("half", ())), dtypes.BFLOAT16: frozenset(data.get("bfloat16", ()))}
 
 
+_KERNEL_ANSWERS = {}
+
+
 class KernelSupport:
     """Grappler's SupportsF16 kernel half: is there a kernel for this node with one attr set to the target?"""
 
     def __init__(self, target: int):
         self.target = target
-        self._cache = {}
+        self._cache = _KERNEL_ANSWERS.setdefault(target, {})  # TF's kernel registry is fixed once loaded
 
     def source(self, op: str, device_kind: str) -> str:
         """Say which source answers for (op, device kind): "registry" or "gpu table".

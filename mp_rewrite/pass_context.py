@@ -61,11 +61,17 @@ class PassContext:
         self.kernels = KernelSupport(target)
         self.device = device
         self.default_kind = device if device != "any" else ("gpu" if target == dtypes.HALF else "cpu")
-        self.kinds = [device_kind(d) or self.default_kind for d in view.devices]
-        self.skip_reason = [preserved.get(name) or self._device_mismatch(kind)
-                            for name, kind in zip(view.names, self.kinds)]
+        kind_of = {d: device_kind(d) or self.default_kind for d in set(view.devices)}
+        self.kinds = [kind_of[d] for d in view.devices]
+        mismatch = {kind: self._device_mismatch(kind) for kind in set(kind_of.values())}
+        self.skip_reason = [mismatch[kind] for kind in self.kinds]
+        for name, why in preserved.items():
+            index = view.node_index.get(name)
+            if index is not None and why:
+                self.skip_reason[index] = why
         self.processed = [not r for r in self.skip_reason]
         self.category, self.override = self._categories(keep_fp32, force_low)
+        self._kernel_answers, self._low_capable = {}, None
 
     def _device_mismatch(self, kind: str) -> str:
         if self.device == "any" or kind == self.device:
@@ -73,7 +79,8 @@ class PassContext:
         return f"placed on {kind.upper()} and the rewrite targets {self.device.upper()} nodes (device={self.device!r})"
 
     def _categories(self, keep_fp32, force_low):
-        category = [self.lists.category(op) for op in self.view.ops]
+        category_of = {op: self.lists.category(op) for op in set(self.view.ops)}
+        category = [category_of[op] for op in self.view.ops]
         override = [""] * len(category)
         for option, color in (("force_low", "allow"), ("keep_fp32", "deny")):  # keep_fp32 wins over force_low
             patterns = keep_fp32 if option == "keep_fp32" else force_low
@@ -84,6 +91,37 @@ class PassContext:
                 if matches(name):
                     category[i], override[i] = color, option
         return category, override
+
+    def low_candidates(self, categories) -> bytearray:
+        """Per vertex, 1 where Grappler's static test for joining allow holds: the node is processed and in one of
+        `categories` ("clear", "infer"), the vertex is float32, and the op supports the target dtype for it (OpDef
+        and kernel)."""
+        if self._low_capable is None:
+            self._low_capable = self._find_low_capable()
+        flags = bytearray(self._low_capable)
+        view = self.view
+        for node, category in enumerate(self.category):
+            if category in ("clear", "infer") and category not in categories:
+                first = view.node_first[node]
+                flags[first:first + view.layouts[node].size] = bytes(view.layouts[node].size)
+        return flags
+
+    def _find_low_capable(self) -> bytearray:
+        view, float32 = self.view, dtypes.FLOAT
+        flags = bytearray(view.num_vertices)
+        answers = {}  # nodes with the same layout, device kind and vertex dtypes get the same answers
+        for node, category in enumerate(self.category):
+            if category not in ("clear", "infer") or not self.processed[node]:
+                continue
+            first, size = view.node_first[node], view.layouts[node].size
+            dtypes_key = view.v_dtype[first] if size == 1 else tuple(view.v_dtype[first:first + size])
+            key = (id(view.layouts[node]), self.kinds[node], dtypes_key)
+            answer = answers.get(key)
+            if answer is None:
+                answer = answers[key] = bytes(view.v_dtype[v] == float32 and self.supports_low(v)
+                                              for v in range(first, first + size))
+            flags[first:first + size] = answer
+        return flags
 
     # -- Grappler's predicates, per vertex ---------------------------------------------------------------------
     def node_of(self, v: int) -> int:
@@ -105,24 +143,34 @@ class PassContext:
         """The kernel half of SupportsF16 (a kernel exists for the node with this attr at the target dtype)."""
         view = self.view
         node = view.v_node[v]
-        return self.kernels.has_kernel(view.ops[node], self.kinds[node], view.v_attr[v], view.attr_values(node))
+        first, layout = view.node_first[node], view.layouts[node]
+        # Nodes with the same layout and vertex dtypes have the same attr values, so they share the answer.
+        key = (id(layout), self.kinds[node], view.v_attr[v], tuple(view.v_dtype[first:first + layout.size]))
+        answer = self._kernel_answers.get(key)
+        if answer is None:
+            answer = self._kernel_answers[key] = self.kernels.has_kernel(
+                view.ops[node], self.kinds[node], view.v_attr[v], view.attr_values(node))
+        return answer
 
     def supports_low(self, v: int) -> bool:
         """SupportsF16: the OpDef allows the target dtype and a kernel exists for it on the node's device."""
         return self.supports_dtype(v) and self.has_kernel(v)
 
     def is_quantized(self, v: int) -> bool:
-        values = self.view.attr_values(self.view.v_node[v]).values()
-        return any((dt in dtypes.QUANTIZED) if isinstance(dt, int) else any(d in dtypes.QUANTIZED for d in dt)
-                   for dt in values)
+        """Some type attr of the node (not a fixed-dtype argument) has a quantized dtype."""
+        view = self.view
+        node = view.v_node[v]
+        first, layout = view.node_first[node], view.layouts[node]
+        typed = layout.size - len(layout.fixed)  # the type attrs' vertices come first, fixed dtypes last
+        return any(d in dtypes.QUANTIZED for d in view.v_dtype[first:first + typed])
 
     def reads_ref_variable(self, node: int) -> bool:
         """Grappler's NodeImplicitlyReadsNonResourceVariable: Identity(VariableV2), or Enter of such a read."""
         view = self.view
         op = view.ops[node]
-        if op not in ("Identity", "Enter") or not view.inputs[node]:
+        if op not in ("Identity", "Enter") or view.in_start[node] == view.in_start[node + 1]:
             return False
-        src = view.inputs[node][0][0]
+        src = view.e_src[view.in_start[node]]
         if op == "Identity":
             return view.ops[src] in ("Variable", "VariableV2")
         return self.reads_ref_variable(src)

@@ -32,22 +32,60 @@ def traverse(ctx: PassContext, root: int, direction: str, enter, visit) -> None:
             stack.extend((u, v) for u in fanout[v] if u not in done)
 
 
+def reach(ctx: PassContext, root: int, direction: str, ok, seen: set) -> list:
+    """Grappler's DfsTypeTraversal from `root` for the stages whose visit closes a vertex: a non-root vertex is
+    entered when `ok[v]` (fixed for the stage) and it is not in `seen` (everything entered so far, by this or an
+    earlier traversal of the stage). Adds what it enters to `seen`; returns [(vertex, parent)] in visit order.
+
+    Same order as `traverse`: a vertex that fails `ok` once fails it every time and one in `seen` stays there, so
+    testing both when pushing instead of keeping a per-root `done` set changes nothing but the cost.
+    """
+    view = ctx.view
+    adjacency = ((view.fanin,) if direction == INPUTS else (view.fanout,) if direction == OUTPUTS
+                 else (view.fanin, view.fanout))
+    order, stack = [], [(root, -1)]
+    seen.add(root)
+    while stack:
+        v, parent = stack.pop()
+        if parent >= 0:
+            if v in seen:
+                continue
+            seen.add(v)
+        order.append((v, parent))
+        for neighbours in adjacency:
+            for u in neighbours[v]:
+                if ok[u] and u not in seen:
+                    stack.append((u, v))
+    return order
+
+
 def _name(ctx: PassContext, v: int) -> str | None:
     return None if v < 0 else ctx.view.names[ctx.view.v_node[v]]
+
+
+def _flags(size: int, members) -> bytearray:
+    flags = bytearray(size)
+    for v in members:
+        flags[v] = 1
+    return flags
 
 
 def seed_allowlist(ctx: PassContext, paint: Paint) -> None:
     """Pass 1 (AddAllowlistOps): every type attr of every processed allow-list node (or forced node) is allow."""
     view = ctx.view
-    for v in range(view.num_vertices):
-        node = view.v_node[v]
+    for node, category in enumerate(ctx.category):
         if not ctx.processed[node]:
             continue
-        if ctx.category[node] == "allow":
+        if category == "allow":
             rule = "user_force_low" if ctx.override[node] else "allow_list"
-            paint.paint_allow(v, Reason("seed_allowlist", rule, view.names[node]))
+            reason = Reason("seed_allowlist", rule, view.names[node])
         elif ctx.force_all and ctx.can_force(node):
-            paint.paint_allow(v, Reason("seed_allowlist", "unsafe_force_all", view.names[node]))
+            reason = Reason("seed_allowlist", "unsafe_force_all", view.names[node])
+        else:
+            continue
+        first = view.node_first[node]
+        for v in range(first, first + view.layouts[node].size):
+            paint.paint_allow(v, reason)
 
 
 def propagate_deny_forward(ctx: PassContext, paint: Paint) -> None:
@@ -56,26 +94,36 @@ def propagate_deny_forward(ctx: PassContext, paint: Paint) -> None:
     if ctx.force_all:
         return
     view, category = ctx.view, ctx.category
-    upstream = set()
+    upstream = _upstream_through_clear(ctx)
+    denied_before = set(paint.deny)
+    ok = _flags(view.num_vertices, upstream - denied_before)
+    seen = set()
     for root in range(view.num_vertices):
-        if category[view.v_node[root]] not in ("deny", "infer"):
-            continue
-        traverse(ctx, root, INPUTS,
-                 lambda v: v not in upstream and category[view.v_node[v]] == "clear",
-                 lambda v, parent: upstream.add(v))
-    for root in range(view.num_vertices):
-        if category[view.v_node[root]] != "deny" or root in paint.deny:
+        if category[view.v_node[root]] != "deny" or root in denied_before or root in seen:
             continue
         source = _name(ctx, root)
-
-        def visit(v, parent):
+        for v, parent in reach(ctx, root, OUTPUTS, ok, seen):
             node = view.v_node[v]
             if category[node] == "deny":
                 rule = "user_keep_fp32" if ctx.override[node] else "deny_list"
                 paint.paint_deny(v, Reason("propagate_deny_forward", rule, view.names[node]))
             else:
                 paint.paint_deny(v, Reason("propagate_deny_forward", "deny_propagated", source, _name(ctx, parent)))
-        traverse(ctx, root, OUTPUTS, lambda v: v not in paint.deny and v in upstream, visit)
+
+
+def _upstream_through_clear(ctx: PassContext) -> set:
+    """Every deny/infer vertex and every clear vertex on a path of clear vertices into one. Grappler runs one
+    traversal per root; the union does not depend on their order, so one traversal from all roots gives it."""
+    view, category = ctx.view, ctx.category
+    is_clear = [category[node] == "clear" for node in view.v_node]
+    upstream = {v for v in range(view.num_vertices) if category[view.v_node[v]] in ("deny", "infer")}
+    stack = list(upstream)
+    while stack:
+        for u in view.fanin[stack.pop()]:
+            if is_clear[u] and u not in upstream:
+                upstream.add(u)
+                stack.append(u)
+    return upstream
 
 
 def add_between_allow(ctx: PassContext, paint: Paint) -> None:
@@ -84,28 +132,27 @@ def add_between_allow(ctx: PassContext, paint: Paint) -> None:
     view, category = ctx.view, ctx.category
     roots = [v for v in range(view.num_vertices)
              if category[view.v_node[v]] == "allow" and ctx.processed[view.v_node[v]]]
-    downstream = {}  # vertex -> the allow-list node it is downstream of
-
-    def enter_down(v):
-        node = view.v_node[v]
-        return (v not in downstream and category[node] in ("clear", "infer") and v not in paint.deny
-                and ctx.processed[node] and ctx.is_float32(v) and ctx.supports_low(v))
+    ok = ctx.low_candidates(("clear", "infer"))
+    for v in paint.deny:
+        ok[v] = 0
+    downstream, seen = {}, set()  # downstream: vertex -> the allow-list node it is downstream of
     for root in roots:
-        if root not in downstream:
+        if root not in seen:
             src = _name(ctx, root)
-            traverse(ctx, root, OUTPUTS, enter_down, lambda v, parent: downstream.setdefault(v, src))
+            for v, _ in reach(ctx, root, OUTPUTS, ok, seen):
+                downstream[v] = src
+    ok = _flags(view.num_vertices, downstream)
     upstream = set()
     for root in roots:
         if root in upstream:
             continue
         dst = _name(ctx, root)
-
-        def visit(v, parent):
-            upstream.add(v)
+        for v, parent in reach(ctx, root, INPUTS, ok, upstream):
+            if v in paint.allow:
+                continue  # the allow-list roots: painting again would change nothing
             detail = f"on a path from allow node {downstream[v]} to allow node {dst}"
             paint.paint_allow(v, Reason("add_between_allow", "between_allow", downstream[v], _name(ctx, parent),
                                         detail))
-        traverse(ctx, root, INPUTS, lambda v: v not in upstream and v in downstream, visit)
 
 
 def add_infer_after_allow(ctx: PassContext, paint: Paint) -> None:
@@ -130,23 +177,18 @@ def propagate_allow_through_clear(ctx: PassContext, paint: Paint) -> None:
     """Pass 5 (PropagateAllowThroughClear): allow spreads in both directions through connected processed float32
     clear vertices with a low-precision kernel (never into an Identity reading a ref variable)."""
     view = ctx.view
+    ok = ctx.low_candidates(("clear",))
+    for v in range(view.num_vertices):
+        if ok[v] and (v in paint.allow or v in paint.deny or ctx.reads_ref_variable(view.v_node[v])):
+            ok[v] = 0
     reached = set()
-
-    def enter(v):
-        node = view.v_node[v]
-        return (v not in paint.allow and v not in paint.deny and ctx.category[node] == "clear"
-                and ctx.processed[node] and ctx.is_float32(v) and ctx.supports_low(v)
-                and not ctx.reads_ref_variable(node))
-    for root in range(view.num_vertices):
-        if root in reached or root not in paint.allow or not ctx.processed[view.v_node[root]]:
+    for root in sorted(paint.allow):
+        if root in reached or not ctx.processed[view.v_node[root]]:
             continue
         source = _name(ctx, root)
-
-        def visit(v, parent):
-            reached.add(v)
+        for v, parent in reach(ctx, root, BOTH, ok, reached)[1:]:  # the root is allow already
             paint.paint_allow(v, Reason("propagate_allow_through_clear", "allow_through_clear", source,
                                         _name(ctx, parent)))
-        traverse(ctx, root, BOTH, enter, visit)
 
 
 def remove_unsupported(ctx: PassContext, paint: Paint) -> None:
@@ -173,11 +215,12 @@ def match_recurrent_edges(ctx: PassContext, paint: Paint) -> None:
         StageError: a NextIteration feeds something other than a Merge.
     """
     view = ctx.view
-    for node, op in enumerate(view.ops):
-        if op != "NextIteration":
-            continue
+    loops = [node for node, op in enumerate(view.ops) if op == "NextIteration"]
+    consumers = view.consumers_of(loops) if loops else {}
+    for node in loops:
+        op = view.ops[node]
         merges = []
-        for dst, _ in view.out_edges[node][0]:
+        for dst, _ in consumers.get((node, 0), ()):
             if view.ops[dst] != "Merge":
                 raise StageError("match_recurrent_edges", view.names[node], op,
                                  f"expected a Merge after NextIteration, got {view.ops[dst]} '{view.names[dst]}'")
@@ -198,13 +241,13 @@ def make_casts_allow(ctx: PassContext, paint: Paint) -> None:
     """MakeCastsAllowIfAllOutputsAllow: an existing Cast to float32 whose consumers are all allow casts straight
     to the low-precision dtype instead (no ShouldProcess check, as in Grappler)."""
     view = ctx.view
-    for node, op in enumerate(view.ops):
-        if op != "Cast":
-            continue
+    casts = [node for node, op in enumerate(view.ops) if op == "Cast"]
+    consumers_of = view.consumers_of(casts) if casts else {}
+    for node in casts:
         dst_t = view.node_vids[node].get("DstT")
         if dst_t is None or not ctx.is_float32(dst_t):
             continue
-        consumers = view.out_edges[node][0]
-        if consumers and all(view.in_vids[d][p] in paint.allow for d, p in consumers):
+        consumers = consumers_of.get((node, 0), [])
+        if consumers and all(view.in_vertex(d, p) in paint.allow for d, p in consumers):
             paint.paint_allow(dst_t, Reason("make_casts_allow", "cast_consumers_allow",
                                             detail="every consumer of this Cast is low precision"))
