@@ -79,7 +79,10 @@ class PassContext:
         return f"placed on {kind.upper()} and the rewrite targets {self.device.upper()} nodes (device={self.device!r})"
 
     def _categories(self, keep_fp32, force_low):
-        category_of = {op: self.lists.category(op) for op in set(self.view.ops)}
+        # Functional control flow is a boundary whatever the lists say (bfloat16's clear list has While): its body
+        # is rewritten on its own and keeps float32 arguments, so retyping the op's T would break the call.
+        category_of = {op: None if op in FUNCTIONAL_CONTROL_FLOW_OPS else self.lists.category(op)
+                       for op in set(self.view.ops)}
         category = [category_of[op] for op in self.view.ops]
         override = [""] * len(category)
         for option, color in (("force_low", "allow"), ("keep_fp32", "deny")):  # keep_fp32 wins over force_low

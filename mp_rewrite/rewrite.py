@@ -18,7 +18,7 @@ from .graph_view import GraphView, device_kind, parse_input
 from .oplists import OpLists, apply_level, changes_from_env, load_lists, normalize_level
 from .functions import graph_functions
 from .op_support import Signatures
-from .pass_context import DEVICES, PassContext, compile_patterns
+from .pass_context import DEVICES, FUNCTIONAL_CONTROL_FLOW_OPS, PassContext, compile_patterns
 
 # Grappler's order (AutoMixedPrecisionImpl::Optimize); the TensorList steps run around these.
 STAGES_BEFORE_LISTS = (stages.seed_allowlist, stages.propagate_deny_forward)
@@ -267,9 +267,16 @@ def why_kept(ctx: PassContext, v: int) -> Reason:
         return Reason("select_nodes", "not_processed", detail=ctx.skip_reason[node])
     if not ctx.is_float32(v):
         return Reason("select_nodes", "not_float32", detail=f"its dtype is {dtypes.name(view.v_dtype[v])}")
+    if op in FUNCTIONAL_CONTROL_FLOW_OPS:
+        return Reason("select_nodes", "function_boundary",
+                      detail=f"{op} calls functions that are rewritten on their own and keep float32 arguments, so "
+                             "its types stay as they are")
     if category is None:
         return Reason("select_nodes", "not_in_lists", detail=f"{op} is in no op list, so it keeps its dtype")
-    if category in ("clear", "infer") and not ctx.supports_low(v):
+    if category in ("clear", "infer") and not ctx.supports_dtype(v):
+        return Reason("select_nodes", "dtype_not_allowed",
+                      detail=f"the OpDef of {op} does not allow {dtypes.name(ctx.target)} for {view.v_key[v]}")
+    if category in ("clear", "infer") and not ctx.has_kernel(v):
         where = ctx.kernels.source(op, ctx.kinds[node])
         return Reason("select_nodes", "no_low_precision_kernel",
                       detail=f"no {dtypes.name(ctx.target)} kernel for {op} on {ctx.kinds[node].upper()} ({where})")

@@ -157,12 +157,16 @@ def add_between_allow(ctx: PassContext, paint: Paint) -> None:
 
 def add_infer_after_allow(ctx: PassContext, paint: Paint) -> None:
     """Pass 4 (AddInferToAllowIfFollowAllow): a processed float32 infer vertex whose fanins include an allow
-    vertex and no deny vertex becomes allow (OpDef dtype check only, no kernel check, as in TF 2.21)."""
+    vertex and no deny vertex becomes allow.
+
+    Unlike TF 2.21, which checks only the OpDef here, a kernel for the low-precision dtype must exist too: TF's
+    pass makes e.g. AvgPool3D half after a Conv3D on CPU, where no half kernel exists, and the graph cannot run.
+    """
     view = ctx.view
     for v in range(view.num_vertices):
         node = view.v_node[v]
         if (ctx.category[node] != "infer" or not ctx.processed[node] or v in paint.deny or v in paint.allow
-                or not ctx.is_float32(v) or not ctx.supports_dtype(v)):
+                or not ctx.is_float32(v) or not ctx.supports_low(v)):
             continue
         fanins = view.fanin[v]
         if any(u in paint.deny for u in fanins):
@@ -193,12 +197,12 @@ def propagate_allow_through_clear(ctx: PassContext, paint: Paint) -> None:
 
 def remove_unsupported(ctx: PassContext, paint: Paint) -> None:
     """Pass 6 (RemoveAllowsetWithFp32): allow-list type attrs whose OpDef does not allow the target dtype, or
-    whose node has a quantized type, leave allow. Unlike Grappler, fixed-dtype attrs of force-painted nodes
-    leave too (Grappler then fails with "Failed to set type attribute")."""
+    whose node has a quantized type, leave allow. Unlike Grappler, the attrs of force-painted (UNSAFE_FORCE_ALL)
+    nodes are checked too (Grappler then fails with "Failed to set type attribute", e.g. on SparseMatMul)."""
     view = ctx.view
     for v in sorted(paint.allow):
         node = view.v_node[v]
-        if ctx.category[node] != "allow" and view.v_attr[v]:
+        if ctx.category[node] != "allow" and view.v_attr[v] and not ctx.force_all:
             continue
         if not ctx.supports_dtype(v):
             paint.unallow(v, Reason("remove_unsupported", "dtype_not_allowed",
@@ -239,9 +243,13 @@ def match_recurrent_edges(ctx: PassContext, paint: Paint) -> None:
 
 def make_casts_allow(ctx: PassContext, paint: Paint) -> None:
     """MakeCastsAllowIfAllOutputsAllow: an existing Cast to float32 whose consumers are all allow casts straight
-    to the low-precision dtype instead (no ShouldProcess check, as in Grappler)."""
+    to the low-precision dtype instead.
+
+    Unlike Grappler, which checks no ShouldProcess here, a preserved (e.g. fetched) or otherwise unprocessed Cast
+    is left alone: Grappler changes a fetched Cast's output dtype.
+    """
     view = ctx.view
-    casts = [node for node, op in enumerate(view.ops) if op == "Cast"]
+    casts = [node for node, op in enumerate(view.ops) if op == "Cast" and ctx.processed[node]]
     consumers_of = view.consumers_of(casts) if casts else {}
     for node in casts:
         dst_t = view.node_vids[node].get("DstT")

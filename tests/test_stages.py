@@ -135,3 +135,18 @@ def test_summary_counts_nodes_and_casts():
 def test_default_device_per_precision(precision, device):
     result, _ = rewrite(["MatMul"], precision=precision, device=None)
     assert result.device == device
+
+
+def test_unsafe_force_all_leaves_attrs_the_opdef_forbids():
+    """TF 2.21 fails with "Failed to set type attribute" here; we keep SparseMatMul's Ta/Tb float32."""
+    import tensorflow as tf
+    g = tf.Graph()
+    with g.as_default():
+        a = tf.ones([4, 4], name="a")
+        s = tf.raw_ops.SparseMatMul(a=a, b=a, name="sparse")
+        tf.identity(s + tf.matmul(a, a, name="mm"), name="out")
+    result = mp_rewrite.rewrite_graph_def(g.as_graph_def(), "float16", ["out"], device="cpu",
+                                          level="UNSAFE_FORCE_ALL")
+    assert not result.coloring["sparse", "Ta"].converted and result.coloring["mm", "T"].converted
+    with tf.Graph().as_default():
+        tf.graph_util.import_graph_def(result.graph_def, name="")
