@@ -173,14 +173,22 @@ def gc_paused():
 
 
 def rewrite_body(graph_def: graph_pb2.GraphDef, opts: Options, fetches=(), preserve=(),
-                 signatures: Signatures | None = None, preserve_stateful: bool = False) -> RewriteResult:
+                 signatures: Signatures | None = None, preserve_stateful: bool = False,
+                 label: str = "graph") -> RewriteResult:
     """Rewrite one graph (a main graph or a function body) without looking into the functions it calls.
+
+    Every front end ends here, so this is also where rewrites are dumped when $MP_REWRITE_DUMP_DIR is set
+    (before/after graphs and decisions, see mp_rewrite/dump.py).
 
     Args:
         preserve_stateful: preserve stateful and dataset ops too (Grappler does so inside function bodies).
+        label: what is rewritten (a function name), for the dump's file names.
     """
+    from .dump import dump_rewrite
     with gc_paused():
-        return _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful)
+        result = _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful)
+    dump_rewrite(result, graph_def, label)
+    return result
 
 
 def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful) -> RewriteResult:

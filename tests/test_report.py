@@ -298,6 +298,18 @@ def test_dump_writes_graphs_and_decisions(cnn_train, monkeypatch, tmp_path):
     assert "train_step_1" in os.path.basename(before)
 
 
+def test_every_rewrite_is_dumped_when_the_env_var_is_set(monkeypatch, tmp_path):
+    """rewrite_graph_def dumps the main graph and each function body (the training hook goes the same way)."""
+    import mp_rewrite
+    from mp_rewrite.examples import EXAMPLES
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    example = EXAMPLES["lstm_functional/inference"]()
+    result = mp_rewrite.rewrite_graph_def(example.graph_def, "bfloat16", example.fetches, device="cpu")
+    names = os.listdir(tmp_path)
+    assert len(names) == 3 * (1 + len(result.functions))
+    assert any(next(iter(result.functions)).replace("/", "_") in n for n in names)
+
+
 # --------------------------------------------------------------------------------------------- CLI
 
 

@@ -590,3 +590,14 @@ def test_functions_traced_before_enabling_are_named_or_rewritten(caplog):
     assert not ops_in(executed(name), BF16)
     enable_mixed_precision_graph_rewrite(None, rewrite_existing=True, **ENABLE["bfloat16"])
     assert "MatMul" in ops_in(executed(name), BF16) and name in rewritten_functions()
+
+
+def test_rewrites_made_inside_training_are_dumped(monkeypatch, tmp_path):
+    monkeypatch.setenv("MP_REWRITE_DUMP_DIR", str(tmp_path))
+    model = make_model("mlp")
+    step = make_train_step(model, enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1),
+                                                                       **ENABLE["bfloat16"]))
+    x, y = sum_sign_data(32, SHAPES["mlp"], 0)
+    step(x, y)
+    name = cf_name(step, x, y)
+    assert any(name.strip("_") in f for f in os.listdir(tmp_path)), os.listdir(tmp_path)
