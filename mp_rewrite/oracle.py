@@ -90,16 +90,25 @@ def oracle_meta_graph(graph_def: graph_pb2.GraphDef, fetches: Sequence[str]) -> 
 
 
 @contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
+def environment(updates: dict) -> Iterator[None]:
+    """Set (or, for None values, unset) environment variables for the block, then restore them.
+
+    TF's pass reads its variables with getenv on every run, so os.environ changes reach the C++ side.
+    """
+    saved = {key: os.environ.get(key) for key in updates}
     try:
+        for key, value in updates.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         yield
     finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def grappler_rewrite(
@@ -130,7 +139,7 @@ def grappler_rewrite(
     """
     config = oracle_config(precision)
     meta = oracle_meta_graph(graph_def, fetches)
-    with _env(EMULATE_FP16_ENV, "1" if emulate_fp16 else "0"):
+    with environment({EMULATE_FP16_ENV: "1" if emulate_fp16 else "0"}):
         return tf_optimizer.OptimizeGraph(config, meta, verbose=False, cluster=cluster)
 
 

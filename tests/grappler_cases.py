@@ -630,25 +630,6 @@ SIMULATE_GPU_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_SIMULATE_GPU"
 _ORACLE_MODES = {"cpu_f16": ("float16", False), "cpu_emulate": ("float16", True), "bf16": ("bfloat16", False)}
 
 
-@contextlib.contextmanager
-def _environ(updates):
-    """Set (or, for None values, unset) environment variables for the duration of the block, then restore them."""
-    saved = {key: os.environ.get(key) for key in updates}
-    for key, value in updates.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def grappler_oracle(graph_def, fetches, mode, level=None):
     """Run TensorFlow's own auto mixed precision pass on ``graph_def`` (through ``mp_rewrite.oracle``).
 
@@ -670,8 +651,8 @@ def grappler_oracle(graph_def, fetches, mode, level=None):
         config = oracle.oracle_config("float16")
         config.graph_options.rewrite_options.optimizers[:] = ["auto_mixed_precision"]
         env[SIMULATE_GPU_ENV] = "1"
-        with _environ(env):
+        with oracle.environment(env):
             return tf_optimizer.OptimizeGraph(config, oracle.oracle_meta_graph(graph_def, fetches), verbose=False)
     precision, emulate = _ORACLE_MODES[mode]
-    with _environ(env):
+    with oracle.environment(env):
         return oracle.grappler_rewrite(graph_def, fetches, precision, emulate_fp16=emulate)

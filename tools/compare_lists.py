@@ -23,13 +23,12 @@ Exit status: 0 if every compared precision is identical, 1 if any differs, 2 on 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
 import os
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Mapping
 
 PRECISIONS = ("float16", "bfloat16")
 LIST_KINDS = ("allow", "infer", "deny", "clear")
@@ -80,26 +79,6 @@ class ListDiff:
         return all(self.ours[kind] == self.tf[kind] for kind in LIST_KINDS)
 
 
-@contextlib.contextmanager
-def _environ(set_vars: Mapping[str, str], unset_vars: tuple[str, ...]) -> Iterator[None]:
-    """Temporarily set and unset environment variables, restoring them afterwards.
-
-    TF reads these with getenv at each pass run, so os.environ changes are seen by the C++ side.
-    """
-    saved = {k: os.environ.get(k) for k in (*set_vars, *unset_vars)}
-    try:
-        for key in unset_vars:
-            os.environ.pop(key, None)
-        os.environ.update(set_vars)
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _matmul_meta_graph():
     """Build a MetaGraphDef holding ``a -> MatMul -> fetch`` on the CPU, with ``fetch`` preserved.
 
@@ -128,7 +107,8 @@ def _run_grappler_pass(optimizer: str, log_dir: str) -> None:
     rewrite = config.graph_options.rewrite_options
     rewrite.optimizers.append(optimizer)
     rewrite.min_graph_nodes = -1
-    with _environ({f"{_ENV_PREFIX}LOG_PATH": log_dir}, _LIST_ENV_VARS):
+    from mp_rewrite.oracle import environment
+    with environment({f"{_ENV_PREFIX}LOG_PATH": log_dir, **dict.fromkeys(_LIST_ENV_VARS)}):
         tf_optimizer.OptimizeGraph(config, _matmul_meta_graph())
 
 
