@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
@@ -52,32 +53,42 @@ def apply_coloring(graph_def: graph_pb2.GraphDef, ctx: PassContext, paint: Paint
     For every original node in order and each of its float32 type attrs: an allow attr is retyped; then each
     output port of the attr gets at most one Cast, shared by every consumer whose color differs.
     """
-    view, allow = ctx.view, paint.allow
+    view = ctx.view
+    is_allow = bytearray(view.num_vertices)  # a byte per vertex stays in cache where a big set's lookups miss
+    for v in paint.allow:
+        is_allow[v] = 1
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)  # one bulk copy in C; only the nodes that change are touched afterwards
-    retypes, rewires = {}, {}  # node index -> [attr key], node index -> [(input port, cast name)]
-    retyped = []
-    for v in sorted(allow):
-        if view.v_dtype[v] == dtypes.FLOAT:
-            node = view.v_node[v]
-            retypes.setdefault(node, []).append(view.v_key[v])
-            retyped.append((view.names[node], view.v_key[v]))
-    cast_names = set()
-    casts = [_add_cast(ctx, src_vertex in allow, src_vertex, src_port, edges, cast_names, rewires)
-             for (src_vertex, src_port), edges in sorted(_boundary_edges(view, allow).items())]
+    retypes, retyped = _retypes(view, is_allow)
+    rewires, casts, devices = {}, [], []  # rewires: node index -> [(input port, cast name)]
+    cast_name = _cast_namer(view)
+    for (src_vertex, src_port), edges in sorted(_boundary_edges(view, is_allow).items()):
+        casts.append(_add_cast(ctx, is_allow[src_vertex], src_vertex, src_port, edges, cast_name, rewires))
+        devices.append(view.devices[view.v_node[src_vertex]])
     _write_edits(out, view, retypes, rewires, ctx.target)
-    _append_casts(out, view, casts)
+    _append_casts(out, casts, devices)
     return Applied(out, retyped, casts)
 
 
-def _boundary_edges(view, allow: set) -> dict:
+def _retypes(view, is_allow: bytearray) -> tuple[dict, list]:
+    """(node index -> [attr key], [(node name, attr key)]) for every allow float32 vertex, in vertex order."""
+    retypes, retyped, float32 = {}, [], dtypes.FLOAT
+    for v in itertools.compress(range(len(is_allow)), is_allow):
+        if view.v_dtype[v] == float32:
+            node = view.v_node[v]
+            retypes.setdefault(node, []).append(view.v_key[v])
+            retyped.append((view.names[node], view.v_key[v]))
+    return retypes, retyped
+
+
+def _boundary_edges(view, is_allow: bytearray) -> dict:
     """(source vertex, source port) -> the edges from a float32 vertex to a consumer of the other color.
 
     Sorted by key, this is Grappler's order: node by node, type attr by type attr, output port by output port.
     """
     boundary, float32, v_dtype = {}, dtypes.FLOAT, view.v_dtype
     for e, (u, v) in enumerate(zip(view.e_u, view.e_v)):
-        if v_dtype[u] == float32 and (u in allow) != (v in allow):
+        if is_allow[u] != is_allow[v] and v_dtype[u] == float32:
             key = (u, view.e_src_port[e])
             if key in boundary:
                 boundary[key].append(e)
@@ -86,11 +97,11 @@ def _boundary_edges(view, allow: set) -> dict:
     return boundary
 
 
-def _add_cast(ctx, src_allow, src_vertex, port, edges, cast_names, rewires) -> CastRecord:
+def _add_cast(ctx, src_allow, src_vertex, port, edges, cast_name, rewires) -> CastRecord:
     view = ctx.view
     node = view.v_node[src_vertex]
     src_dtype, to = (ctx.target, dtypes.FLOAT) if src_allow else (dtypes.FLOAT, ctx.target)
-    name = _cast_name(view.names[node], port, dtypes.CAST_KIND[to], view.node_index, cast_names)
+    name = cast_name(view.names[node], port, dtypes.CAST_KIND[to])
     consumers = [(view.e_dst[e], e - view.in_start[view.e_dst[e]]) for e in edges]
     for dst, dst_port in consumers:
         rewires.setdefault(dst, []).append((dst_port, name))
@@ -98,13 +109,24 @@ def _add_cast(ctx, src_allow, src_vertex, port, edges, cast_names, rewires) -> C
                       tuple((view.names[d], p) for d, p in consumers))
 
 
-def _cast_name(src: str, port: int, kind: str, node_names, taken: set) -> str:
-    """TF 2.21's Cast name: the smallest free id in "<src>-<port>-<kind>-<id>-AutoMixedPrecision"."""
-    n = 0
-    while (name := f"{src}-{port}-{kind}-{n}-AutoMixedPrecision") in node_names or name in taken:
-        n += 1
-    taken.add(name)
-    return name
+def _cast_namer(view):
+    """Return (src name, port, kind) -> TF 2.21's Cast name: the smallest free id in
+    "<src>-<port>-<kind>-<id>-AutoMixedPrecision".
+
+    The pass makes at most one Cast per output port, so its own names never collide; only a graph that already
+    holds such names (a second rewrite) needs the search, which costs a lookup in a big dict per Cast.
+    """
+    if not any("AutoMixedPrecision" in name for name in view.names):
+        return lambda src, port, kind: f"{src}-{port}-{kind}-0-AutoMixedPrecision"
+    taken = set()
+
+    def search(src: str, port: int, kind: str) -> str:
+        n = 0
+        while (name := f"{src}-{port}-{kind}-{n}-AutoMixedPrecision") in view.node_index or name in taken:
+            n += 1
+        taken.add(name)
+        return name
+    return search
 
 
 def _write_edits(out: graph_pb2.GraphDef, view, retypes: dict, rewires: dict, target: int) -> None:
@@ -140,7 +162,7 @@ def _rewire(inputs, rewires: list, n_control: int) -> None:
             inputs[data_positions[port]] = cast_name
 
 
-def _append_casts(out: graph_pb2.GraphDef, view, casts: list) -> None:
+def _append_casts(out: graph_pb2.GraphDef, casts: list, devices: list) -> None:
     """Append the Cast nodes in one MergeFromString of their wire encoding.
 
     A NodeDef wrapper per Cast cost more than the rest of the apply step on cast-heavy graphs; merging serialized
@@ -148,8 +170,7 @@ def _append_casts(out: graph_pb2.GraphDef, view, casts: list) -> None:
     (op, device, attrs) followed by its name and input, as a GraphDef `node` field.
     """
     templates, chunks = {}, []
-    for record in casts:
-        device = view.devices[view.node_index[record.src]]
+    for record, device in zip(casts, devices):
         key = (record.from_dtype, record.to_dtype, device)
         template = templates.get(key)
         if template is None:

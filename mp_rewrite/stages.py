@@ -32,29 +32,30 @@ def traverse(ctx: PassContext, root: int, direction: str, enter, visit) -> None:
             stack.extend((u, v) for u in fanout[v] if u not in done)
 
 
-def reach(ctx: PassContext, root: int, direction: str, ok, seen: set) -> list:
+def reach(ctx: PassContext, root: int, direction: str, ok, seen: bytearray) -> list:
     """Grappler's DfsTypeTraversal from `root` for the stages whose visit closes a vertex: a non-root vertex is
-    entered when `ok[v]` (fixed for the stage) and it is not in `seen` (everything entered so far, by this or an
-    earlier traversal of the stage). Adds what it enters to `seen`; returns [(vertex, parent)] in visit order.
+    entered when `ok[v]` (fixed for the stage) and not `seen[v]` (everything entered so far, by this or an earlier
+    traversal of the stage). Marks what it enters in `seen`; returns [(vertex, parent)] in visit order.
 
-    Same order as `traverse`: a vertex that fails `ok` once fails it every time and one in `seen` stays there, so
-    testing both when pushing instead of keeping a per-root `done` set changes nothing but the cost.
+    Same order as `traverse`: a vertex that fails `ok` once fails it every time and one seen stays seen, so
+    testing both when pushing instead of keeping a per-root `done` set changes nothing but the cost. Flags in
+    bytearrays rather than sets: on a million vertices a set lookup is a cache miss, a byte mostly is not.
     """
     view = ctx.view
     adjacency = ((view.fanin,) if direction == INPUTS else (view.fanout,) if direction == OUTPUTS
                  else (view.fanin, view.fanout))
     order, stack = [], [(root, -1)]
-    seen.add(root)
+    seen[root] = 1
     while stack:
         v, parent = stack.pop()
         if parent >= 0:
-            if v in seen:
+            if seen[v]:
                 continue
-            seen.add(v)
+            seen[v] = 1
         order.append((v, parent))
         for neighbours in adjacency:
             for u in neighbours[v]:
-                if ok[u] and u not in seen:
+                if ok[u] and not seen[u]:
                     stack.append((u, v))
     return order
 
@@ -94,12 +95,13 @@ def propagate_deny_forward(ctx: PassContext, paint: Paint) -> None:
     if ctx.force_all:
         return
     view, category = ctx.view, ctx.category
-    upstream = _upstream_through_clear(ctx)
     denied_before = set(paint.deny)
-    ok = _flags(view.num_vertices, upstream - denied_before)
-    seen = set()
+    ok = _upstream_through_clear(ctx)
+    for v in denied_before:
+        ok[v] = 0
+    seen = bytearray(view.num_vertices)
     for root in range(view.num_vertices):
-        if category[view.v_node[root]] != "deny" or root in denied_before or root in seen:
+        if category[view.v_node[root]] != "deny" or root in denied_before or seen[root]:
             continue
         source = _name(ctx, root)
         for v, parent in reach(ctx, root, OUTPUTS, ok, seen):
@@ -111,17 +113,17 @@ def propagate_deny_forward(ctx: PassContext, paint: Paint) -> None:
                 paint.paint_deny(v, Reason("propagate_deny_forward", "deny_propagated", source, _name(ctx, parent)))
 
 
-def _upstream_through_clear(ctx: PassContext) -> set:
-    """Every deny/infer vertex and every clear vertex on a path of clear vertices into one. Grappler runs one
+def _upstream_through_clear(ctx: PassContext) -> bytearray:
+    """Flags every deny/infer vertex and every clear vertex on a path of clear vertices into one. Grappler runs one
     traversal per root; the union does not depend on their order, so one traversal from all roots gives it."""
     view, category = ctx.view, ctx.category
     is_clear = [category[node] == "clear" for node in view.v_node]
-    upstream = {v for v in range(view.num_vertices) if category[view.v_node[v]] in ("deny", "infer")}
-    stack = list(upstream)
+    stack = [v for v in range(view.num_vertices) if category[view.v_node[v]] in ("deny", "infer")]
+    upstream = _flags(view.num_vertices, stack)
     while stack:
         for u in view.fanin[stack.pop()]:
-            if is_clear[u] and u not in upstream:
-                upstream.add(u)
+            if is_clear[u] and not upstream[u]:
+                upstream[u] = 1
                 stack.append(u)
     return upstream
 
@@ -135,16 +137,16 @@ def add_between_allow(ctx: PassContext, paint: Paint) -> None:
     ok = ctx.low_candidates(("clear", "infer"))
     for v in paint.deny:
         ok[v] = 0
-    downstream, seen = {}, set()  # downstream: vertex -> the allow-list node it is downstream of
+    downstream, seen = {}, bytearray(view.num_vertices)  # vertex -> the allow-list node it is downstream of
     for root in roots:
-        if root not in seen:
+        if not seen[root]:
             src = _name(ctx, root)
             for v, _ in reach(ctx, root, OUTPUTS, ok, seen):
                 downstream[v] = src
     ok = _flags(view.num_vertices, downstream)
-    upstream = set()
+    upstream = bytearray(view.num_vertices)
     for root in roots:
-        if root in upstream:
+        if upstream[root]:
             continue
         dst = _name(ctx, root)
         for v, parent in reach(ctx, root, INPUTS, ok, upstream):
@@ -185,9 +187,9 @@ def propagate_allow_through_clear(ctx: PassContext, paint: Paint) -> None:
     for v in range(view.num_vertices):
         if ok[v] and (v in paint.allow or v in paint.deny or ctx.reads_ref_variable(view.v_node[v])):
             ok[v] = 0
-    reached = set()
+    reached = bytearray(view.num_vertices)
     for root in sorted(paint.allow):
-        if root in reached or not ctx.processed[view.v_node[root]]:
+        if reached[root] or not ctx.processed[view.v_node[root]]:
             continue
         source = _name(ctx, root)
         for v, parent in reach(ctx, root, BOTH, ok, reached)[1:]:  # the root is allow already
