@@ -14,7 +14,7 @@ from .coloring import Paint
 from .pass_context import PassContext
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class CastRecord:
     """One inserted Cast.
 
@@ -65,8 +65,8 @@ def apply_coloring(graph_def: graph_pb2.GraphDef, ctx: PassContext, paint: Paint
     for (src_vertex, src_port), edges in sorted(_boundary_edges(view, is_allow).items()):
         casts.append(_add_cast(ctx, is_allow[src_vertex], src_vertex, src_port, edges, cast_name, rewires))
         devices.append(view.devices[view.v_node[src_vertex]])
-    _write_edits(out, view, retypes, rewires, ctx.target)
     _append_casts(out, casts, devices)
+    _write_edits(out, view, retypes, rewires, ctx.target)
     return Applied(out, retyped, casts)
 
 
@@ -167,17 +167,23 @@ def _append_casts(out: graph_pb2.GraphDef, casts: list, devices: list) -> None:
 
     A NodeDef wrapper per Cast cost more than the rest of the apply step on cast-heavy graphs; merging serialized
     messages appends to repeated fields, which is protobuf's defined semantics. Each Cast is a serialized template
-    (op, device, attrs) followed by its name and input, as a GraphDef `node` field.
+    (op, device, attrs) followed by its name and input, as a GraphDef `node` field, written into one buffer.
     """
-    templates, chunks = {}, []
+    templates, buffer = {}, bytearray()
     for record, device in zip(casts, devices):
         key = (record.from_dtype, record.to_dtype, device)
         template = templates.get(key)
         if template is None:
             template = templates[key] = _cast_template(*key)
-        body = template + _string_field(_NAME, record.name) + _string_field(_INPUT, f"{record.src}:{record.src_port}")
-        chunks.append(_length_delimited(_NODE, body))
-    out.MergeFromString(b"".join(chunks))
+        name, source = record.name.encode(), f"{record.src}:{record.src_port}".encode()
+        name_head, source_head = _field_head(_NAME, len(name)), _field_head(_INPUT, len(source))
+        buffer += _field_head(_NODE, len(template) + len(name_head) + len(name) + len(source_head) + len(source))
+        buffer += template
+        buffer += name_head
+        buffer += name
+        buffer += source_head
+        buffer += source
+    out.MergeFromString(buffer)
 
 
 def _cast_template(from_dtype: str, to_dtype: str, device: str) -> bytes:
@@ -194,18 +200,13 @@ _INPUT = node_def_pb2.NodeDef.DESCRIPTOR.fields_by_name["input"].number
 _NODE = graph_pb2.GraphDef.DESCRIPTOR.fields_by_name["node"].number
 
 
-def _string_field(number: int, text: str) -> bytes:
-    return _length_delimited(number, text.encode())
-
-
-def _length_delimited(number: int, payload: bytes) -> bytes:
-    """Wire encoding of a length-delimited field (wire type 2) numbered below 16: tag, varint length, payload."""
-    n = len(payload)
-    if n <= 0x7F:
-        return bytes((number << 3 | 2, n)) + payload
-    length = bytearray()
-    while n > 0x7F:
-        length.append(0x80 | (n & 0x7F))
-        n >>= 7
-    length.append(n)
-    return bytes([number << 3 | 2]) + bytes(length) + payload
+def _field_head(number: int, length: int) -> bytes:
+    """Tag and varint length of a length-delimited field (wire type 2) numbered below 16."""
+    if length <= 0x7F:
+        return bytes((number << 3 | 2, length))
+    varint = bytearray()
+    while length > 0x7F:
+        varint.append(0x80 | (length & 0x7F))
+        length >>= 7
+    varint.append(length)
+    return bytes((number << 3 | 2,)) + varint
