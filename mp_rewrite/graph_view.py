@@ -84,7 +84,7 @@ class GraphView:
             counts = collections.Counter(self.names)
             dup = next(n for n in self.names if counts[n] > 1)
             raise GraphError(f"two nodes are named '{dup}'; node names must be unique in a GraphDef")
-        self._connect([n.input for n in nodes])
+        self._connect(nodes)
         self.node_vids = _PerNode(self, self.vids_of)
         self.in_vids = _PerNode(self, self._in_vids)
         self.out_vids = _PerNode(self, self._out_vids)
@@ -232,13 +232,14 @@ class GraphView:
             counts.append(count.i)
         return node_dtypes, self.signatures.layout(sig, tuple(lengths), tuple(counts))
 
-    def _connect(self, raw_inputs: list) -> None:
+    def _connect(self, nodes: list) -> None:
         """Parse every node's inputs into the edge arrays; build fanin/fanout."""
         index_get, first, layouts = self.node_index.get, self.node_first, self.layouts
         self.in_start, self.control_inputs = in_start, control_inputs = [0], []
         self.e_dst, self.e_src, self.e_src_port, self.e_u, self.e_v = e_dst, e_src, e_src_port, e_u, e_v = (
             [], [], [], [], [])
-        for dst, inputs in enumerate(raw_inputs):
+        for dst, node in enumerate(nodes):
+            inputs = node.input
             base, ports = first[dst], layouts[dst].inputs
             port = n_control = 0
             for text in inputs:
@@ -302,14 +303,10 @@ class GraphView:
             self.fanout[u] = sorted(set(self.fanout[u]) | {v})
             self.fanin[v] = sorted(set(self.fanin[v]) | {u})
 
-    def release_adjacency(self) -> None:
-        """Drop fanin/fanout once the stages are done (a list per vertex: the view's biggest part)."""
-        self.fanin = self.fanout = None
-
     def release_edges(self) -> None:
         """Drop the edge and adjacency arrays once the rewrite is applied (Decisions only need nodes and vertices);
         freeing them early returns their memory before the caller's next garbage collection has to scan them."""
-        self.release_adjacency()
+        self.fanin = self.fanout = None
         self.e_dst = self.e_src = self.e_src_port = self.e_u = self.e_v = self._consumers = None
 
 
