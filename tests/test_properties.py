@@ -29,6 +29,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import op_def_registry
 
 import mp_rewrite
+from test_differential import type_attrs
 from mp_rewrite import dtypes
 from mp_rewrite.execution import ExecutionError, run_graph_def
 from mp_rewrite.functions import function_to_graph
@@ -340,19 +341,6 @@ def grappler_cluster():
     cluster = gcluster.Cluster()
     yield cluster
     cluster.Shutdown()
-
-
-def type_attrs(nodes, names) -> dict:
-    """(node, attr) -> dtype, or tuple of dtypes for list(type) attrs, for the nodes named in `names`."""
-    out = {}
-    for node in nodes:
-        if node.name in names:
-            for key, value in node.attr.items():
-                if value.HasField("type"):
-                    out[node.name, key] = value.type
-                elif value.HasField("list") and len(value.list.type):
-                    out[node.name, key] = tuple(value.list.type)
-    return out
 
 
 def dtype_differences(ours, theirs, original) -> dict:
