@@ -1,27 +1,40 @@
 """mp_rewrite: an explainable, Grappler-faithful mixed precision graph rewriter for TensorFlow.
 
+The package is the pass and its front ends; imports point one way (see docs/contracts.md):
+
+    commands/  ->  savedmodel/, training/, guard/, report/  ->  analysis/  ->  core/  (and errors)
+
 The public names are imported lazily, so `import mp_rewrite` (and `mp-rewrite --version`) does not start
 TensorFlow until something needs it.
 """
 
 import importlib
 
+from .core.observers import add_rewrite_observer as _add_rewrite_observer
+from .report.dump import dump_on_demand as _dump_on_demand
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "rewrite_graph_def": "rewrite", "RewriteResult": "rewrite",
-    "OpLists": "oplists", "builtin_lists": "oplists", "load_lists": "oplists",
+    "rewrite_graph_def": "core.rewrite", "RewriteResult": "core.body",
+    "OpLists": "core.oplists", "builtin_lists": "core.oplists", "load_lists": "core.oplists",
+    "add_rewrite_observer": "core.observers", "remove_rewrite_observer": "core.observers",
     "MpRewriteError": "errors", "GraphError": "errors", "ListError": "errors", "ModelError": "errors",
     "OptionError": "errors", "StageError": "errors",
-    "enable_mixed_precision_graph_rewrite": "training", "disable_mixed_precision_graph_rewrite": "training",
-    "mixed_precision_graph_rewrite": "training", "rewritten_functions": "training", "rewrite_failures": "training",
-    "LossScaleOptimizer": "loss_scale",
-    "guard": "accuracy_guard", "GuardResult": "accuracy_guard", "load_overrides": "accuracy_guard",
-    "guard_saved_model": "guard_saved_model",
-    "convert_saved_model": "saved_model", "ConversionResult": "saved_model",
-    "verify_saved_models": "verify", "compare_outputs": "verify", "OutputCheck": "verify", "VerifyReport": "verify",
+    "enable_mixed_precision_graph_rewrite": "training.api", "disable_mixed_precision_graph_rewrite": "training.api",
+    "mixed_precision_graph_rewrite": "training.api", "rewritten_functions": "training.api",
+    "rewrite_failures": "training.api",
+    "LossScaleOptimizer": "training.loss_scale_optimizer",
+    "guard": "guard.accuracy_guard", "GuardResult": "guard.accuracy_guard", "load_overrides": "guard.accuracy_guard",
+    "guard_saved_model": "guard.saved_model",
+    "convert_saved_model": "savedmodel.convert", "ConversionResult": "savedmodel.convert",
+    "verify_saved_models": "savedmodel.verify", "VerifyReport": "savedmodel.verify",
+    "compare_outputs": "analysis.compare", "OutputCheck": "analysis.compare",
 }
 __all__ = sorted(_EXPORTS)
+
+# The core reports every rewrite to its observers; the dump behind $MP_REWRITE_DUMP_DIR is one (a no-op unless set).
+_add_rewrite_observer(_dump_on_demand)
 
 
 def __getattr__(name):

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from mp_rewrite import dtypes
+from mp_rewrite.core import dtypes
 
 # How each op consumes the previous tensor x.
 _APPLY = {

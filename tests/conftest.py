@@ -1,5 +1,11 @@
-"""Shared test set-up: quiet TensorFlow, fixed seeds."""
+"""Shared test set-up: quiet TensorFlow, oneDNN on, fixed seeds.
+
+The project depends on the `tensorflow` wheel (tf-keras and keras-hub need it, and one TensorFlow must be installed);
+that wheel is built with CUDA and leaves oneDNN off by default, and TF's own bfloat16 pass (the oracle) and fast
+bfloat16 CPU kernels need oneDNN. `mp-rewrite` turns it on the same way (mp_rewrite/commands/cli.py).
+"""
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

@@ -8,7 +8,7 @@ C++ test, and returns ``(graph_def, fetches)``. The loop-shaped graphs of the Py
 (``tensorflow/python/grappler/auto_mixed_precision_test.py``, ``test_propagation_through_simple_loop_*``) are here
 too, built with a v1 ``while_loop``.
 
-``grappler_oracle`` runs TensorFlow's own pass on a graph (``mp_rewrite.oracle``, the recipe of the research note,
+``grappler_oracle`` runs TensorFlow's own pass on a graph (``mp_rewrite.testing.oracle``, the recipe of the research note,
 section 7) in the modes these cases need, so tests can check that the builders reproduce Grappler's cases on this
 CPU-only machine.
 """
@@ -26,7 +26,7 @@ from tensorflow.core.framework import function_pb2, node_def_pb2, types_pb2  # n
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 from tensorflow.python.ops import control_flow_util  # noqa: E402
 
-from mp_rewrite import oracle  # noqa: E402
+from mp_rewrite.testing import oracle  # noqa: E402
 
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 
@@ -626,12 +626,12 @@ def simple_loop_expected(inp_colors, body_colors, out_colors):
 
 LEVEL_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL"
 SIMULATE_GPU_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_SIMULATE_GPU"
-# mode -> (precision, emulate_fp16) for mp_rewrite.oracle.grappler_rewrite
+# mode -> (precision, emulate_fp16) for mp_rewrite.testing.oracle.grappler_rewrite
 _ORACLE_MODES = {"cpu_f16": ("float16", False), "cpu_emulate": ("float16", True), "bf16": ("bfloat16", False)}
 
 
 def grappler_oracle(graph_def, fetches, mode, level=None):
-    """Run TensorFlow's own auto mixed precision pass on ``graph_def`` (through ``mp_rewrite.oracle``).
+    """Run TensorFlow's own auto mixed precision pass on ``graph_def`` (through ``mp_rewrite.testing.oracle``).
 
     Args:
         graph_def: the GraphDef to rewrite (not modified).

@@ -7,9 +7,10 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
 
-from mp_rewrite import examples, oracle
+from mp_rewrite.testing import examples
+from mp_rewrite.testing import oracle
 from mp_rewrite.errors import OptionError
-from mp_rewrite.execution import ExecutionError, executed_graph_def, run_graph_def
+from mp_rewrite.analysis.execution import ExecutionError, executed_graph_def, run_graph_def
 
 MODEL_OF = {
     "cnn_bn": examples.cnn_bn,

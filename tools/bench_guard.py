@@ -33,12 +33,12 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from mp_rewrite import examples  # noqa: E402
-from mp_rewrite.accuracy_guard import guard, keep_set_rewriter  # noqa: E402
-from mp_rewrite.guard_attribution import UnitError, seeds_of  # noqa: E402
-from mp_rewrite.guard_screen import GraphInfo, converted_units, output_tensors  # noqa: E402
-from mp_rewrite.guard_search import Checker, Runner, search_blind  # noqa: E402
-from mp_rewrite.verify import default_tolerance  # noqa: E402
+from mp_rewrite.testing import examples  # noqa: E402
+from mp_rewrite.guard.accuracy_guard import guard, keep_set_rewriter  # noqa: E402
+from mp_rewrite.guard.attribution import UnitError, seeds_of  # noqa: E402
+from mp_rewrite.guard.screen import GraphInfo, converted_units, output_tensors  # noqa: E402
+from mp_rewrite.guard.search import Checker, Runner, search_blind  # noqa: E402
+from mp_rewrite.analysis.compare import default_tolerance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def blind_bisection(g, precision: str, budget: int = 500) -> dict:
         chosen = search_blind(candidates, frozenset(), checker)
     keep = frozenset(n for c in chosen for n in c.unit.nodes)
     error = checker.error(keep, force=True)
-    from mp_rewrite.flops import low_precision_flop_share
+    from mp_rewrite.analysis.flops import low_precision_flop_share
     return {"seconds": time.perf_counter() - start, "executions": runner.executions, "kept": len(keep),
             "met": error.passed, "after": error.short(), "share": low_precision_flop_share(checker.result(keep)).share}
 

@@ -23,7 +23,7 @@ def train_step_graph(batch: int = 2):
     """The ResNet-50 training step as a GraphDef with shapes recorded (as_graph_def(add_shapes=True))."""
     import keras
     import tensorflow as tf
-    from mp_rewrite.examples import resnet50
+    from mp_rewrite.testing.examples import resnet50
     model = resnet50()
     opt = keras.optimizers.Adam()
     opt.build(model.trainable_variables)

@@ -7,7 +7,7 @@ on the 1M-node graph is timed too, in the memory subprocess below.
 
 - ours: `mp_rewrite.rewrite_graph_def(graph_def, precision, fetches, device="cpu")`, the whole call: reading the
   GraphDef, the stages, and building the new GraphDef.
-- Grappler call: `tf_optimizer.OptimizeGraph` with only the mixed precision optimizer on (mp_rewrite.oracle's
+- Grappler call: `tf_optimizer.OptimizeGraph` with only the mixed precision optimizer on (mp_rewrite.testing.oracle's
   recipe), as a Python caller sees it: MetaGraphDef copy and serialization, C++ GrapplerItem import, the pass,
   export and parsing of the result.
 - Grappler C++ pass, two ways: (1) "log": the meta-optimizer's own timing of the pass ("auto_mixed_precision_cpu:
@@ -91,7 +91,7 @@ def machine_facts() -> dict:
 
 def build_graph(name: str):
     """Return the ExampleGraph for a benchmark name (Keras models are traced; synthetic graphs built)."""
-    from mp_rewrite import examples
+    from mp_rewrite.testing import examples
     if name.startswith("synthetic/"):
         return examples.synthetic_graph(int(name.split("/")[1]))
     builders = {**examples.EXAMPLES, **examples.BENCHMARKS}
@@ -103,7 +103,7 @@ def build_graph(name: str):
 def amp_off_config(precision: str):
     """The oracle's ConfigProto with every Grappler optimizer off (model pruning included): import/export only."""
     from tensorflow.core.protobuf import rewriter_config_pb2
-    from mp_rewrite import oracle
+    from mp_rewrite.testing import oracle
     config = oracle.oracle_config(precision)
     rewrite = config.graph_options.rewrite_options
     del rewrite.optimizers[:]
@@ -132,7 +132,7 @@ class Timer:
 
     def grappler(self) -> tuple[float, float, float | None]:
         """(wall seconds, process CPU seconds, the pass's own time in seconds from TF's log or None)."""
-        from mp_rewrite import oracle
+        from mp_rewrite.testing import oracle
         logs = []
         with fd2_captured(logs):
             start, cpu = time.perf_counter(), time.process_time()
@@ -143,7 +143,7 @@ class Timer:
 
     def amp_off(self) -> float:
         from tensorflow.python.grappler import tf_optimizer
-        from mp_rewrite import oracle
+        from mp_rewrite.testing import oracle
         with fd2_captured([]):
             start = time.perf_counter()
             meta = oracle.oracle_meta_graph(self.graph.graph_def, self.graph.fetches)

@@ -69,7 +69,7 @@ def prepare(name: str, workdir: Path) -> tuple[dict, dict]:
     """
     import keras
 
-    from mp_rewrite.saved_model import convert_saved_model
+    from mp_rewrite.savedmodel.convert import convert_saved_model
     paths = {"fp32": workdir / name / "fp32", "ours": workdir / name / "ours_bf16",
              "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16"}
     paths["tf_amp"] = paths["fp32"]
@@ -100,7 +100,7 @@ def prepare(name: str, workdir: Path) -> tuple[dict, dict]:
 def cli_convert_seconds(source: Path, output: Path) -> float:
     """Wall time of `mp-rewrite convert SOURCE OUTPUT --precision bfloat16 --overwrite` (TF start-up included)."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "mp_rewrite.cli", "convert", str(source), str(output), "--precision",
+    subprocess.run([sys.executable, "-m", "mp_rewrite", "convert", str(source), str(output), "--precision",
                     "bfloat16", "--overwrite"], check=True, capture_output=True)
     return time.perf_counter() - start
 
@@ -135,7 +135,7 @@ def worker(variant: str, path: str, batch: int, outputs_file: str) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from mp_rewrite.verify import signature_inputs
+    from mp_rewrite.savedmodel.verify import signature_inputs
     if variant == "tf_amp":
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     function = tf.saved_model.load(path).signatures["serving_default"]

@@ -36,11 +36,11 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.eager import context  # noqa: E402
 
-from mp_rewrite import training  # noqa: E402
-from mp_rewrite.functions import function_to_graph, graph_to_function  # noqa: E402
-from mp_rewrite.loss_scale import wrap_optimizer  # noqa: E402
-from mp_rewrite.op_support import Signatures  # noqa: E402
-from mp_rewrite.rewrite import make_options, rewrite_body  # noqa: E402
+from mp_rewrite.training import api as training  # noqa: E402
+from mp_rewrite.core.functions import function_to_graph, graph_to_function  # noqa: E402
+from mp_rewrite.training.api import wrap_optimizer  # noqa: E402
+from mp_rewrite.core.op_support import Signatures  # noqa: E402
+from mp_rewrite.core.body import make_options, rewrite_body  # noqa: E402
 
 # name -> (rewrite precision or None, loss_scale for the LSO or "none" for the plain optimizer, keras policy)
 VARIANTS = {

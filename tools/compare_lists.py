@@ -107,7 +107,7 @@ def _run_grappler_pass(optimizer: str, log_dir: str) -> None:
     rewrite = config.graph_options.rewrite_options
     rewrite.optimizers.append(optimizer)
     rewrite.min_graph_nodes = -1
-    from mp_rewrite.oracle import environment
+    from mp_rewrite.testing.oracle import environment
     with environment({f"{_ENV_PREFIX}LOG_PATH": log_dir, **dict.fromkeys(_LIST_ENV_VARS)}):
         tf_optimizer.OptimizeGraph(config, _matmul_meta_graph())
 
@@ -173,7 +173,7 @@ def our_lists(precision: str) -> dict[str, frozenset[str]]:
     Returns:
         list kind -> frozenset of op names.
     """
-    from mp_rewrite.oplists import builtin_lists
+    from mp_rewrite.core.oplists import builtin_lists
 
     lists = builtin_lists(precision)
     return {kind: frozenset(getattr(lists, kind)) for kind in LIST_KINDS}

@@ -13,7 +13,7 @@ import math
 
 from tensorflow.core.framework import graph_pb2
 
-from .graph_view import parse_input
+from ..core.graph_view import parse_input
 from .shapes import Shape, node_shapes, result_shapes
 
 __all__ = ["FLOP_RULES", "FlopShare", "compute_dtype", "flops_by_node", "low_precision_flop_share", "node_shapes",

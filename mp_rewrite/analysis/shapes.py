@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, tensor_shape_pb2
 
-from .graph_view import parse_input
+from ..core.graph_view import parse_input
 
 CALL_OPS = {"PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0),
             "While": (("body", "cond"), 0), "StatelessWhile": (("body", "cond"), 0),
@@ -212,7 +212,7 @@ def _function_args(body, fdef, fed: dict) -> tuple:
 
 def _called_library(graph_def, library):
     """The part of `library` a graph calls (None when it calls nothing), to import the graph with."""
-    from .functions import called_functions, reachable_functions
+    from ..core.functions import called_functions, reachable_functions
     names = {f.signature.name for f in library.function}
     roots = called_functions(graph_def.node, names)
     if not roots:

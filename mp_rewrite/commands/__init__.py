@@ -1,1 +1,1 @@
-"""Subcommands of `mp-rewrite`, one module each (see mp_rewrite/cli.py)."""
+"""Subcommands of `mp-rewrite`, one module each (see mp_rewrite/commands/cli.py)."""

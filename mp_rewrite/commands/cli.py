@@ -17,7 +17,7 @@ COMMANDS = ("demo", "convert", "verify", "inspect", "explain", "lists")
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser with every available subcommand registered."""
-    from . import __version__
+    from .. import __version__
     parser = argparse.ArgumentParser(prog="mp-rewrite", description="Mixed precision graph rewriter for TensorFlow "
                                      "(Grappler's auto_mixed_precision pass, in Python, explained).")
     parser.add_argument("--version", action="version", version=f"mp-rewrite {__version__}")
@@ -37,7 +37,12 @@ def import_tensorflow_quietly() -> None:
     """Import TensorFlow with file descriptor 2 silenced: its C++ start-up lines ("oneDNN custom operations are
     on", absl's pre-init warning) ignore TF_CPP_MIN_LOG_LEVEL and bury a CLI's own output. An import error is
     still raised, after stderr is restored."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TF's C++ log lines are noise in a CLI's output; "2" still lets E-lines through (cuInit, oneDNN "DT_HALF only
+    # on platforms with AVX-512" on machines that have it).
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    # The `tensorflow` wheel leaves oneDNN off (it is built with CUDA); TF's bfloat16 pass and fast bfloat16 CPU
+    # kernels need it. TF_ENABLE_ONEDNN_OPTS=0 in the environment still turns it off.
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
@@ -53,11 +58,11 @@ def main(argv=None) -> int:
     """Run the CLI; return the exit code (0 ok, 1 a check failed, 2 bad input or a failed rewrite)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--version"]:  # answer without starting TensorFlow
-        from . import __version__
+        from .. import __version__
         print(f"mp-rewrite {__version__}")
         return 0
     import_tensorflow_quietly()
-    from .errors import MpRewriteError
+    from ..errors import MpRewriteError
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from ..saved_model import ConversionResult, convert_saved_model
+from ..savedmodel.convert import ConversionResult, convert_saved_model
 from .verify import add_verify_options, progress_bar, run_verification, stdout_console
 
 TOP_ROWS = 15  # functions listed in the table; the rest are summed in one line
@@ -84,14 +84,14 @@ def run(args) -> int:
 def _guard_overrides(path) -> list:
     if not path:
         return []
-    from ..accuracy_guard import load_overrides
+    from ..guard.accuracy_guard import load_overrides
     return load_overrides(path)
 
 
 def _run_guard(args, keep):
     """Run the accuracy guard on the (first) signature; print what it kept; save the overrides if asked."""
-    from ..guard_saved_model import guard_saved_model
-    from ..saved_model import effective_lists
+    from ..guard.saved_model import guard_saved_model
+    from ..savedmodel.convert import effective_lists
     lists = effective_lists(args.precision, None, args.lists_file, args.allow, args.infer, args.deny, args.clear)
     guarded = guard_saved_model(args.source, args.inputs, args.signature[0] if args.signature else None,
                                 args.precision, args.rtol, args.atol, batch_size=args.batch_size, seed=args.seed,

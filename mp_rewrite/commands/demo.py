@@ -18,9 +18,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Rewrite the example, run both graphs on the same inputs, print the summary and the largest error."""
-    from ..examples import EXAMPLES
-    from ..execution import run_graph_def
-    from ..rewrite import rewrite_graph_def
+    from ..testing.examples import EXAMPLES
+    from ..analysis.execution import run_graph_def
+    from ..core.rewrite import rewrite_graph_def
     if args.example not in EXAMPLES:
         from ..errors import OptionError
         raise OptionError(f"unknown example {args.example!r}; choose one of: {', '.join(EXAMPLES)}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import ModelError, OptionError
-from ..oplists import LIST_NAMES
+from ..core.oplists import LIST_NAMES
 
 FORMATS = ("text", "json", "dot", "svg", "html", "tensorboard")
 
@@ -50,7 +50,7 @@ def register(sub) -> None:
 def load_and_rewrite(args):
     """Read args.model and rewrite it with the options of add_model_options; returns (LoadedModel, result)."""
     from ..report.model_loader import load_model, rewrite_model
-    from ..saved_model import effective_lists
+    from ..savedmodel.convert import effective_lists
     model = load_model(args.model)
     lists = effective_lists(args.precision, None, args.lists_file, *(getattr(args, name) for name in LIST_NAMES))
     result = rewrite_model(model, args.precision, args.fetch, device=args.device, lists=lists,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..oplists import LIST_NAMES, load_lists
+from ..core.oplists import LIST_NAMES, load_lists
 
 
 def register(sub) -> None:

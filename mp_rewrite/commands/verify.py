@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..verify import VerifyReport, verify_saved_models
+from ..savedmodel.verify import VerifyReport, verify_saved_models
 
 PLAIN_WIDTH = 120  # tables printed to a pipe or file: wide enough not to wrap columns
 

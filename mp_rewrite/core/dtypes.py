@@ -31,7 +31,7 @@ def target_dtype(precision: str) -> int:
     Raises:
         OptionError: the precision is not "float16" or "bfloat16".
     """
-    from .errors import OptionError
+    from ..errors import OptionError
     try:
         return PRECISIONS[precision]
     except (KeyError, TypeError):

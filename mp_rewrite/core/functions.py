@@ -13,7 +13,7 @@ import dataclasses
 from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import versions
 
-from .errors import GraphError
+from ..errors import GraphError
 from .op_support import Signatures
 
 FUNC_ATTR_KINDS = ("func", "list")

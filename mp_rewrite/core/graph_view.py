@@ -20,7 +20,7 @@ import sys
 from tensorflow.core.framework import graph_pb2
 
 from . import dtypes
-from .errors import GraphError
+from ..errors import GraphError
 from .op_support import PortLayout, Signatures
 
 # Grappler upgrades these before building its view so that scale/offset can stay float32 through attr U.

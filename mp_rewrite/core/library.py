@@ -6,6 +6,7 @@ from tensorflow.core.framework import function_pb2
 
 from .functions import (function_to_graph, graph_to_function, is_polymorphic, is_tf_data_function,
                         reachable_functions)
+from .body import rewrite_body
 from .op_support import Signatures
 
 
@@ -31,7 +32,6 @@ def rewrite_library(library: function_pb2.FunctionDefLibrary, opts, signatures: 
     Returns:
         name -> RewriteResult of each rewritten body.
     """
-    from .rewrite import rewrite_body
     skipped = skipped_functions(library)
     index = {f.signature.name: i for i, f in enumerate(library.function)}
     results = {}

@@ -18,7 +18,7 @@ from tensorflow.core.framework import op_def_pb2
 from tensorflow.python.framework import kernels, op_def_registry
 
 from . import dtypes
-from .errors import GraphError
+from ..errors import GraphError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from .dtypes import target_dtype
-from .errors import ListError, OptionError
+from ..errors import ListError, OptionError
 
 LIST_NAMES = ("allow", "infer", "deny", "clear")
 # TF's environment variable names for each list; the legacy names are applied after the new ones (no legacy clear).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 
 from . import dtypes
-from .errors import OptionError
+from ..errors import OptionError
 from .graph_view import GraphView, device_kind
 from .op_support import KernelSupport
 from .oplists import OpLists

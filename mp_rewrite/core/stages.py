@@ -8,7 +8,7 @@ satisfy the stage's predicate (the root always enters).
 from __future__ import annotations
 
 from .coloring import Paint, Reason
-from .errors import StageError
+from ..errors import StageError
 from .pass_context import PassContext
 
 INPUTS, OUTPUTS, BOTH = "inputs", "outputs", "both"

@@ -26,15 +26,16 @@ import fnmatch
 import math
 import time
 
-from .errors import OptionError
-from .guard_attribution import (UnitError, attribute, function_units, isolate, measure_alone, node_flops, unit_flops,
+from ..errors import OptionError
+from .attribution import (UnitError, attribute, function_units, isolate, measure_alone, node_flops, unit_flops,
                                 with_shares)
-from .guard_result import (PREFIX, Analysis, GuardColoring, GuardResult, KeptNode, load_override_reasons,
+from .result import (PREFIX, Analysis, GuardColoring, GuardResult, KeptNode, load_override_reasons,
                            load_overrides)
-from .guard_screen import Finding, GraphInfo, output_tensors, range_findings, screen_targets
-from .guard_search import Attempt, Checker, OutputError, Runner, prune, search_blind, search_ranked
-from .rewrite import RewriteResult, rewrite_graph_def
-from .verify import DEFAULT_TOLERANCES, default_tolerance
+from .screen import Finding, GraphInfo, output_tensors, range_findings, screen_targets
+from .search import Attempt, Checker, OutputError, Runner, prune, search_blind, search_ranked
+from ..core.body import RewriteResult
+from ..core.rewrite import rewrite_graph_def
+from ..analysis.compare import DEFAULT_TOLERANCES, default_tolerance
 
 REWRITE_OPTIONS = ("device", "lists", "keep_fp32", "force_low", "preserve", "level", "functions")
 
@@ -72,7 +73,7 @@ def guard(graph_def, fetches, feeds, precision: str = "float16", rtol: float | N
         feeds: calibration inputs, placeholder name -> array (one batch; stack samples along the batch axis).
         precision: "float16" or "bfloat16".
         rtol, atol: the np.allclose tolerance every output must meet against float32; None takes the precision's
-            default (verify.DEFAULT_TOLERANCES, the same as `mp-rewrite verify`).
+            default (analysis.compare.DEFAULT_TOLERANCES, the same as `mp-rewrite verify`).
         underflow_share: the screen's underflow rule (see guard_screen.range_findings); None turns it off.
         max_executions: the most graph executions the search may use; when they run out it keeps more rather than
             less. The result is always measured (the final check may add one run beyond the budget).

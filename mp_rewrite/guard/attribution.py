@@ -16,10 +16,10 @@ import math
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from .graph_view import parse_input
-from .guard_screen import LOW_DTYPES, GraphInfo, Unit, by_region, converted_units, node_of
-from .guard_search import Checker, OutputError, output_error, relative_error
-from .rewrite import RewriteResult
+from ..core.graph_view import parse_input
+from .screen import LOW_DTYPES, GraphInfo, Unit, by_region, converted_units, node_of
+from .search import Checker, OutputError, output_error, relative_error
+from ..core.body import RewriteResult
 
 
 @dataclasses.dataclass
@@ -299,7 +299,7 @@ def seeds_of(result: RewriteResult) -> set:
 
 def node_flops(graph_def, nodes) -> dict:
     """node -> matmul/conv FLOPs (0 for other ops or unknown shapes; per example when the batch is unknown)."""
-    from .flops import FLOP_RULES, flops_by_node, node_shapes
+    from ..analysis.flops import FLOP_RULES, flops_by_node, node_shapes
     nodes = set(nodes)
     heavy = [n.name for n in graph_def.node if n.op in FLOP_RULES and n.name in nodes]
     if not heavy:

@@ -7,10 +7,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from .coloring import Coloring
-from .errors import OptionError
-from .guard_search import OutputError
-from .rewrite import RewriteResult
+from ..core.coloring import Coloring
+from ..errors import OptionError
+from .search import OutputError
+from ..core.body import RewriteResult
 
 OVERRIDES_FORMAT = "mp_rewrite.accuracy_guard/1"
 PREFIX = "kept float32 by the accuracy guard: "
@@ -120,7 +120,7 @@ class GuardResult:
 
     def flop_share(self):
         """flops.FlopShare of the final rewrite: matmul/conv FLOPs in low precision against all of them."""
-        from .flops import low_precision_flop_share
+        from ..analysis.flops import low_precision_flop_share
         return low_precision_flop_share(self.rewrite)
 
     def summary(self) -> str:

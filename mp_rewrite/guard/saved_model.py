@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .errors import ModelError
+from ..errors import ModelError
 from .accuracy_guard import GuardResult, exact_patterns, guard
-from .guard_result import write_overrides
+from .result import write_overrides
 
 
 @dataclasses.dataclass
@@ -119,8 +119,8 @@ def guard_saved_model(source, inputs=None, signature: str | None = None, precisi
     Raises:
         ModelError: the model cannot be loaded, frozen or fed; OptionError: bad options.
     """
-    from .saved_model import read_saved_model
-    from .verify import _load, load_inputs, signature_inputs
+    from ..savedmodel.convert import read_saved_model
+    from ..savedmodel.verify import _load, load_inputs, signature_inputs
     loaded = _load(source, "original")
     keys = sorted(loaded.signatures.keys())
     key = signature or ("serving_default" if "serving_default" in keys else (keys[0] if keys else None))

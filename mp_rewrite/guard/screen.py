@@ -12,8 +12,8 @@ import heapq
 import numpy as np
 from tensorflow.core.framework import graph_pb2, types_pb2
 
-from .execution import tensor_name
-from .graph_view import parse_input
+from ..analysis.execution import tensor_name
+from ..core.graph_view import parse_input
 
 LOW_DTYPES = frozenset({types_pb2.DT_HALF, types_pb2.DT_BFLOAT16})
 # (largest finite, smallest normal, half an ulp at 1.0): float16 keeps 11 significant bits, bfloat16 8.

@@ -22,7 +22,7 @@ class OutputError:
         ratio: max over every output element of |got - ref| / (atol + rtol * |ref|); at most 1 meets the tolerance
             (np.allclose's rule); inf for a non-finite value where the reference has a finite one.
         max_abs: the largest |got - ref| over finite pairs; output: the tensor with the largest ratio.
-        passed: every output meets the tolerance (by verify.compare_outputs, the rule `mp-rewrite verify` applies;
+        passed: every output meets the tolerance (by analysis.compare.compare_outputs, the rule `mp-rewrite verify` applies;
             ratio <= 1 when not given).
     """
 
@@ -70,7 +70,7 @@ def element_ratio(ref, got, rtol: float, atol: float) -> tuple[float, float]:
 
 def output_error(refs, gots, names, rtol: float, atol: float) -> OutputError:
     """The OutputError of one run (`gots`) against the reference outputs."""
-    from .verify import compare_outputs
+    from ..analysis.compare import compare_outputs
     worst, output, max_abs = 0.0, names[0] if names else "", 0.0
     for name, ref, got in zip(names, refs, gots):
         ratio, diff = element_ratio(ref, got, rtol, atol)
@@ -109,7 +109,7 @@ class Runner:
         return len(self.log)
 
     def __call__(self, graph_def: graph_pb2.GraphDef, fetches, what: str, optimize: bool = True) -> list:
-        from .execution import run_graph_def
+        from ..analysis.execution import run_graph_def
         start = time.perf_counter()
         try:
             return run_graph_def(graph_def, self.feeds, list(fetches), optimize=optimize)

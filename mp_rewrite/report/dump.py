@@ -1,6 +1,7 @@
 """Dumps on demand: every rewrite's graphs before and after, and its decisions, written to a directory when
 MP_REWRITE_DUMP_DIR is set (like Grappler's TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH) or a directory is
-given. Meant to be called by every front end (library calls, SavedModel conversion, rewrites inside training).
+given. `dump_on_demand` is registered as a rewrite observer of the core (mp_rewrite/__init__.py does it), so every
+rewrite is dumped: library calls, SavedModel conversion, rewrites inside training.
 
 Each rewrite writes three files named `<time ms>-<pid>-<sequence>-<label>`:
 `...-before.pb` (the input GraphDef), `...-after.pb` (the rewritten GraphDef) and `...-decisions.json` (the JSON
@@ -34,6 +35,12 @@ def _stem(label: str) -> str:
     return f"{int(time.time() * 1000)}-{os.getpid()}-{number:04d}-{safe}"
 
 
+def dump_on_demand(result, input_graph_def, label: str) -> None:
+    """The core's rewrite observer: dump the rewrite when $MP_REWRITE_DUMP_DIR is set, else do nothing."""
+    if dump_directory() is not None:
+        dump_rewrite(result, input_graph_def, label)
+
+
 def dump_rewrite(result, input_graph_def, label: str, directory: str | None = None) -> list[str] | None:
     """Write a rewrite's input graph, output graph and decisions, if dumping is on.
 
@@ -51,7 +58,7 @@ def dump_rewrite(result, input_graph_def, label: str, directory: str | None = No
     target = dump_directory(directory)
     if target is None:
         return None
-    from .report.json_report import to_json
+    from .json_report import to_json
     stem = os.path.join(target, _stem(label))
     paths = [f"{stem}-before.pb", f"{stem}-after.pb", f"{stem}-decisions.json"]
     try:

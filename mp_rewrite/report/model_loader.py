@@ -2,7 +2,7 @@
 text) or a MetaGraphDef (binary or text), into one GraphDef (with its function library) and its fetches.
 
 Only protos are read (saved_model_pb2, meta_graph_pb2, graph_pb2); TensorFlow's runtime is not involved, and
-variables are not loaded. (mp_rewrite.saved_model converts SavedModels; the two readers can share this later.)
+variables are not loaded. (mp_rewrite.savedmodel converts SavedModels; the two readers can share this later.)
 """
 
 from __future__ import annotations
@@ -138,6 +138,6 @@ def rewrite_model(model: LoadedModel, precision: str = "float16", fetches=None, 
     Raises:
         MpRewriteError: as rewrite_graph_def.
     """
-    from ..rewrite import rewrite_graph_def
+    from ..core.rewrite import rewrite_graph_def
     chosen = model.fetches if fetches is None else list(fetches)
     return rewrite_graph_def(model.graph_def, precision, chosen, **options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..graph_view import parse_input
+from ..core.graph_view import parse_input
 from .palette import node_class, primary_decision
 
 
@@ -95,12 +95,12 @@ def build_tables(result, function: str | None = None, with_flops: bool = True) -
     Args:
         result: a RewriteResult.
         function: only this function's table ("" for the main graph only).
-        with_flops: estimate FLOPs from shapes (mp_rewrite.flops; seconds on big graphs).
+        with_flops: estimate FLOPs from shapes (mp_rewrite.analysis.flops; seconds on big graphs).
 
     Raises:
         OptionError: `function` is not a rewritten function of the result.
     """
-    from .. import flops as flops_module
+    from ..analysis import flops as flops_module
     graphs = {"": result, **result.functions}
     if function is not None:
         if function not in graphs:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..coloring import ALLOW, DENY
+from ..core.coloring import ALLOW, DENY
 
 # Classes in legend order: (class, fill colour, legend text).
 CLASSES = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from ..flops import COUNTED_DTYPES, FLOP_RULES, LOW_DTYPES, FlopShare
+from ..analysis.flops import COUNTED_DTYPES, FLOP_RULES, LOW_DTYPES, FlopShare
 from .palette import CLASS_NAMES
 from .wording import reason_text
 
@@ -77,7 +77,7 @@ def _flop_share(tables) -> FlopShare:
 
 
 def is_compute_heavy(row) -> bool:
-    """A matmul/conv op (one counted by mp_rewrite.flops) or any allow-list op."""
+    """A matmul/conv op (one counted by mp_rewrite.analysis.flops) or any allow-list op."""
     return row.op in FLOP_RULES or row.category == "allow"
 
 

@@ -1,4 +1,4 @@
-"""Reasons in words: one phrase per rule key of mp_rewrite.stages (and rewrite.why_kept), filled from the Reason."""
+"""Reasons in words: one phrase per rule key of mp_rewrite.core.stages (and rewrite.why_kept), filled from the Reason."""
 
 from __future__ import annotations
 

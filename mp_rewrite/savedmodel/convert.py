@@ -21,15 +21,15 @@ import time
 from google.protobuf import message, text_format
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
-from .dtypes import target_dtype
-from .errors import ModelError, MpRewriteError, OptionError
-from .functions import called_functions, reachable_functions
-from .graph_view import parse_input
-from .library import rewrite_library, skipped_functions
+from ..core.dtypes import target_dtype
+from ..errors import ModelError, MpRewriteError, OptionError
+from ..core.functions import called_functions, reachable_functions
+from ..core.graph_view import parse_input
+from ..core.library import rewrite_library, skipped_functions
 from .model_dir import check_output, model_file, write_model_dir
-from .op_support import Signatures
-from .oplists import LIST_NAMES, OpLists, load_lists
-from .rewrite import RewriteResult, make_options, rewrite_body
+from ..core.op_support import Signatures
+from ..core.oplists import LIST_NAMES, OpLists, load_lists
+from ..core.body import RewriteResult, make_options, rewrite_body
 
 INTERNAL_PREFIX = "__saved_model"  # "__saved_model_init_op", "__saved_model_train_op": not user signatures
 WEIGHTS = ("keep", "low")
@@ -301,7 +301,7 @@ def rewrite_saved_model(saved_model: saved_model_pb2.SavedModel, opts, keys=None
 def estimate_flops(graphs: dict) -> tuple:
     """FLOPs from known shapes: (FlopShare over every rewritten graph and function, {function name: FlopShare},
     {MetaGraph tags: FlopShare of the main graph})."""
-    from .flops import FlopShare, low_precision_flop_share, result_flops
+    from ..analysis.flops import FlopShare, low_precision_flop_share, result_flops
     low = total = unknown = nodes = 0
     per_function, per_graph = {}, {}
     for tags, result in graphs.items():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from .errors import ModelError
+from ..errors import ModelError
 
 MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 FINGERPRINT_FILE = "fingerprint.pb"

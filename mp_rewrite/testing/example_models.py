@@ -1,4 +1,4 @@
-"""Small and benchmark-size Keras 3 models for the example graphs (see ``mp_rewrite.examples``).
+"""Small and benchmark-size Keras 3 models for the example graphs (see ``mp_rewrite.testing.examples``).
 
 Every builder resets Keras' global naming state and seeds, so the same call gives the same layer names, node names
 and weights in any process, whatever was built before. Small models get trained-like values for their biases and

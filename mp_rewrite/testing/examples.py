@@ -3,7 +3,7 @@
 Every graph here is what TensorFlow itself produces for a Keras 3 model: the forward pass traced with
 ``tf.function(...).get_concrete_function`` (frozen into constants, or not), or a whole training step (forward,
 ``tape.gradient``, ``optimizer.apply``) traced in one ``tf.function``, which is the graph Grappler sees when such a
-step runs. The model builders live in ``mp_rewrite.example_models`` and are re-exported here. ``synthetic_graph``
+step runs. The model builders live in ``mp_rewrite.testing.example_models`` and are re-exported here. ``synthetic_graph``
 builds large regular graphs straight from NodeDef protos, for scale benchmarks.
 
 The graphs are deterministic (fixed seeds, Keras naming reset by each builder) up to the order of nodes in the
@@ -27,7 +27,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2  # noqa: E402
 from tensorflow.python.framework import convert_to_constants, versions  # noqa: E402
 
-from mp_rewrite.example_models import (  # noqa: E402,F401  (re-exported: the builders belong to this API)
+from mp_rewrite.testing.example_models import (  # noqa: E402,F401  (re-exported: the builders belong to this API)
     SEED,
     FusedBatchNormalization,
     cnn_bn,

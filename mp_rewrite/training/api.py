@@ -44,8 +44,11 @@ import contextlib
 import dataclasses
 import logging
 
+import tensorflow as tf
+
 from . import function_hook
-from .loss_scale import wrap_optimizer
+from .loss_scale_optimizer import LossScaleOptimizer
+from .settings import LossScaleError, _optimizer_family, is_loss_scale_optimizer, settings_from_loss_scale
 
 logger = logging.getLogger("mp_rewrite")
 
@@ -75,7 +78,7 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
     """Wrap `opt` with loss scaling and make every tf.function traced from now on run mixed precision.
 
     Args:
-        opt: a Keras 3, tf_keras or TF v1 optimizer (see `loss_scale.wrap_optimizer`); None to only enable the
+        opt: a Keras 3, tf_keras or TF v1 optimizer (see `wrap_optimizer`); None to only enable the
             rewrite (e.g. for inference).
         loss_scale: "dynamic" (the float16 default: start at 2**15, halve and skip the step on inf/nan, double
             after 2000 finite steps); a number (a fixed scale); a dict of LossScaleOptimizer settings
@@ -88,7 +91,7 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
         **rewrite_options: `keep_fp32`, `force_low`, `lists`, `level`, as for `rewrite_graph_def`.
 
     Returns:
-        The wrapped optimizer (a `mp_rewrite.loss_scale.LossScaleOptimizer`; TF's own wrapper for a v1
+        The wrapped optimizer (a `mp_rewrite.LossScaleOptimizer`; TF's own wrapper for a v1
         optimizer), or None if `opt` is None.
 
     Raises:
@@ -177,14 +180,14 @@ def rewrite_failures() -> dict:
 
 
 def _rewrite_options(precision, device, rewrite_options):
-    from .loss_scale import UNSCALE_SCOPE
-    from .rewrite import make_options
+    from .loss_scale_optimizer import UNSCALE_SCOPE
+    from ..core.body import make_options
 
     unknown = sorted(set(rewrite_options) - {"keep_fp32", "force_low", "lists", "level"})
     if unknown:
         raise TypeError(f"enable_mixed_precision_graph_rewrite() got unexpected keyword argument(s) {unknown}; "
                         "rewrite options are keep_fp32, force_low, lists and level")
-    # Gradients are unscaled in float32 (see loss_scale._multiply), whatever the user keeps besides.
+    # Gradients are unscaled in float32 (see dynamic_scale.multiply), whatever the user keeps besides.
     keep = rewrite_options.pop("keep_fp32", ())
     keep = ([keep] if isinstance(keep, str) else list(keep)) + [f"*{UNSCALE_SCOPE}*"]
     options = make_options(precision, device, keep_fp32=keep, **rewrite_options)
@@ -257,3 +260,37 @@ def _warn_existing(names):
     logger.warning("mixed precision graph rewrite: %d function(s) traced before enabling keep running in float32: "
                    "%s. Retrace them (a Keras model: compile it again or make_train_function(force=True)) or pass "
                    "rewrite_existing=True.", len(names), listed)
+
+
+def wrap_optimizer(opt, loss_scale="dynamic"):
+    """Wraps `opt` in a LossScaleOptimizer, as `enable_mixed_precision_graph_rewrite(opt, loss_scale)` does.
+
+    Args:
+        opt: a Keras 3 or tf_keras optimizer (not already a loss scale optimizer). A TF v1 `tf.compat.v1.train.
+            Optimizer` gets TF's own `MixedPrecisionLossScaleOptimizer`, as in TF (None then means the fixed scale
+            1; dicts are not accepted).
+        loss_scale: "dynamic" (default: dynamic scaling from 2**15, doubling after 2000 finite steps); an int or
+            float (a fixed scale); a dict of LossScaleOptimizer settings (`dynamic`, `initial_scale`,
+            `dynamic_growth_steps`); a TF v1 `FixedLossScale`/`DynamicLossScale`; or None for no loss scaling, which
+            returns a LossScaleOptimizer with the fixed scale 1 (exact, and `get_scaled_loss` etc. keep working).
+
+    Returns:
+        The new LossScaleOptimizer (a `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` for v1 `opt`).
+
+    Raises:
+        ValueError: `opt` is a loss scale optimizer already or not a supported optimizer, or `loss_scale` is invalid.
+        TypeError: `loss_scale` is a LossScale subclass other than FixedLossScale and DynamicLossScale.
+    """
+    if is_loss_scale_optimizer(opt):
+        raise LossScaleError(f'"opt" must not already be an instance of a {type(opt).__name__}. '
+                             "`enable_mixed_precision_graph_rewrite` will automatically wrap the optimizer with a "
+                             "LossScaleOptimizer.")
+    if isinstance(opt, tf.compat.v1.train.Optimizer):
+        # TF 2.21 still ships the wrapper enable_mixed_precision_graph_rewrite used for v1 optimizers.
+        v1_loss_scale = 1 if loss_scale is None else loss_scale
+        return tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, v1_loss_scale)
+    if _optimizer_family(opt) is None:
+        raise LossScaleError(
+            '"opt" must be an instance of a tf.compat.v1.train.Optimizer, a keras.optimizers.Optimizer '
+            f"(Keras 3) or a tf_keras optimizer, but got: {opt}")
+    return LossScaleOptimizer(opt, **settings_from_loss_scale(loss_scale))

@@ -37,11 +37,11 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import atomic_function
 from tensorflow.python.framework import kernels, op_def_registry
 
-from .errors import GraphError, MpRewriteError
-from .graph_view import device_kind
-from .functions import function_to_graph, graph_to_function, is_polymorphic, is_tf_data_function
-from .library import skipped_functions
-from .op_support import Signatures
+from ..errors import GraphError, MpRewriteError
+from ..core.graph_view import device_kind
+from ..core.functions import function_to_graph, graph_to_function, is_polymorphic, is_tf_data_function
+from ..core.library import skipped_functions
+from ..core.op_support import Signatures
 
 logger = logging.getLogger("mp_rewrite")
 
@@ -176,7 +176,7 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
         The RewriteResult if the definition was replaced; None if there was nothing to do, the function is one
         Grappler skips, or the rewrite failed (a warning is logged and the original stays registered).
     """
-    from .rewrite import rewrite_body
+    from ..core.body import rewrite_body
 
     ctx = context.context()
     with _HOOK.lock:

@@ -19,7 +19,6 @@ Errors are `LossScaleError` (a ValueError) and `LossScaleTypeError` (a TypeError
 messages. TensorFlow backend of Keras 3 only (the update is written in TF ops, for tf.distribute).
 """
 
-import importlib
 import inspect
 import logging
 import numbers
@@ -27,62 +26,15 @@ import numbers
 import keras
 import tensorflow as tf
 
-from .loss_scale_settings import (  # noqa: F401  (the error classes and bounds are re-exported)
+from .dynamic_scale import UNSCALE_SCOPE, DynamicScaleUpdate, multiply  # noqa: F401  (UNSCALE_SCOPE re-exported)
+from .settings import (  # noqa: F401  (the bounds and is_loss_scale_optimizer are re-exported)
     _BASE_ARGS, _KERAS, _TF_KERAS_V2, _TF_KERAS_V3, MAX_LOSS_SCALE, MIN_LOSS_SCALE, SCALE_HISTORY_SIZE, LossScaleError,
-    LossScaleTypeError, _check_inner, _check_settings, _check_strategy_supported, _optimizer_family,
-    is_loss_scale_optimizer, settings_from_loss_scale)
+    _check_inner, _check_settings, _check_strategy_supported, deserialize_inner, is_loss_scale_optimizer)
 
-UNSCALE_SCOPE = "mp_rewrite_unscale"
 # AutoGraph would re-convert this module's Python on every trace (~3 s); none of it needs conversion.
 _no_autograph = tf.autograph.experimental.do_not_convert
 
 logger = logging.getLogger("mp_rewrite")
-
-
-def _multiply(grad, factor):
-    """`grad * factor`, keeping None and IndexedSlices; half-precision values are scaled in float32.
-
-    The ops sit in the name scope UNSCALE_SCOPE, which the training rewrite keeps in float32: otherwise the graph
-    rewrite would run the unscale Mul in float16 (an infer op right after the gradient MatMuls) and flush
-    unscaled gradients below float16's range (6e-8) to zero.
-    """
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(_multiply(grad.values, factor), grad.indices, grad.dense_shape)
-    grad = tf.convert_to_tensor(grad)
-    with tf.name_scope(UNSCALE_SCOPE):
-        if grad.dtype in (tf.float16, tf.bfloat16):
-            # The reciprocal of a large scale underflows in float16 (2**-25 is 0), so unscale in float32.
-            return tf.cast(tf.cast(grad, tf.float32) * factor, grad.dtype)
-        return grad * tf.cast(factor, grad.dtype)
-
-
-def _all_finite(grads):
-    flags = [tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
-             for g in grads if g is not None]
-    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
-
-
-def _in_xla_context():
-    from tensorflow.python.ops import control_flow_util  # TF-internal; no public way to ask
-
-    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-
-
-def _log_scale_event(step, old_scale, new_scale, finite, skipped):
-    """Host callback: one log line per skipped step or scale growth (no line on ordinary steps)."""
-    step, old_scale, new_scale, skipped = int(step), float(old_scale), float(new_scale), int(skipped)
-    if bool(finite):
-        logger.debug("loss scale grew %g -> %g at step %d", old_scale, new_scale, step)
-    elif old_scale * 0.5 < MIN_LOSS_SCALE:
-        logger.warning("non-finite gradients at step %d with the loss scale at its minimum of %g: step skipped "
-                       "(%d skipped so far). The overflow does not come from the loss scale; look for NaN/Inf in "
-                       "the model or data.", step, new_scale, skipped)
-    else:
-        logger.info("non-finite gradients at step %d: step skipped, loss scale %g -> %g (%d skipped so far)",
-                    step, old_scale, new_scale, skipped)
-    return []
 
 
 class _Untracked:
@@ -93,7 +45,7 @@ class _Untracked:
 
 
 @keras.saving.register_keras_serializable(package="mp_rewrite")
-class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(DynamicScaleUpdate, keras.optimizers.LossScaleOptimizer):
     """An optimizer wrapper that scales the loss to keep float16 gradients from underflowing.
 
     With `dynamic=True` the scale starts at `initial_scale`; after `dynamic_growth_steps` consecutive steps with
@@ -145,12 +97,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._grads_unscaled = _Untracked(flag)
         if not self._dynamic:
             return
-        self.dynamic_scale = scalar("current_loss_scale", "float32", keras.initializers.Constant(self._initial_scale))
-        self.step_counter = scalar("good_steps", "int64")
-        self._skipped_steps = scalar("skipped_steps", "int64")
-        self._history_steps = scalar("scale_history_steps", "int64", shape=(SCALE_HISTORY_SIZE,))
-        self._history_scales = scalar("scale_history_scales", "float32", shape=(SCALE_HISTORY_SIZE,))
-        self._history_count = scalar("scale_history_count", "int64")
+        self._create_dynamic_state(scalar)
 
     # -- properties ---------------------------------------------------------------------------------------------
 
@@ -175,30 +122,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if self._dynamic:
             return tf.convert_to_tensor(self.dynamic_scale)
         return tf.constant(self._initial_scale, tf.float32)
-
-    @property
-    def dynamic_counter(self):
-        """The int64 variable counting consecutive finite steps, or None for a fixed scale."""
-        return self.step_counter if self._dynamic else None
-
-    @property
-    def skipped_steps(self):
-        """The int64 variable counting steps skipped for non-finite gradients, or None for a fixed scale."""
-        return self._skipped_steps if self._dynamic else None
-
-    @property
-    def scale_history(self):
-        """list[(step, scale)]: the last `SCALE_HISTORY_SIZE` changes of the scale, oldest first (read eagerly).
-
-        `step` is the value of `iterations` after the step that changed the scale; the scale before the first
-        change is `initial_scale`. Always empty for a fixed scale.
-        """
-        if not self._dynamic:
-            return []
-        count = int(self._history_count.numpy())
-        steps, scales = self._history_steps.numpy(), self._history_scales.numpy()
-        order = [i % SCALE_HISTORY_SIZE for i in range(max(0, count - SCALE_HISTORY_SIZE), count)]
-        return [(int(steps[i]), float(scales[i])) for i in order]
 
     @property
     def iterations(self):
@@ -308,7 +231,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """
         self._scaling_seen = True
         reciprocal = tf.math.reciprocal(self.loss_scale)
-        unscaled = [_multiply(g, reciprocal) for g in grads]
+        unscaled = [multiply(g, reciprocal) for g in grads]
         self._grads_unscaled.variable.assign(1.0)
         return unscaled
 
@@ -371,7 +294,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         _check_strategy_supported()
         variables = self._variables_for(trainable_variables)
         factor = self._unscale_factor(grads_unscaled)
-        grads = [g if getattr(v, "overwrite_with_gradient", False) else _multiply(g, factor)
+        grads = [g if getattr(v, "overwrite_with_gradient", False) else multiply(g, factor)
                  for g, v in zip(grads, variables)]
         if self._dynamic:
             self._apply_dynamic(grads, variables)
@@ -411,59 +334,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self.inner_optimizer.apply(grads, variables)
         else:
             self.inner_optimizer.apply_gradients(list(zip(grads, variables)))
-
-    def _apply_dynamic(self, grads, variables):
-        # Every replica must agree on skipping, so the non-finite flags are summed over replicas before deciding.
-        nonfinite = tf.cast(tf.logical_not(_all_finite(grads)), tf.float32)
-        context = tf.distribute.get_replica_context()
-        if tf.__internal__.distribute.strategy_supports_no_merge_call():
-            total = context.all_reduce(tf.distribute.ReduceOp.SUM, nonfinite)
-            self._apply_or_skip(tf.equal(total, 0.0), lambda: self._inner_apply(grads, variables))
-            return
-
-        def merge_fn(distribution, nonfinite, grads):
-            # Variables are closed over, not passed: a merge_call would unwrap MirroredVariables to components.
-            def apply_fn():
-                distribution.extended.call_for_each_replica(lambda g: self._inner_apply(g, variables), args=(grads,))
-
-            total = distribution.reduce(tf.distribute.ReduceOp.SUM, nonfinite, axis=None)
-            # A cond in cross-replica context: a replica-context cond may not contain the inner optimizer's merge_call.
-            self._apply_or_skip(tf.equal(total, 0.0), apply_fn)
-
-        context.merge_call(merge_fn, args=(nonfinite, grads))
-
-    def _apply_or_skip(self, finite, apply_fn):
-        def skip_fn():
-            iterations = self.inner_optimizer._iterations if self._family == _KERAS else self.inner_optimizer.iterations
-            iterations.assign_add(1)
-
-        tf.cond(finite, apply_fn, skip_fn)
-        self._update_scale(finite)
-
-    def _update_scale(self, finite):
-        old = tf.convert_to_tensor(self.dynamic_scale)
-        counter = tf.convert_to_tensor(self.step_counter)
-        grow = tf.logical_and(finite, counter + 1 >= self._growth_steps)
-        new = tf.where(finite, tf.where(grow, tf.minimum(old * 2.0, MAX_LOSS_SCALE), old),
-                       tf.maximum(old * 0.5, MIN_LOSS_SCALE))
-        self.dynamic_scale.assign(new)
-        self.step_counter.assign(tf.where(finite & ~grow, counter + 1, tf.zeros_like(counter)))
-        self._skipped_steps.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
-        step = tf.cast(tf.convert_to_tensor(self.iterations), tf.int64)
-        changed = tf.not_equal(new, old)
-        tf.cond(changed, lambda: self._record_scale(step, new), lambda: None)
-        if not _in_xla_context():  # host callbacks cannot run inside an XLA cluster; the variables still record it
-            def log_fn():
-                tf.numpy_function(_log_scale_event, [step, old, new, finite, tf.convert_to_tensor(self._skipped_steps)],
-                                  Tout=[], stateful=True)
-
-            tf.cond(tf.logical_or(changed, tf.logical_not(finite)), log_fn, lambda: None)
-
-    def _record_scale(self, step, scale):
-        index = tf.reshape(tf.math.floormod(tf.convert_to_tensor(self._history_count), SCALE_HISTORY_SIZE), (1, 1))
-        self._history_steps.assign(tf.tensor_scatter_nd_update(self._history_steps, index, tf.reshape(step, (1,))))
-        self._history_scales.assign(tf.tensor_scatter_nd_update(self._history_scales, index, tf.reshape(scale, (1,))))
-        self._history_count.assign_add(1)
 
     @_no_autograph
     def minimize(self, loss, var_list, tape=None):
@@ -512,47 +382,5 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             A new LossScaleOptimizer.
         """
         config = dict(config)
-        inner = _deserialize_inner(config.pop("inner_optimizer"), custom_objects)
+        inner = deserialize_inner(config.pop("inner_optimizer"), custom_objects)
         return cls(inner, **config)
-
-
-def _deserialize_inner(config, custom_objects):
-    module = config.get("module") or ""
-    if module.startswith("tf_keras"):
-        # Keras 3's deserializer cannot locate tf_keras classes; they rebuild themselves from their own config.
-        return getattr(importlib.import_module(module), config["class_name"]).from_config(config["config"])
-    return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
-
-
-def wrap_optimizer(opt, loss_scale="dynamic"):
-    """Wraps `opt` in a LossScaleOptimizer, as `enable_mixed_precision_graph_rewrite(opt, loss_scale)` does.
-
-    Args:
-        opt: a Keras 3 or tf_keras optimizer (not already a loss scale optimizer). A TF v1 `tf.compat.v1.train.
-            Optimizer` gets TF's own `MixedPrecisionLossScaleOptimizer`, as in TF (None then means the fixed scale
-            1; dicts are not accepted).
-        loss_scale: "dynamic" (default: dynamic scaling from 2**15, doubling after 2000 finite steps); an int or
-            float (a fixed scale); a dict of LossScaleOptimizer settings (`dynamic`, `initial_scale`,
-            `dynamic_growth_steps`); a TF v1 `FixedLossScale`/`DynamicLossScale`; or None for no loss scaling, which
-            returns a LossScaleOptimizer with the fixed scale 1 (exact, and `get_scaled_loss` etc. keep working).
-
-    Returns:
-        The new LossScaleOptimizer (a `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` for v1 `opt`).
-
-    Raises:
-        ValueError: `opt` is a loss scale optimizer already or not a supported optimizer, or `loss_scale` is invalid.
-        TypeError: `loss_scale` is a LossScale subclass other than FixedLossScale and DynamicLossScale.
-    """
-    if is_loss_scale_optimizer(opt):
-        raise LossScaleError(f'"opt" must not already be an instance of a {type(opt).__name__}. '
-                             "`enable_mixed_precision_graph_rewrite` will automatically wrap the optimizer with a "
-                             "LossScaleOptimizer.")
-    if isinstance(opt, tf.compat.v1.train.Optimizer):
-        # TF 2.21 still ships the wrapper enable_mixed_precision_graph_rewrite used for v1 optimizers.
-        v1_loss_scale = 1 if loss_scale is None else loss_scale
-        return tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, v1_loss_scale)
-    if _optimizer_family(opt) is None:
-        raise LossScaleError(
-            '"opt" must be an instance of a tf.compat.v1.train.Optimizer, a keras.optimizers.Optimizer '
-            f"(Keras 3) or a tf_keras optimizer, but got: {opt}")
-    return LossScaleOptimizer(opt, **settings_from_loss_scale(loss_scale))

@@ -4,6 +4,7 @@ The `loss_scale` argument of enable_mixed_precision_graph_rewrite and LossScaleO
 validated here, with TF's error messages; `loss_scale.py` holds the optimizer itself.
 """
 
+import importlib
 import numbers
 import sys
 from collections.abc import Mapping
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from .errors import OptionError
+from ..errors import OptionError
 
 MIN_LOSS_SCALE = 1.0
 MAX_LOSS_SCALE = 2.0**64  # far above any useful scale, and its reciprocal is still a normal float32
@@ -158,3 +159,12 @@ def settings_from_loss_scale(loss_scale):
         'Invalid value passed to loss_scale. loss_scale must be the string "dynamic" (recommended), an '
         "int, a float, None (no loss scaling), a dict of LossScaleOptimizer settings "
         f"({', '.join(_SETTINGS)}), a FixedLossScale, or a DynamicLossScale. Got value: {loss_scale!r}")
+
+
+def deserialize_inner(config, custom_objects):
+    """Rebuild the inner optimizer of a LossScaleOptimizer config (Keras 3 or tf_keras)."""
+    module = config.get("module") or ""
+    if module.startswith("tf_keras"):
+        # Keras 3's deserializer cannot locate tf_keras classes; they rebuild themselves from their own config.
+        return getattr(importlib.import_module(module), config["class_name"]).from_config(config["config"])
+    return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)

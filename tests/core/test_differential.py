@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import mp_rewrite
-from mp_rewrite.examples import EXAMPLES
-from mp_rewrite.execution import run_graph_def
-from mp_rewrite.oracle import grappler_rewrite
+from mp_rewrite.testing.examples import EXAMPLES
+from mp_rewrite.analysis.execution import run_graph_def
+from mp_rewrite.testing.oracle import grappler_rewrite
 
 GRAPHS = ["cnn_bn/inference", "cnn_bn/train", "transformer/inference", "transformer/train", "lstm/inference",
           "lstm/train", "lstm_functional/inference", "cnn_bn/inference_unfrozen", "mlp/inference"]
@@ -110,7 +110,7 @@ def test_rewritten_graph_runs_and_matches_float32(examples, name, precision):
 def test_tf_breaks_functional_while_lstm_we_do_not(examples, precision):
     """TF 2.21's pass returns a graph that fails to run for a Keras LSTM kept as a functional While over
     TensorLists; ours runs (the numerics test above checks its outputs)."""
-    from mp_rewrite.execution import ExecutionError
+    from mp_rewrite.analysis.execution import ExecutionError
     ex = examples["lstm_functional/inference"]
     theirs = grappler_rewrite(ex.graph_def, ex.fetches, precision)
     with pytest.raises(ExecutionError, match="list elements|expected float|passed"):

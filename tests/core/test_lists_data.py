@@ -18,9 +18,9 @@ import pytest  # noqa: E402
 import tensorflow  # noqa: E402,F401  (loads every op into the registry)
 from tensorflow.python.framework import op_def_registry  # noqa: E402
 
-from mp_rewrite.oplists import builtin_lists  # noqa: E402
+from mp_rewrite.core.oplists import builtin_lists  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LISTS_DIR = ROOT / "lists"
 PRECISIONS = ("float16", "bfloat16")
 KINDS = ("allow", "infer", "deny", "clear")

@@ -4,7 +4,7 @@ import pytest
 
 import mp_rewrite
 from mp_rewrite.errors import ListError, OptionError
-from mp_rewrite.oplists import builtin_lists, changes_from_env, load_lists
+from mp_rewrite.core.oplists import builtin_lists, changes_from_env, load_lists
 
 
 def test_builtin_float16_gates_assume_a_new_gpu_stack_by_default():

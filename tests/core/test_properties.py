@@ -30,10 +30,10 @@ from tensorflow.python.framework import op_def_registry
 
 import mp_rewrite
 from test_differential import type_attrs
-from mp_rewrite import dtypes
-from mp_rewrite.execution import ExecutionError, run_graph_def
-from mp_rewrite.functions import function_to_graph
-from mp_rewrite.op_support import Signatures
+from mp_rewrite.core import dtypes
+from mp_rewrite.analysis.execution import ExecutionError, run_graph_def
+from mp_rewrite.core.functions import function_to_graph
+from mp_rewrite.core.op_support import Signatures
 from random_graphs import BuiltGraph, GraphSpec, Step, build_graph, graph_specs
 
 CONFIGS = (("float16", "cpu"), ("float16", "any"), ("bfloat16", "cpu"), ("bfloat16", "any"))
@@ -352,12 +352,12 @@ def dtype_differences(ours, theirs, original) -> dict:
 @settings(max_examples=150, **PROPERTY_SETTINGS)
 @given(spec=graph_specs())
 def test_random_graphs_get_the_same_dtypes_and_casts_as_tensorflows_own_pass(grappler_cluster, spec):
-    """Differential, device="cpu": TF 2.21's pass (mp_rewrite.oracle) retypes the same attrs of the same nodes,
+    """Differential, device="cpu": TF 2.21's pass (mp_rewrite.testing.oracle) retypes the same attrs of the same nodes,
     in the graph and in every function body it keeps, and adds as many Casts. Intended differences (the three
     TF bugs tested at the end of this file: functional control flow retyped against its bodies, an infer op
     without a low-precision kernel, a fetched Cast retyped) only ever keep more in float32 than TF does, so any
     difference must be float32 on our side, on a graph that has one of those triggers."""
-    from mp_rewrite.oracle import grappler_rewrite
+    from mp_rewrite.testing.oracle import grappler_rewrite
     built = build_graph(spec)
     for precision in ("float16", "bfloat16"):
         ours = mp_rewrite.rewrite_graph_def(built.graph_def, precision, list(built.fetches), device="cpu")

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mp_rewrite import examples, rewrite_graph_def
+from mp_rewrite import rewrite_graph_def
+from mp_rewrite.testing import examples
 from mp_rewrite.errors import OptionError
-from mp_rewrite.execution import run_graph_def
-from mp_rewrite.accuracy_guard import PREFIX, exact_patterns, guard, load_override_reasons, load_overrides
-from mp_rewrite.guard_screen import ScreenTarget, range_findings
-from mp_rewrite.guard_search import OutputError, element_ratio, search_blind, search_ranked
-from mp_rewrite.pass_context import compile_patterns
+from mp_rewrite.analysis.execution import run_graph_def
+from mp_rewrite.guard.accuracy_guard import PREFIX, exact_patterns, guard, load_override_reasons, load_overrides
+from mp_rewrite.guard.screen import ScreenTarget, range_findings
+from mp_rewrite.guard.search import OutputError, element_ratio, search_blind, search_ranked
+from mp_rewrite.core.pass_context import compile_patterns
 
 HOT, LOGITS = "fragile_mlp_1/hot_1/MatMul", "fragile_mlp_1/logits_1/MatMul"
 
@@ -245,8 +246,8 @@ def test_function_bodies_are_measured_whole():
 
 
 def test_side_by_side_copies_compute_what_their_graphs_compute(fragile):
-    from mp_rewrite.guard_attribution import seeds_of, side_by_side
-    from mp_rewrite.guard_screen import GraphInfo, converted_units, output_tensors
+    from mp_rewrite.guard.attribution import seeds_of, side_by_side
+    from mp_rewrite.guard.screen import GraphInfo, converted_units, output_tensors
     g, outputs = fragile.graph_def, output_tensors(fragile.fetches)
     base = sorted(exact_patterns([HOT, "fragile_mlp_1/hot_1/BiasAdd", "fragile_mlp_1/norm_1/mul_2"],
                                  [n.name for n in g.node]).values())
@@ -272,9 +273,9 @@ def test_side_by_side_copies_compute_what_their_graphs_compute(fragile):
 
 @pytest.mark.slow
 def test_saved_model_guard_feeds_convert_and_verify(tmp_path):
-    from mp_rewrite.guard_saved_model import guard_saved_model
-    from mp_rewrite.saved_model import convert_saved_model
-    from mp_rewrite.verify import verify_saved_models
+    from mp_rewrite.guard.saved_model import guard_saved_model
+    from mp_rewrite.savedmodel.convert import convert_saved_model
+    from mp_rewrite.savedmodel.verify import verify_saved_models
     source = tmp_path / "fragile"
     fragile_model().export(str(source), verbose=False)
     inputs = {"features": np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)}
@@ -300,8 +301,8 @@ def test_regions_are_refined_to_the_units_they_need(fragile, guarded):
 
 
 def test_each_variant_is_its_unit_alone_in_low_precision():
-    from mp_rewrite.guard_attribution import seeds_of, side_by_side
-    from mp_rewrite.guard_screen import GraphInfo, converted_units, output_tensors
+    from mp_rewrite.guard.attribution import seeds_of, side_by_side
+    from mp_rewrite.guard.screen import GraphInfo, converted_units, output_tensors
     g = examples.EXAMPLES["transformer/inference"]()  # residual Adds read units through other units
     outputs, names = output_tensors(g.fetches), [n.name for n in g.graph_def.node]
     mixed = rewrite_graph_def(g.graph_def, "float16", g.fetches)
@@ -325,14 +326,14 @@ def test_each_variant_is_its_unit_alone_in_low_precision():
 
 def test_mp_rewrite_guard_is_the_function_whatever_was_imported():
     import mp_rewrite
-    import mp_rewrite.accuracy_guard  # noqa: F401
-    import mp_rewrite.guard_saved_model  # noqa: F401
+    import mp_rewrite.guard.accuracy_guard  # noqa: F401
+    import mp_rewrite.guard.saved_model  # noqa: F401
     g = fragile_mlp(hot_scale=1.0, logit_offset=0.0)
     assert mp_rewrite.guard(g.graph_def, g.fetches, g.inputs).executions == 2
 
 
 def test_cli_convert_guard_meets_the_tolerance_and_writes_overrides(tmp_path, capsys):
-    from mp_rewrite import cli
+    from mp_rewrite.commands import cli
     source = tmp_path / "fragile"
     fragile_model().export(str(source), verbose=False)
     inputs = tmp_path / "calib.npz"

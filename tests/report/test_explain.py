@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from chains import chain
 
-import mp_rewrite.examples as ex
+import mp_rewrite.testing.examples as ex
 from mp_rewrite import rewrite_graph_def
 from mp_rewrite.errors import GraphError, OptionError
 from mp_rewrite.report import explain, explain_all

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-import mp_rewrite.examples as ex
+import mp_rewrite.testing.examples as ex
 from mp_rewrite import rewrite_graph_def
 from mp_rewrite.report import explain, to_html
 

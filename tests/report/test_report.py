@@ -14,10 +14,11 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-import mp_rewrite.examples as ex
-from mp_rewrite import flops, rewrite_graph_def
-from mp_rewrite.cli import main as cli_main
-from mp_rewrite.dump import ENV_VAR, dump_rewrite
+import mp_rewrite.testing.examples as ex
+from mp_rewrite import rewrite_graph_def
+from mp_rewrite.analysis import flops
+from mp_rewrite.commands.cli import main as cli_main
+from mp_rewrite.report.dump import ENV_VAR, dump_rewrite
 from mp_rewrite.errors import OptionError
 from mp_rewrite.report import dot, json_report, tensorboard, text
 from mp_rewrite.report.model_loader import load_model, rewrite_model
@@ -301,7 +302,7 @@ def test_dump_writes_graphs_and_decisions(cnn_train, monkeypatch, tmp_path):
 def test_every_rewrite_is_dumped_when_the_env_var_is_set(monkeypatch, tmp_path):
     """rewrite_graph_def dumps the main graph and each function body (the training hook goes the same way)."""
     import mp_rewrite
-    from mp_rewrite.examples import EXAMPLES
+    from mp_rewrite.testing.examples import EXAMPLES
     monkeypatch.setenv(ENV_VAR, str(tmp_path))
     example = EXAMPLES["lstm_functional/inference"]()
     result = mp_rewrite.rewrite_graph_def(example.graph_def, "bfloat16", example.fetches, device="cpu")
@@ -362,7 +363,7 @@ def test_cli_writes_json_and_tensorboard(cnn_pb, cnn_train, tmp_path, capsys):
 def test_cli_subprocess_not_a_model(tmp_path):
     junk = tmp_path / "junk.pb"
     junk.write_text("not a graph")
-    run = [sys.executable, "-m", "mp_rewrite.cli"]
+    run = [sys.executable, "-m", "mp_rewrite"]
     bad = subprocess.run(run + ["inspect", str(junk)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [f"mp-rewrite: error: '{junk}' is not a model: expected a SavedModel "

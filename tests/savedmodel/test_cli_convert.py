@@ -1,7 +1,7 @@
 """`mp-rewrite convert` and `mp-rewrite verify` as a user runs them.
 
 A few tests start the real command in a subprocess (exit code, stdout, one-line error, no traceback; each starts
-TensorFlow, ~5 s); the rest call `mp_rewrite.cli.main` in-process, which is the same code minus the interpreter.
+TensorFlow, ~5 s); the rest call `mp_rewrite.commands.cli.main` in-process, which is the same code minus the interpreter.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from mp_rewrite import cli  # noqa: E402
+from mp_rewrite.commands import cli  # noqa: E402
 
 
 class Scorer(tf.Module):
@@ -57,7 +57,7 @@ def _run(*args, cwd=None, limit_file_size: int | None = None) -> subprocess.Comp
     if args[0] == "saved_model_cli":
         command = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", *args[1:]]
     else:
-        command = [sys.executable, "-m", "mp_rewrite.cli", *args]
+        command = [sys.executable, "-m", "mp_rewrite", *args]
 
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))

@@ -21,7 +21,7 @@ tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU"
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mp_rewrite import training  # noqa: E402
+from mp_rewrite.training import api as training  # noqa: E402
 
 POISON = 1e4
 LR = 0.1

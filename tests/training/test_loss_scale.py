@@ -17,12 +17,12 @@ import pytest
 import tensorflow as tf
 
 from mp_rewrite.errors import MpRewriteError
-from mp_rewrite.loss_scale import (
+from mp_rewrite.training.api import wrap_optimizer
+from mp_rewrite.training.loss_scale_optimizer import (
     MAX_LOSS_SCALE,
     SCALE_HISTORY_SIZE,
     LossScaleOptimizer,
     is_loss_scale_optimizer,
-    wrap_optimizer,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -694,7 +694,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras, numpy as np
-    from mp_rewrite.loss_scale import LossScaleOptimizer
+    from mp_rewrite.training.loss_scale_optimizer import LossScaleOptimizer
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     out = {}
@@ -748,7 +748,7 @@ def mirrored_process(request):
     if not any(item.name.startswith("test_mirrored") for item in request.session.items):
         yield None
         return
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-c", MIRRORED_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)

@@ -20,10 +20,12 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import atomic_function
 
-from mp_rewrite import function_hook, training
+from mp_rewrite.training import function_hook
+from mp_rewrite.training import api as training
 from mp_rewrite.errors import OptionError
-from mp_rewrite.loss_scale import UNSCALE_SCOPE, LossScaleOptimizer, wrap_optimizer
-from mp_rewrite.training import (
+from mp_rewrite.training.api import wrap_optimizer
+from mp_rewrite.training.loss_scale_optimizer import UNSCALE_SCOPE, LossScaleOptimizer
+from mp_rewrite.training.api import (
     disable_mixed_precision_graph_rewrite,
     enable_mixed_precision_graph_rewrite,
     mixed_precision_graph_rewrite,
@@ -227,12 +229,12 @@ def test_tf_data_functions_are_left_alone():
 
 
 def test_a_failed_rewrite_runs_the_original_and_warns(caplog, monkeypatch):
-    import mp_rewrite.rewrite
+    import mp_rewrite.core.body
 
     def broken(*args, **kwargs):
         raise RuntimeError("pass exploded")
 
-    monkeypatch.setattr(mp_rewrite.rewrite, "rewrite_body", broken)
+    monkeypatch.setattr(mp_rewrite.core.body, "rewrite_body", broken)
     enable_mixed_precision_graph_rewrite(None, **ENABLE["float16"])
 
     @tf.function

@@ -1,0 +1,1 @@
+"""Analyses of graphs the front ends share: static shapes, FLOP estimates, running a GraphDef, comparing outputs."""

@@ -1,0 +1,1 @@
+"""The pass: GraphDef (and function library) in, mixed precision GraphDef out. Imports nothing of the package but errors."""

@@ -1,0 +1,1 @@
+"""Offline conversion of SavedModels: convert, model directories (atomic writes), verify."""
