@@ -10,6 +10,8 @@ INVALID = types_pb2.DT_INVALID
 QUANTIZED = frozenset({types_pb2.DT_QINT8, types_pb2.DT_QUINT8, types_pb2.DT_QINT16,
                        types_pb2.DT_QUINT16, types_pb2.DT_QINT32})
 
+KNOWN = frozenset(types_pb2.DataType.values())  # every enum value TF knows, reference types included
+
 PRECISIONS = {"float16": HALF, "bfloat16": BFLOAT16}
 # Grappler's cast-name fragments (TF 2.21 BuildCastNode).
 CAST_KIND = {HALF: "CastToFp16", BFLOAT16: "CastToBf16", FLOAT: "CastToFp32"}

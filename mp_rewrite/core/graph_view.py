@@ -186,6 +186,17 @@ class GraphView:
             layouts.append(layout)
         self.sigs = [specs[op][0] for op in self.ops]
         self._fill_vertex_arrays(layouts, v_dtype)
+        self._check_dtypes()
+
+    def _check_dtypes(self) -> None:
+        """Refuse a dtype enum value TensorFlow does not know (a corrupt or newer graph): nothing could name it."""
+        unknown = set(self.v_dtype) - dtypes.KNOWN
+        if unknown:
+            v = next(v for v, d in enumerate(self.v_dtype) if d in unknown)
+            node = self.v_node[v]
+            raise GraphError(f"node '{self.names[node]}' (op {self.ops[node]}) has dtype enum {self.v_dtype[v]} for "
+                             f"{self.v_key[v]}, which TensorFlow does not know (a corrupt graph, or one from a newer "
+                             "TensorFlow)")
 
     def _fill_vertex_arrays(self, layouts: list, v_dtype: list) -> None:
         self.layouts, self.v_dtype = layouts, v_dtype

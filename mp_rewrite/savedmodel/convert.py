@@ -26,7 +26,9 @@ from ..errors import ModelError, MpRewriteError, OptionError
 from ..core.functions import called_functions, reachable_functions
 from ..core.graph_view import parse_input
 from ..core.library import rewrite_library, skipped_functions
-from .model_dir import check_output, model_file, write_model_dir
+from .model_dir import absolute_output, check_output, model_file, write_model_dir
+from .output_lock import output_lock
+from .source_check import check_source, check_written
 from ..core.op_support import Signatures
 from ..core.oplists import LIST_NAMES, OpLists, load_lists
 from ..core.body import RewriteResult, make_options, rewrite_body
@@ -356,12 +358,16 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
                           "keep (the default): variables stay float32 and are cast where they are read")
     chosen = effective_lists(precision, lists, lists_file, allow, infer, deny, clear)
     opts = make_options(precision, device, chosen, keep_fp32, force_low, level)
-    source_dir, output_dir = check_output(source, output, overwrite)
-    saved_model = read_saved_model(source_dir)
-    keys = select_signatures(saved_model, signatures)
-    new, graphs, skipped = rewrite_saved_model(saved_model, opts, keys, progress)
-    share, per_function, per_graph = estimate_flops(graphs) if flops else (None, {}, {})
-    write_model_dir(source_dir, output_dir, new, overwrite)
+    # The lock is held from the output check to the rename, so that no other run interleaves with this one.
+    with output_lock(absolute_output(output)):
+        source_dir, output_dir = check_output(source, output, overwrite)
+        saved_model = read_saved_model(source_dir)
+        check_source(source_dir, saved_model)
+        keys = select_signatures(saved_model, signatures)
+        new, graphs, skipped = rewrite_saved_model(saved_model, opts, keys, progress)
+        share, per_function, per_graph = estimate_flops(graphs) if flops else (None, {}, {})
+        write_model_dir(source_dir, output_dir, new, overwrite,
+                        check=lambda written: check_written(source_dir, saved_model, written, new))
     return ConversionResult(str(source), str(output), opts.precision, opts.device,
                             keys or tuple(signature_keys(saved_model)), graphs, skipped, share, per_function,
                             per_graph, time.perf_counter() - start)

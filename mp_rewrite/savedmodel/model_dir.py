@@ -2,13 +2,15 @@
 so that it appears only when complete.
 
 The copy is built in a temporary sibling of the output (same file system, so the final move is a rename); an
-existing output is replaced (with overwrite) only after the new one is complete, and on any failure -- a full
-disk, a permission, an interrupt -- the temporary directory is removed and the source and any existing output are
-left as they were. The source is only ever read.
+existing output is replaced (with overwrite) only after the new one is complete and checked, and on any failure --
+a full disk, a permission, an interrupt -- the temporary directory is removed and the source and any existing output
+are left as they were. The source is only ever read. Writers hold the output's lock (output_lock.py), which also
+cleans up after writers that were killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -17,6 +19,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from ..errors import ModelError
+from .output_lock import NEW, OLD, PREVIOUS_DIR, TARGET_FILE, temporary_prefix
 
 MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 FINGERPRINT_FILE = "fingerprint.pb"
@@ -40,6 +43,11 @@ def model_file(directory) -> Path:
                      "write one with tf.saved_model.save(obj, path) or model.export(path)")
 
 
+def absolute_output(output) -> Path:
+    """The output path made absolute without resolving symbolic links (the link itself is what gets replaced)."""
+    return Path(os.path.abspath(output))
+
+
 def check_output(source, output, overwrite: bool = False) -> tuple[Path, Path]:
     """Check that a converted copy of `source` may be written at `output`, before any work is done.
 
@@ -59,7 +67,7 @@ def check_output(source, output, overwrite: bool = False) -> tuple[Path, Path]:
     if out in src.parents:
         raise ModelError(f"output '{output}' contains the source '{source}'; replacing it would delete the "
                          "source, choose another output path")
-    target = Path(os.path.abspath(output))
+    target = absolute_output(output)
     if os.path.lexists(target):
         if not overwrite:
             raise ModelError(f"output '{output}' already exists; pass --overwrite (API: overwrite=True) to "
@@ -74,27 +82,31 @@ def _is_empty(directory: Path) -> bool:
     return not any(directory.iterdir())
 
 
-def write_model_dir(source: Path, output: Path, saved_model, overwrite: bool = False) -> None:
+def write_model_dir(source: Path, output: Path, saved_model, overwrite: bool = False, check=None) -> None:
     """Write a SavedModel proto, with every other file of `source` (variables, assets, ...), at `output`.
 
-    The files are written to a temporary sibling directory, which is moved into place when complete.
+    The files are written to a temporary sibling directory (`.mpr-<pid>-n-*`), checked, and moved into place when
+    complete. Call it holding `output_lock(output)`, so that no other run renames the output meanwhile.
 
     Args:
         source: the SavedModel directory the proto came from (only read).
         output: where the new SavedModel goes (checked with check_output first).
         saved_model: the new SavedModel proto; written as .pb or .pbtxt like the source's.
         overwrite: replace an existing output (only after the new one is complete).
+        check: optional callable(directory) run on the complete copy before it is moved into place; it raises
+            an MpRewriteError when the copy is unusable (nothing is then written).
 
     Raises:
         ModelError: the output cannot be written (full disk, permissions, a proto too large to serialize).
     """
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+        staging = Path(tempfile.mkdtemp(prefix=temporary_prefix(NEW), dir=output.parent))
     except OSError as e:
         raise ModelError(f"cannot create the output directory '{output}': {_reason(e)}") from None
     try:
         _fill(staging, source, saved_model)
+        if check is not None:
+            check(staging)
         _move_into_place(staging, output, overwrite)
     except OSError as e:
         kept = "the existing output and the source are unchanged" if overwrite else "the source is unchanged"
@@ -109,6 +121,19 @@ def _reason(error: OSError) -> str:
     return f"{error.strerror or error}{where}"
 
 
+def serialize(message) -> bytes:
+    """A proto's bytes, the same on every run (map fields in key order), so that an identical model gets an
+    identical file and fingerprint.
+
+    Raises:
+        ModelError: protobuf refuses to serialize it (over 2 GB).
+    """
+    try:
+        return message.SerializeToString(deterministic=True)
+    except ValueError as e:  # protobuf refuses messages over 2 GB
+        raise ModelError(f"the converted SavedModel proto cannot be serialized: {e}") from None
+
+
 def _fill(staging: Path, source: Path, saved_model) -> None:
     """Copy the source's files except its proto and fingerprint, then write the new proto and fingerprint."""
     proto = model_file(source)
@@ -116,11 +141,7 @@ def _fill(staging: Path, source: Path, saved_model) -> None:
     if proto.suffix == ".pbtxt":
         (staging / proto.name).write_text(text_format.MessageToString(saved_model), encoding="utf-8")
     else:
-        try:
-            data = saved_model.SerializeToString()
-        except ValueError as e:  # protobuf refuses messages over 2 GB
-            raise ModelError(f"the converted SavedModel proto cannot be serialized: {e}") from None
-        (staging / proto.name).write_bytes(data)
+        (staging / proto.name).write_bytes(serialize(saved_model))
     if (source / FINGERPRINT_FILE).exists():
         _write_fingerprint(staging)
     umask = os.umask(0)
@@ -129,8 +150,9 @@ def _fill(staging: Path, source: Path, saved_model) -> None:
 
 
 def _copy_tree(source: Path, target: Path, skip: set) -> None:
-    """Copy every file under `source` into `target` (existing), leaving out the top-level names in `skip`."""
-    for root, dirs, files in os.walk(source):
+    """Copy every file under `source` into `target` (existing), leaving out the top-level names in `skip`.
+    Symbolic links are followed: the copy holds the files they point to (source_check refuses dangling ones)."""
+    for root, dirs, files in os.walk(source, followlinks=True):
         rel = Path(root).relative_to(source)
         for name in dirs:
             (target / rel / name).mkdir(exist_ok=True)
@@ -151,18 +173,22 @@ def _write_fingerprint(directory: Path) -> None:
 
 
 def _move_into_place(staging: Path, output: Path, overwrite: bool) -> None:
-    """Rename the complete staging directory to `output`; an existing output is set aside first and restored if
-    the rename fails."""
+    """Rename the complete staging directory to `output`. An existing output is first moved into a `.mpr-<pid>-o-*`
+    directory that names it (so that the next run can restore it if this process is killed between the two
+    renames), and is put back if the second rename fails or is interrupted."""
     if not os.path.lexists(output):
         os.rename(staging, output)
         return
     if not overwrite:
         raise FileExistsError(17, "the output appeared while converting", str(output))
-    aside = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
-    os.rename(output, aside / "previous")
+    aside = Path(tempfile.mkdtemp(prefix=temporary_prefix(OLD), dir=output.parent))
+    (aside / TARGET_FILE).write_bytes(os.fsencode(output.name))
+    os.rename(output, aside / PREVIOUS_DIR)
     try:
         os.rename(staging, output)
-    except OSError:
-        os.rename(aside / "previous", output)
+    except BaseException:  # an OSError, or Ctrl-C / SIGTERM between the two renames
+        with contextlib.suppress(OSError):  # if even this fails, the next run restores it (output_lock.py)
+            os.rename(aside / PREVIOUS_DIR, output)
+            shutil.rmtree(aside, ignore_errors=True)
         raise
     shutil.rmtree(aside, ignore_errors=True)
