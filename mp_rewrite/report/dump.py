@@ -64,9 +64,9 @@ def dump_rewrite(result, input_graph_def, label: str, directory: str | None = No
     try:
         os.makedirs(target, exist_ok=True)
         with open(paths[0], "wb") as f:
-            f.write(input_graph_def.SerializeToString())
+            f.write(input_graph_def.SerializeToString(deterministic=True))
         with open(paths[1], "wb") as f:
-            f.write(result.graph_def.SerializeToString())
+            f.write(result.graph_def.SerializeToString(deterministic=True))
         with open(paths[2], "w") as f:
             f.write(to_json(result, with_flops=False, model=label))
     except OSError as e:

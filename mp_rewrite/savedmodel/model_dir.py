@@ -11,6 +11,7 @@ cleans up after writers that were killed.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -169,7 +170,18 @@ def _write_fingerprint(directory: Path) -> None:
         data = fingerprinting.CreateFingerprintDef(str(directory))
     except fingerprinting.FingerprintException:
         return
-    (directory / FINGERPRINT_FILE).write_bytes(data)
+    (directory / FINGERPRINT_FILE).write_bytes(_content_uuid(data))
+
+
+def _content_uuid(data: bytes) -> bytes:
+    """The fingerprint with its `uuid` (random on every save) derived from its content hashes instead, so that the
+    same model converted twice gets the same bytes, and different models still get different uuids."""
+    from tensorflow.core.protobuf import fingerprint_pb2
+    fingerprint = fingerprint_pb2.FingerprintDef.FromString(data)
+    fingerprint.ClearField("uuid")
+    digest = hashlib.sha256(serialize(fingerprint)).digest()[:16]
+    fingerprint.uuid = str(int.from_bytes(digest, "big"))  # TF writes a 128-bit number in decimal
+    return serialize(fingerprint)
 
 
 def _move_into_place(staging: Path, output: Path, overwrite: bool) -> None:
