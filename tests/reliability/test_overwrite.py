@@ -1,0 +1,164 @@
+"""An overwrite that cannot lose a model: every interleaving of the two renames forced, in-process (a patched
+rename that fails, is interrupted or waits while a second run starts) and by killing the CLI between them; then the
+next run restores or cleans up what was left, and says so."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from mp_rewrite import convert_saved_model
+from mp_rewrite.errors import ModelError
+from mp_rewrite.savedmodel import model_dir
+from users import entries, load_and_run, one_line_error, run_cli, tree_hash
+
+# Python run in the CLI's interpreter before main(): SIGKILL itself at one point of the write.
+KILL_AT = """
+import os, signal
+_rename = os.rename
+def rename(src, dst):
+    moving_new = "-n-" in os.path.basename(str(src))
+    if {before_new} and moving_new:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _rename(src, dst)
+    if ({after_aside} and str(dst).endswith("/previous")) or ({after_new} and moving_new):
+        os.kill(os.getpid(), signal.SIGKILL)
+os.rename = rename
+"""
+
+
+def kill_at(point: str) -> str:
+    flags = {name: name == point for name in ("before_new", "after_aside", "after_new")}
+    return KILL_AT.format(**flags)
+
+
+@pytest.fixture
+def existing(source, tmp_path):
+    """An output directory holding a float16 conversion of the source, and its hash."""
+    out = tmp_path / "out"
+    convert_saved_model(source, out, "float16")
+    return out, tree_hash(out)
+
+
+def test_kill_between_the_renames_then_the_next_run_restores_the_old_model(source, existing):
+    out, before = existing
+    before_source = tree_hash(source)
+    killed = run_cli("convert", source, out, "--precision", "bfloat16", "--overwrite", prelude=kill_at("after_aside"))
+    assert killed.returncode == -9
+    assert not out.exists() and any("-o-" in name for name in entries(out.parent))  # the old model is set aside
+    # The next run puts it back before anything else; without --overwrite it then refuses, as for any output.
+    proc = run_cli("convert", source, out, "--precision", "bfloat16")
+    *notes, error = proc.stderr.strip().split("\n")  # the killed run's new model is removed too
+    assert proc.returncode == 2 and sorted(n.split(" ", 1)[0] for n in notes) == ["removed", "restored"]
+    assert any(n.startswith(f"restored '{out}' from ") for n in notes), proc.stderr
+    one_line_error(error, "already exists; pass --overwrite")
+    assert tree_hash(out) == before and tree_hash(source) == before_source
+    assert entries(out.parent) == ["out"]
+
+
+def test_kill_after_the_new_model_is_in_place_then_the_old_copy_is_removed(source, existing):
+    out, before = existing
+    killed = run_cli("convert", source, out, "--precision", "bfloat16", "--overwrite", prelude=kill_at("after_new"))
+    assert killed.returncode == -9 and tree_hash(out) != before
+    load_and_run(out)
+    notes = []
+    from mp_rewrite.savedmodel.output_lock import output_lock
+    with output_lock(out.parent / "other", on_note=notes.append):
+        pass
+    assert len(notes) == 1 and "the previous copy of" in notes[0] and str(out) in notes[0]
+    assert entries(out.parent) == ["out"]
+
+
+def test_kill_while_writing_leaves_a_staging_directory_the_next_run_removes(source, tmp_path):
+    out = tmp_path / "out"
+    killed = run_cli("convert", source, out, "--precision", "bfloat16", prelude=kill_at("before_new"))
+    assert killed.returncode == -9 and not out.exists()
+    staging = [name for name in entries(tmp_path) if "-n-" in name]
+    assert len(staging) == 1 and (tmp_path / staging[0] / "saved_model.pb").exists()
+    proc = run_cli("convert", source, out, "--precision", "bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    assert f"removed '{tmp_path / staging[0]}', the unfinished output of an interrupted conversion" in proc.stderr
+    assert entries(tmp_path) == ["out"]
+
+
+@pytest.fixture
+def rename_hook(monkeypatch):
+    """Call hook(src, dst) at each rename model_dir makes, before it; the hook may raise or wait."""
+    real = os.rename
+    hooks = []
+
+    def rename(src, dst):
+        for hook in hooks:
+            hook(src, dst)
+        real(src, dst)
+    monkeypatch.setattr(model_dir.os, "rename", rename)
+    return hooks.append
+
+
+def _moving_new(src) -> bool:
+    return "-n-" in os.path.basename(str(src))
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_second_rename_fails_or_is_interrupted_and_the_old_model_stays(source, existing, rename_hook, failure):
+    out, before = existing
+
+    def fail(src, dst):
+        if _moving_new(src):
+            raise failure
+    rename_hook(fail)
+    expected = ModelError if isinstance(failure, OSError) else KeyboardInterrupt
+    with pytest.raises(expected) as caught:
+        convert_saved_model(source, out, "bfloat16", overwrite=True)
+    if expected is ModelError:
+        assert "nothing was written (the existing output and the source are unchanged)" in str(caught.value)
+    assert tree_hash(out) == before and entries(out.parent) == ["out"]
+
+
+def test_a_second_run_is_refused_while_the_first_is_between_the_renames(source, existing, rename_hook):
+    out, _ = existing
+    between, resume, errors = threading.Event(), threading.Event(), []
+
+    def pause(src, dst):
+        if _moving_new(src) and not os.path.exists(out):  # the old model is set aside, the new not yet in place
+            between.set()
+            resume.wait(120)
+    rename_hook(pause)
+
+    def first():
+        try:
+            convert_saved_model(source, out, "bfloat16", overwrite=True)
+        except BaseException as e:  # reported below
+            errors.append(e)
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert between.wait(120)
+        with pytest.raises(ModelError, match=f"another conversion \\(process {os.getpid()}\\) is writing"):
+            convert_saved_model(source, out, "float16", overwrite=True)
+        proc = run_cli("convert", source, out, "--overwrite")
+        one_line_error(proc.stderr, "another conversion")
+        assert proc.returncode == 2 and not out.exists()  # neither touched what the first run is doing
+    finally:
+        resume.set()
+        thread.join(120)
+    assert not errors and entries(out.parent) == ["out"]
+    assert load_and_run(out)["y"].shape == (2, 16)
+
+
+def test_an_output_name_at_the_file_system_limit(source, tmp_path):
+    name = "m" * (os.pathconf(tmp_path, "PC_NAME_MAX"))
+    out = tmp_path / name
+    convert_saved_model(source, out, "bfloat16")
+    convert_saved_model(source, out, "float16", overwrite=True)
+    assert entries(tmp_path) == [name] and load_and_run(out)["y"].shape == (2, 16)
+
+
+def test_the_same_model_converted_twice_has_the_same_bytes(source, tmp_path):
+    for name in ("a", "b"):
+        convert_saved_model(source, tmp_path / name, "bfloat16")
+    files = ("saved_model.pb", "fingerprint.pb")
+    assert [(tmp_path / "a" / f).read_bytes() for f in files] == [(tmp_path / "b" / f).read_bytes() for f in files]
