@@ -85,8 +85,10 @@ def check_variables(directory: Path, saved_model) -> None:
 
 
 def _first_line(error: BaseException) -> str:
+    """TF's message, first line, control characters escaped (a corrupt model's names can hold any byte)."""
     text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
+    line = text.splitlines()[0][:300] if text else type(error).__name__
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
 
 
 def check_references(meta_graph) -> None:
@@ -101,21 +103,21 @@ def check_references(meta_graph) -> None:
     functions = set(library)
     if len(functions) != len(library):
         dup = next(n for n in library if library.count(n) > 1)
-        raise GraphError(f"two functions of the SavedModel's library are named '{dup}'; export the model again")
+        raise GraphError(f"two functions of the SavedModel's library are named {dup!r}; export the model again")
 
     def known(op: str) -> bool:
         return op in functions or op_def_registry.get(op) is not None
     _check_body(graph.node, "the main graph", set(), known)
     for fdef in graph.library.function:
         args = {a.name for a in fdef.signature.input_arg}
-        _check_body(fdef.node_def, f"function '{fdef.signature.name}'", args, known)
+        _check_body(fdef.node_def, f"function {fdef.signature.name!r}", args, known)
     for key, sig in meta_graph.signature_def.items():
         names = {n.name for n in graph.node}
         for info in list(sig.inputs.values()) + list(sig.outputs.values()):
             if info.name and parse_input(info.name)[0] not in names:
-                raise GraphError(f"signature '{key}' names tensor '{info.name}', which is not in the graph")
+                raise GraphError(f"signature {key!r} names tensor {info.name!r}, which is not in the graph")
             if info.dtype not in KNOWN_DTYPES:
-                raise GraphError(f"signature '{key}': tensor '{info.name}' has dtype enum {info.dtype}, which "
+                raise GraphError(f"signature {key!r}: tensor {info.name!r} has dtype enum {info.dtype}, which "
                                  "TensorFlow does not know")
     _check_object_graph(meta_graph.object_graph_def, functions)
 
@@ -124,16 +126,16 @@ def _check_body(nodes, where: str, args: set, known) -> None:
     names = set()
     for node in nodes:
         if node.name in names:
-            raise GraphError(f"two nodes of {where} are named '{node.name}'; node names must be unique")
+            raise GraphError(f"two nodes of {where} are named {node.name!r}; node names must be unique")
         names.add(node.name)
     for node in nodes:
         if not known(node.op):
-            raise GraphError(f"node '{node.name}' of {where} uses op '{node.op}', which is neither a TensorFlow op "
+            raise GraphError(f"node {node.name!r} of {where} uses op {node.op!r}, which is neither a TensorFlow op "
                              "nor a function of the SavedModel")
         for name in node.input:
             source = name.lstrip("^").split(":")[0]
             if source not in names and source not in args:
-                raise GraphError(f"node '{node.name}' of {where} has input '{name}', which is not in {where}")
+                raise GraphError(f"node {node.name!r} of {where} has input {name!r}, which is not in {where}")
         for key, value in node.attr.items():
             _check_attr(node.name, key, value, where, known)
 
@@ -143,12 +145,12 @@ def _check_attr(node: str, key: str, value, where: str, known) -> None:
     types = [value.type] if kind == "type" else list(value.list.type) if kind == "list" else []
     bad = [d for d in types if d not in KNOWN_DTYPES]
     if bad:
-        raise GraphError(f"node '{node}' of {where}: attr '{key}' has dtype enum {bad[0]}, which TensorFlow does not "
+        raise GraphError(f"node {node!r} of {where}: attr {key!r} has dtype enum {bad[0]}, which TensorFlow does not "
                          "know (a corrupt or newer model?)")
     called = [value.func.name] if kind == "func" else [f.name for f in value.list.func] if kind == "list" else []
     for name in called:
         if not known(name):
-            raise GraphError(f"node '{node}' of {where}: attr '{key}' calls function '{name}', which is not in the "
+            raise GraphError(f"node {node!r} of {where}: attr {key!r} calls function {name!r}, which is not in the "
                              "SavedModel's library")
 
 
@@ -162,7 +164,7 @@ def _check_object_graph(object_graph, functions: set) -> None:
         elif kind == "bare_concrete_function" and node.bare_concrete_function.concrete_function_name not in names:
             missing.append(node.bare_concrete_function.concrete_function_name)
     if missing:
-        raise GraphError(f"the object graph restores function '{missing[0]}', which is not in the SavedModel's "
+        raise GraphError(f"the object graph restores function {missing[0]!r}, which is not in the SavedModel's "
                          "library")
 
 

@@ -22,9 +22,9 @@ def _nodes(model) -> list:
 
 
 def flip_bytes(data: bytes, rng: random.Random) -> bytes:
-    """Flip 1 to 8 random bits-worth of bytes (XOR with a random non-zero byte)."""
+    """XOR one or two random bytes with a random non-zero byte."""
     data = bytearray(data)
-    for _ in range(rng.randint(1, 8)):
+    for _ in range(rng.randint(1, 2)):
         data[rng.randrange(len(data))] ^= rng.randint(1, 255)
     return bytes(data)
 
