@@ -148,7 +148,27 @@ def rewrite_body(graph_def: graph_pb2.GraphDef, opts: Options, fetches=(), prese
     return result
 
 
+def _names(value, option: str) -> tuple:
+    """Node or tensor names as a tuple: one string is one name (not its characters)."""
+    names = (value,) if isinstance(value, str) else tuple(value or ())
+    for name in names:
+        if not isinstance(name, str) or not name.lstrip("^"):
+            raise OptionError(f"{option}: {name!r} is not a node or tensor name (\"node\" or \"node:0\")")
+    return names
+
+
+def _check_fetch_ports(view: GraphView, fetches: tuple) -> None:
+    for fetch in fetches:
+        name, port = parse_input(fetch.lstrip("^"))
+        outputs = len(view.layouts[view.node_index[name]].outputs)
+        if name != fetch.lstrip("^") and port >= outputs:  # a bare node name fetches the node, not an output
+            ports = {0: "", 1: f" or '{name}:0'"}.get(outputs, f" or '{name}:0' to '{name}:{outputs - 1}'")
+            raise GraphError(f"fetch '{fetch}' names output {port} of node '{name}', which has {outputs} "
+                             f"output{'' if outputs == 1 else 's'}; fetch '{name}'{ports}")
+
+
 def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful) -> RewriteResult:
+    fetches, preserve = _names(fetches, "fetches"), _names(preserve, "preserve")
     preserved = {parse_input(f.lstrip("^"))[0]: "fetched (graph outputs keep their dtypes)" for f in fetches}
     preserved.update({name: "preserved by the caller" for name in preserve})
 
@@ -160,6 +180,7 @@ def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_state
     if missing:
         raise GraphError(f"fetch or preserved node '{missing[0]}' is not in the graph; check the name "
                          f"(the graph has {view.num_nodes} nodes)")
+    _check_fetch_ports(view, fetches)
     if preserve_stateful:
         for i, sig in enumerate(view.sigs):
             if sig.is_stateful or "Dataset" in view.ops[i]:

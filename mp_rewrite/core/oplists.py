@@ -150,6 +150,8 @@ def changes_from_file(path: str) -> tuple[dict, dict, dict]:
             data = _read_toml(f.read(), path)
     except OSError as e:
         raise ListError(f"cannot read op list file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ListError(f"op list file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8 TOML") from None
     replace, add, remove = {}, {}, {}
     for section, body in data.items():
         if section == "meta":
@@ -160,8 +162,25 @@ def changes_from_file(path: str) -> tuple[dict, dict, dict]:
             target = {"ops": replace, "add": add, "remove": remove}.get(key)
             if target is None or not isinstance(ops, list):
                 raise ListError(f"{path}: [{section}] {key} must be one of ops/add/remove = [\"Op\", ...]")
-            target[section] = ops
+            target[section] = check_op_names(ops, f"{path}: [{section}] {key}")
     return replace, add, remove
+
+
+def check_op_names(ops, where: str) -> list:
+    """Return `ops` as a list after checking each is the name of an op TensorFlow knows.
+
+    Raises:
+        ListError: an entry that is not a string (a number, a nested array), empty, or not a registered op.
+    """
+    from tensorflow.python.framework import op_def_registry
+    ops = [ops] if isinstance(ops, str) else list(ops)
+    for op in ops:
+        if not isinstance(op, str) or not op.strip():
+            raise ListError(f"{where}: {op!r} is not an op name; give op type names as strings, e.g. \"MatMul\"")
+        if op_def_registry.get(op) is None:
+            raise ListError(f"{where}: {op!r} is not an op TensorFlow knows (op type names are case-sensitive, e.g. "
+                            "\"MatMul\", \"Conv2D\"; `mp-rewrite lists` shows the lists)")
+    return ops
 
 
 def load_lists(precision: str = "float16", *, lists_file: str | None = None,
@@ -178,7 +197,7 @@ def load_lists(precision: str = "float16", *, lists_file: str | None = None,
         env: the environment to read TF's variables from (default os.environ; pass {} to ignore it).
 
     Raises:
-        ListError, OptionError: bad file, unknown list, an op in two lists, unknown level.
+        ListError, OptionError: bad file, unknown list, an op in two lists, an op TF does not know, unknown level.
     """
     lists = builtin_lists(precision)
     env_add, env_remove = changes_from_env(env)
@@ -191,6 +210,9 @@ def load_lists(precision: str = "float16", *, lists_file: str | None = None,
             lists = lists.with_changes(None, cleared, source=lists_file).with_changes(replace, None, lists_file)
         lists = lists.with_changes(file_add, file_remove, source=lists_file)
     if add or remove:
+        for changes in (add or {}, remove or {}):
+            for list_name, ops in changes.items():
+                check_op_names(ops, f"the {list_name} list")
         lists = lists.with_changes(add, remove, source="api")
     return apply_level(lists, level)
 

@@ -43,6 +43,24 @@ def compile_patterns(patterns, option: str):
     return matches
 
 
+def check_patterns_match(patterns, option: str, names) -> None:
+    """Refuse node-name patterns that match none of `names`: a typo would otherwise silently change nothing (a
+    node the user meant to keep in float32 would be converted).
+
+    Raises:
+        OptionError: naming the first pattern that matches nothing.
+    """
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns or ())
+    if not patterns:
+        return
+    names = list(names)
+    for pattern in patterns:
+        matches = compile_patterns([pattern], option)
+        if not any(matches(name) for name in names):
+            raise OptionError(f"--{option.replace('_', '-')} {pattern!r} matches no node of what is converted; check "
+                              "the name (`mp-rewrite inspect` lists the nodes), or drop the pattern")
+
+
 class PassContext:
     """Read-only facts for one run of the pass.
 

@@ -30,8 +30,9 @@ from .model_dir import absolute_output, check_output, model_file, write_model_di
 from .output_lock import output_lock
 from .source_check import check_source, check_written
 from ..core.op_support import Signatures
-from ..core.oplists import LIST_NAMES, OpLists, load_lists
+from ..core.oplists import LIST_NAMES, OpLists, check_op_names, load_lists
 from ..core.body import RewriteResult, make_options, rewrite_body
+from ..core.pass_context import check_patterns_match
 
 INTERNAL_PREFIX = "__saved_model"  # "__saved_model_init_op", "__saved_model_train_op": not user signatures
 WEIGHTS = ("keep", "low")
@@ -218,11 +219,11 @@ def effective_lists(precision: str, lists: OpLists | None = None, lists_file: st
 
     Raises:
         OptionError: an op named for two lists, or both `lists` and `lists_file` given.
-        ListError: a bad lists file.
+        ListError: a bad lists file, or an op name TensorFlow does not know.
     """
     target = {}
     for name, ops in zip(LIST_NAMES, (allow, infer, deny, clear)):
-        for op in _as_tuple(ops):
+        for op in check_op_names(_as_tuple(ops), f"--{name}"):
             if target.get(op, name) != name:
                 raise OptionError(f"op {op!r} is given to both --{target[op]} and --{name}; give it to one list")
             target[op] = name
@@ -300,6 +301,16 @@ def rewrite_saved_model(saved_model: saved_model_pb2.SavedModel, opts, keys=None
     return new, graphs, skipped
 
 
+def _rewritten_node_names(saved_model, graphs: dict):
+    """Node names of the main graphs and of the function bodies rewritten (what node-name patterns apply to)."""
+    rewritten = {name for result in graphs.values() for name in result.functions}
+    for meta_graph in saved_model.meta_graphs:
+        yield from (node.name for node in meta_graph.graph_def.node)
+        for fdef in meta_graph.graph_def.library.function:
+            if fdef.signature.name in rewritten:
+                yield from (node.name for node in fdef.node_def)
+
+
 def estimate_flops(graphs: dict) -> tuple:
     """FLOPs from known shapes: (FlopShare over every rewritten graph and function, {function name: FlopShare},
     {MetaGraph tags: FlopShare of the main graph})."""
@@ -365,6 +376,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
         check_source(source_dir, saved_model)
         keys = select_signatures(saved_model, signatures)
         new, graphs, skipped = rewrite_saved_model(saved_model, opts, keys, progress)
+        for option in ("keep_fp32", "force_low"):
+            check_patterns_match(getattr(opts, option), option, _rewritten_node_names(new, graphs))
         share, per_function, per_graph = estimate_flops(graphs) if flops else (None, {}, {})
         write_model_dir(source_dir, output_dir, new, overwrite,
                         check=lambda written: check_written(source_dir, saved_model, written, new))
