@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from ..core.coloring import Coloring
@@ -153,13 +154,38 @@ class GuardResult:
         return write_overrides(path, self.overrides())
 
 
-def write_overrides(path, data: dict) -> Path:
-    """Write overrides data (GuardResult.overrides()) as TOML for a ".toml" suffix, JSON otherwise."""
+def check_overrides_path(path) -> Path:
+    """Check, before any work, that an overrides file can be written at `path` (its directory exists and is
+    writable, and it is not a directory).
+
+    Raises:
+        OptionError: saying what is wrong with the path.
+    """
     path = Path(path)
-    if path.suffix == ".toml":
-        path.write_text(_toml(data), encoding="utf-8")
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        why = "is a directory"
+    elif not parent.is_dir():
+        why = f"its directory '{parent}' does not exist"
+    elif not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        why = "cannot be written (permission denied)"
     else:
-        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        return path
+    raise OptionError(f"--guard-overrides '{path}' {why}; give a file path (.toml or .json) you can write to")
+
+
+def write_overrides(path, data: dict) -> Path:
+    """Write overrides data (GuardResult.overrides()) as TOML for a ".toml" suffix, JSON otherwise.
+
+    Raises:
+        OptionError: the file cannot be written.
+    """
+    path = Path(path)
+    text = _toml(data) if path.suffix == ".toml" else json.dumps(data, indent=1) + "\n"
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise OptionError(f"cannot write the guard overrides to '{path}': {e.strerror}") from None
     return path
 
 
