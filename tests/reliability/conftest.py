@@ -27,3 +27,26 @@ def source(tmp_path_factory):
     module = Scorer()
     tf.saved_model.save(module, str(path), signatures=module.__call__)
     return path
+
+
+class Looper(tf.Module):
+    """Functional control flow (a While whose body and cond are library functions) around a Keras layer."""
+
+    def __init__(self):
+        import keras
+        self.dense = keras.layers.Dense(16, activation="tanh")
+        self.dense.build((None, 16))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+    def __call__(self, x):
+        _, h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, self.dense(h)), (tf.constant(0), x))
+        return {"y": tf.nn.softmax(h)}
+
+
+@pytest.fixture(scope="session")
+def looper(tmp_path_factory):
+    """A SavedModel with a While loop and a Keras layer (tests only read it)."""
+    path = tmp_path_factory.mktemp("reliability") / "looper"
+    module = Looper()
+    tf.saved_model.save(module, str(path), signatures=module.__call__)
+    return path

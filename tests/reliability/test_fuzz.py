@@ -1,4 +1,4 @@
-"""A seeded fuzz test: 500 mutated SavedModel protos (flipped bytes, removed inputs, invalid dtype enums, deleted
+"""A seeded fuzz test: 1000 mutated SavedModel protos of two models (flipped bytes, removed inputs, invalid dtype enums, deleted
 functions, duplicate names) through `mp-rewrite convert`. Whatever the damage: no traceback, no hang, the source
 untouched, nothing left next to the output, and every exit 0 a model that loads and runs."""
 
@@ -21,17 +21,18 @@ SECONDS_PER_CASE = 60  # a case taking longer is a hang (they take well under a 
 
 
 @pytest.fixture(scope="module")
-def fuzzed(source, tmp_path_factory):
+def fuzzed(source, looper, tmp_path_factory):
     """(case directory, kind, hash of its source) for every case, and the worker's record of each."""
     root = tmp_path_factory.mktemp("fuzz")
-    data = (source / "saved_model.pb").read_bytes()
     cases = []
-    for kind in KINDS:
-        for seed in range(CASES_PER_KIND):
-            case = root / f"{kind}-{seed}"
-            shutil.copytree(source, case / "src")
-            (case / "src" / "saved_model.pb").write_bytes(mutate(data, kind, seed))
-            cases.append((case, kind, tree_hash(case / "src")))
+    for model in (source, looper):
+        data = (model / "saved_model.pb").read_bytes()
+        for kind in KINDS:
+            for seed in range(CASES_PER_KIND):
+                case = root / f"{model.name}-{kind}-{seed}"
+                shutil.copytree(model, case / "src")
+                (case / "src" / "saved_model.pb").write_bytes(mutate(data, kind, seed))
+                cases.append((case, kind, tree_hash(case / "src")))
     worker = Path(__file__).with_name("fuzz_worker.py")
     proc = subprocess.run([sys.executable, str(worker), str(SECONDS_PER_CASE), *(str(c) for c, _, _ in cases)],
                           capture_output=True, text=True, timeout=SECONDS_PER_CASE * 4 + 600)
