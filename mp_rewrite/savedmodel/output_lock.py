@@ -81,12 +81,17 @@ def _make_parents(parent: Path) -> list[Path]:
         if os.path.lexists(directory):
             break
         missing.append(directory)
+    created = []
     try:
         for directory in reversed(missing):
-            directory.mkdir()
+            try:
+                directory.mkdir()
+                created.append(directory)
+            except FileExistsError:  # another run made it meanwhile: it is not ours to remove
+                pass
     except OSError as e:
         raise ModelError(f"cannot create the output directory '{parent}': {e.strerror}") from None
-    return list(reversed(missing))
+    return created
 
 
 def _acquire(path: Path, output: Path) -> int:

@@ -92,3 +92,9 @@ def test_unknown_dtype_enum_in_convert_and_inspect(source, tmp_path, capsys):
     assert cli.main(["convert", str(src), str(tmp_path / "out")]) == 2
     one_line_error(capsys.readouterr().err, "dtype enum 999, which TensorFlow does not know")
     assert entries(tmp_path) == ["src"]
+
+
+def test_a_refused_conversion_leaves_no_parent_directories(source, tmp_path, capsys):
+    assert cli.main(["convert", str(source), str(tmp_path / "new" / "dirs" / "out"), "--allow", "Nope"]) == 2
+    assert cli.main(["convert", str(tmp_path / "missing"), str(tmp_path / "new" / "dirs" / "out")]) == 2
+    assert entries(tmp_path) == [] and "does not exist" in capsys.readouterr().err
