@@ -28,7 +28,7 @@ from ..core.graph_view import parse_input
 from ..core.library import rewrite_library, skipped_functions
 from .model_dir import absolute_output, check_output, model_file, write_model_dir
 from .output_lock import output_lock
-from .source_check import check_source, check_written
+from .source_check import check_source, check_written, node_names
 from ..core.op_support import Signatures
 from ..core.oplists import LIST_NAMES, OpLists, check_op_names, load_lists
 from ..core.body import RewriteResult, make_options, rewrite_body
@@ -301,16 +301,6 @@ def rewrite_saved_model(saved_model: saved_model_pb2.SavedModel, opts, keys=None
     return new, graphs, skipped
 
 
-def _rewritten_node_names(saved_model, graphs: dict):
-    """Node names of the main graphs and of the function bodies rewritten (what node-name patterns apply to)."""
-    rewritten = {name for result in graphs.values() for name in result.functions}
-    for meta_graph in saved_model.meta_graphs:
-        yield from (node.name for node in meta_graph.graph_def.node)
-        for fdef in meta_graph.graph_def.library.function:
-            if fdef.signature.name in rewritten:
-                yield from (node.name for node in fdef.node_def)
-
-
 def estimate_flops(graphs: dict) -> tuple:
     """FLOPs from known shapes: (FlopShare over every rewritten graph and function, {function name: FlopShare},
     {MetaGraph tags: FlopShare of the main graph})."""
@@ -376,8 +366,9 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
         check_source(source_dir, saved_model)
         keys = select_signatures(saved_model, signatures)
         new, graphs, skipped = rewrite_saved_model(saved_model, opts, keys, progress)
+        names = node_names(new, {name for result in graphs.values() for name in result.functions})
         for option in ("keep_fp32", "force_low"):
-            check_patterns_match(getattr(opts, option), option, _rewritten_node_names(new, graphs))
+            check_patterns_match(getattr(opts, option), option, names)
         share, per_function, per_graph = estimate_flops(graphs) if flops else (None, {}, {})
         write_model_dir(source_dir, output_dir, new, overwrite,
                         check=lambda written: check_written(source_dir, saved_model, written, new))

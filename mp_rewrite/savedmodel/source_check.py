@@ -168,6 +168,17 @@ def _check_object_graph(object_graph, functions: set) -> None:
                          "library")
 
 
+def node_names(saved_model, functions) -> list[str]:
+    """Node names of every main graph and of the bodies of the named library functions."""
+    names = []
+    for meta_graph in saved_model.meta_graphs:
+        names += [node.name for node in meta_graph.graph_def.node]
+        for fdef in meta_graph.graph_def.library.function:
+            if fdef.signature.name in functions:
+                names += [node.name for node in fdef.node_def]
+    return names
+
+
 # --------------------------------------------------------------------------------------------- the written copy
 
 

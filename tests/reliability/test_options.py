@@ -11,7 +11,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 import mp_rewrite
 from mp_rewrite.commands import cli
-from mp_rewrite.errors import GraphError, OptionError
+from mp_rewrite.errors import GraphError, ListError, ModelError, OptionError
 from users import entries, one_line_error, tree_hash
 
 LIST_FILES = {
@@ -98,3 +98,13 @@ def test_a_refused_conversion_leaves_no_parent_directories(source, tmp_path, cap
     assert cli.main(["convert", str(source), str(tmp_path / "new" / "dirs" / "out"), "--allow", "Nope"]) == 2
     assert cli.main(["convert", str(tmp_path / "missing"), str(tmp_path / "new" / "dirs" / "out")]) == 2
     assert entries(tmp_path) == [] and "does not exist" in capsys.readouterr().err
+
+
+def test_preflight_checks_what_convert_checks_and_writes_nothing(source, tmp_path):
+    from mp_rewrite.savedmodel.preflight import check_conversion
+    check_conversion(source, tmp_path / "out", "bfloat16", keep_fp32=["MatMul"], force_low=["Soft*"])
+    for kwargs, error in (({"keep_fp32": ["dense_9"]}, OptionError), ({"deny": ["NoSuchOp"]}, ListError),
+                          ({"signatures": ["predict"]}, ModelError)):
+        with pytest.raises(error):
+            check_conversion(source, tmp_path / "out", "bfloat16", **kwargs)
+    assert entries(tmp_path) == []
