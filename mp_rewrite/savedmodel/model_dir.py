@@ -195,12 +195,20 @@ def _move_into_place(staging: Path, output: Path, overwrite: bool) -> None:
         raise FileExistsError(17, "the output appeared while converting", str(output))
     aside = Path(tempfile.mkdtemp(prefix=temporary_prefix(OLD), dir=output.parent))
     (aside / TARGET_FILE).write_bytes(os.fsencode(output.name))
-    os.rename(output, aside / PREVIOUS_DIR)
     try:
+        os.rename(output, aside / PREVIOUS_DIR)
         os.rename(staging, output)
-    except BaseException:  # an OSError, or Ctrl-C / SIGTERM between the two renames
-        with contextlib.suppress(OSError):  # if even this fails, the next run restores it (output_lock.py)
-            os.rename(aside / PREVIOUS_DIR, output)
-            shutil.rmtree(aside, ignore_errors=True)
+    except BaseException:  # an OSError, or Ctrl-C / SIGTERM between (or just after) the two renames
+        _settle(aside, output)
         raise
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def _settle(aside: Path, output: Path) -> None:
+    """After a failed or interrupted swap: put the old output back if the new one is not in place; drop the old
+    copy if the new one is. If even that fails, the next run restores it (output_lock.py)."""
+    previous = aside / PREVIOUS_DIR
+    with contextlib.suppress(OSError):
+        if os.path.lexists(previous) and not os.path.lexists(output):
+            os.rename(previous, output)
+        shutil.rmtree(aside)

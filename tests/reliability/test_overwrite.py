@@ -86,16 +86,23 @@ def test_kill_while_writing_leaves_a_staging_directory_the_next_run_removes(sour
 
 @pytest.fixture
 def rename_hook(monkeypatch):
-    """Call hook(src, dst) at each rename model_dir makes, before it; the hook may raise or wait."""
+    """add(before=, after=): call before(src, dst) / after(src, dst) around each rename model_dir makes; a hook may
+    raise or wait."""
     real = os.rename
-    hooks = []
+    befores, afters = [], []
 
     def rename(src, dst):
-        for hook in hooks:
+        for hook in befores:
             hook(src, dst)
         real(src, dst)
+        for hook in afters:
+            hook(src, dst)
     monkeypatch.setattr(model_dir.os, "rename", rename)
-    return hooks.append
+
+    def add(before=None, after=None):
+        befores.extend([before] if before else [])
+        afters.extend([after] if after else [])
+    return add
 
 
 def _moving_new(src) -> bool:
@@ -109,13 +116,26 @@ def test_second_rename_fails_or_is_interrupted_and_the_old_model_stays(source, e
     def fail(src, dst):
         if _moving_new(src):
             raise failure
-    rename_hook(fail)
+    rename_hook(before=fail)
     expected = ModelError if isinstance(failure, OSError) else KeyboardInterrupt
     with pytest.raises(expected) as caught:
         convert_saved_model(source, out, "bfloat16", overwrite=True)
     if expected is ModelError:
         assert "nothing was written (the existing output and the source are unchanged)" in str(caught.value)
     assert tree_hash(out) == before and entries(out.parent) == ["out"]
+
+
+def test_interrupted_just_after_the_new_model_is_in_place(source, existing, rename_hook):
+    out, before = existing
+
+    def interrupt(src, dst):
+        if _moving_new(src):
+            raise KeyboardInterrupt
+    rename_hook(after=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        convert_saved_model(source, out, "bfloat16", overwrite=True)
+    assert tree_hash(out) != before and entries(out.parent) == ["out"]  # the swap was done: keep the new model
+    assert load_and_run(out)["y"].shape == (2, 16)
 
 
 def test_a_second_run_is_refused_while_the_first_is_between_the_renames(source, existing, rename_hook):
@@ -126,7 +146,7 @@ def test_a_second_run_is_refused_while_the_first_is_between_the_renames(source, 
         if _moving_new(src) and not os.path.exists(out):  # the old model is set aside, the new not yet in place
             between.set()
             resume.wait(120)
-    rename_hook(pause)
+    rename_hook(before=pause)
 
     def first():
         try:
