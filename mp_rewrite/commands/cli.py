@@ -55,13 +55,12 @@ def import_tensorflow_quietly() -> None:
 
 
 def main(argv=None) -> int:
-    """Run the CLI; return the exit code (0 ok, 1 a check failed, 2 bad input or a failed rewrite)."""
+    """Run the CLI; return the exit code (0 ok, 1 a check failed, 2 bad input or a failed rewrite).
+
+    Arguments are parsed and each command's `precheck(args)` (paths, option values: TensorFlow-free) runs before
+    TensorFlow is imported, so help, version and argument errors answer at once.
+    """
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--version"]:  # answer without starting TensorFlow
-        from .. import __version__
-        print(f"mp-rewrite {__version__}")
-        return 0
-    import_tensorflow_quietly()
     from ..errors import MpRewriteError
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -69,6 +68,10 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        precheck = getattr(args, "precheck", None)
+        if precheck is not None:
+            precheck(args)
+        import_tensorflow_quietly()
         return int(args.func(args) or 0)
     except MpRewriteError as e:
         print(f"mp-rewrite: error: {e}", file=sys.stderr)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from ..savedmodel.convert import ConversionResult, convert_saved_model
 from .verify import add_verify_options, progress_bar, run_verification, stdout_console
 
 TOP_ROWS = 15  # functions listed in the table; the rest are summed in one line
@@ -50,7 +49,13 @@ def register(sub) -> None:
                    help="with --guard: write the kept nodes and why (.toml or .json), to re-apply with --keep-fp32-file")
     p.add_argument("--keep-fp32-file", metavar="FILE", help="keep_fp32 patterns from a guard overrides file")
     add_verify_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, precheck=precheck)
+
+
+def precheck(args) -> None:
+    """Before TensorFlow starts: the source is a SavedModel and the output may be written."""
+    from ..savedmodel.model_dir import check_output
+    check_output(args.source, args.output, args.overwrite)
 
 
 def run(args) -> int:
@@ -60,6 +65,7 @@ def run(args) -> int:
     guarded = _run_guard(args, keep) if args.guard else None
     if guarded is not None:
         keep += list(guarded.keep_fp32)
+    from ..savedmodel.convert import convert_saved_model
     with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
         result = convert_saved_model(
             args.source, args.output, args.precision, signatures=args.signature or None, device=args.device,
@@ -109,7 +115,7 @@ def _flops(value: int) -> str:
     return f"{value} FLOP"
 
 
-def _rows(result: ConversionResult) -> list[tuple]:
+def _rows(result) -> list[tuple]:
     """(name, RewriteResult, FlopShare or None) for the main graphs and functions that changed or compute."""
     rows = [(f"main graph ({tags})", r, result.graph_flops.get(tags)) for tags, r in result.graphs.items()
             if r.retyped or r.casts]
@@ -120,7 +126,7 @@ def _rows(result: ConversionResult) -> list[tuple]:
     return sorted(rows, key=lambda row: (-(row[2].total if row[2] else 0), -len(row[1].retyped)))
 
 
-def print_result(result: ConversionResult) -> None:
+def print_result(result) -> None:
     """Print what changed per function, then the totals and the low-precision share of matmul/conv FLOPs."""
     console = stdout_console()
     table = Table(title=f"{result.source} -> {result.output} ({result.precision}, device {result.device})",
@@ -156,7 +162,7 @@ def _why(skipped: dict) -> str:
     return "; ".join(reasons)
 
 
-def _flop_line(result: ConversionResult) -> str:
+def _flop_line(result) -> str:
     share = result.flops
     if share is None or not share.nodes:
         return "matmul/conv FLOPs: none found"

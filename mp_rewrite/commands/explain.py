@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .inspect import add_model_options, load_and_rewrite
+from .inspect import add_model_options, check_model_path, load_and_rewrite
 
 
 def register(sub) -> None:
@@ -17,7 +17,7 @@ def register(sub) -> None:
     add_model_options(p)
     p.add_argument("node", metavar="NODE", help="the node name (as in the GraphDef or FunctionDef)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, precheck=check_model_path)
 
 
 def run(args) -> int:

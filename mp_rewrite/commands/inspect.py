@@ -44,7 +44,15 @@ def register(sub) -> None:
     p.add_argument("--no-collapse", dest="collapse_scopes", action="store_false", help="never collapse scopes")
     p.add_argument("--max-nodes", type=int, default=150, metavar="N", help="box budget of a picture (default 150)")
     p.add_argument("--top", type=int, default=12, metavar="N", help="rows per summary table (default 12)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, precheck=check_model_path)
+
+
+def check_model_path(args) -> None:
+    """Before TensorFlow starts: MODEL exists (what it holds is read later)."""
+    import os
+    if not os.path.exists(args.model):
+        raise ModelError(f"'{args.model}' does not exist; give a SavedModel directory, a GraphDef (.pb/.pbtxt) or "
+                         "a MetaGraphDef")
 
 
 def load_and_rewrite(args):

@@ -30,7 +30,14 @@ def register(sub) -> None:
     p.add_argument("--precision", default=None, metavar="float16|bfloat16",
                    help="whose default tolerances to use (default: detected from the converted model)")
     add_verify_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, precheck=precheck)
+
+
+def precheck(args) -> None:
+    """Before TensorFlow starts: both paths are SavedModels."""
+    from ..savedmodel.model_dir import model_file
+    model_file(args.original)
+    model_file(args.converted)
 
 
 def add_verify_options(parser) -> None:

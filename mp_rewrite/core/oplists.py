@@ -14,7 +14,6 @@ import tomllib
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
-from .dtypes import target_dtype
 from ..errors import ListError, OptionError
 
 LIST_NAMES = ("allow", "infer", "deny", "clear")
@@ -110,6 +109,7 @@ def builtin_lists(precision: str = "float16", cuda_version: int | None = None,
     Raises:
         OptionError: unknown precision.
     """
+    from .dtypes import target_dtype  # imported here: the CLI reads LIST_NAMES before TensorFlow starts
     target_dtype(precision)
     resource = importlib.resources.files("mp_rewrite.lists") / f"{precision}.toml"
     data = _read_toml(resource.read_text(), str(resource))
