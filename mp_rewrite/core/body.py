@@ -139,6 +139,8 @@ def rewrite_body(graph_def: graph_pb2.GraphDef, opts: Options, fetches=(), prese
     rewrite: the dump on demand ($MP_REWRITE_DUMP_DIR) is one of them.
 
     Args:
+        fetches: node or tensor names the graph returns; their nodes are preserved.
+        preserve: node names to preserve, or a dict node name -> why (the reason `explain` shows).
         preserve_stateful: preserve stateful and dataset ops too (Grappler does so inside function bodies).
         label: what is rewritten (a function name), passed on to the observers.
     """
@@ -168,9 +170,10 @@ def _check_fetch_ports(view: GraphView, fetches: tuple) -> None:
 
 
 def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful) -> RewriteResult:
-    fetches, preserve = _names(fetches, "fetches"), _names(preserve, "preserve")
+    why_preserved = dict(preserve) if isinstance(preserve, dict) else {}
+    fetches, preserve = _names(fetches, "fetches"), _names(tuple(preserve), "preserve")
     preserved = {parse_input(f.lstrip("^"))[0]: "fetched (graph outputs keep their dtypes)" for f in fetches}
-    preserved.update({name: "preserved by the caller" for name in preserve})
+    preserved.update({name: why_preserved.get(name, "preserved by the caller") for name in preserve})
 
     def upgrade(name, node_device):
         kind = device_kind(node_device) or opts.device

@@ -27,10 +27,18 @@ class BodyGraph:
     Attributes:
         graph_def: the body: one _Arg node per input (named after the input), the body nodes, one _Retval per output.
         retvals: the _Retval node names, in output order (the fetches of the body).
+        control_outputs: the nodes named in the FunctionDef's control_ret (its control outputs), which Grappler
+            keeps as they are (GrapplerFunctionItem adds them to keep_ops).
     """
 
     graph_def: graph_pb2.GraphDef
     retvals: tuple
+    control_outputs: tuple = ()
+
+    def preserved(self) -> dict:
+        """The nodes a rewrite of this body preserves besides its outputs, each with the reason."""
+        return {name: "control output of the function (Grappler keeps control outputs as they are)"
+                for name in self.control_outputs}
 
 
 def _output_ranges(signatures: Signatures, node) -> dict:
@@ -81,7 +89,9 @@ def function_to_graph(fdef: function_pb2.FunctionDef, signatures: Signatures) ->
         graph.node.append(_special_node(ret_name, "_Retval", source, arg.type, i))
         retvals.append(ret_name)
     graph.versions.producer = versions.GRAPH_DEF_VERSION  # an old producer makes TF reject the graph
-    return BodyGraph(graph, tuple(retvals))
+    nodes = set(ranges)
+    control_outputs = tuple(dict.fromkeys(n for n in fdef.control_ret.values() if n in nodes))
+    return BodyGraph(graph, tuple(retvals), control_outputs)
 
 
 def graph_to_function(body: graph_pb2.GraphDef, original: function_pb2.FunctionDef,

@@ -39,7 +39,8 @@ def rewrite_library(library: function_pb2.FunctionDefLibrary, opts, signatures: 
     for done, name in enumerate(todo, 1):
         fdef = library.function[index[name]]
         body = function_to_graph(fdef, signatures)
-        result = rewrite_body(body.graph_def, opts, body.retvals, (), signatures, preserve_stateful=True, label=name)
+        result = rewrite_body(body.graph_def, opts, body.retvals, body.preserved(), signatures,
+                             preserve_stateful=True, label=name)
         library.function[index[name]].CopyFrom(graph_to_function(result.graph_def, fdef, signatures))
         results[name] = result
         if progress is not None:

@@ -189,8 +189,8 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
         try:
             signatures = Signatures(_called_library(ctx, fdef))
             body = function_to_graph(fdef, signatures)
-            result = rewrite_body(body.graph_def, options, body.retvals, (), signatures, preserve_stateful=True,
-                                  label=name)
+            result = rewrite_body(body.graph_def, options, body.retvals, body.preserved(), signatures,
+                                  preserve_stateful=True, label=name)
             if not result.retyped:
                 _remember_checked(name)
                 return None
