@@ -37,8 +37,14 @@ def register(sub) -> None:
                    help="keep nodes matching this name pattern (glob or name scope) in float32 (repeatable)")
     p.add_argument("--force-low", action="append", default=[], metavar="PATTERN",
                    help="force nodes matching this name pattern to low precision (repeatable)")
-    p.add_argument("--weights", default="keep", metavar="keep|low",
-                   help="keep: variables stay float32 (default); low: not supported yet")
+    p.add_argument("--freeze", action="store_true",
+                   help="an inference artifact: fold the variables the signatures read into constants, let "
+                   "TensorFlow fold what that makes foldable, rewrite, and store weights used only in low precision "
+                   "in low precision (about half the size). Keeps every signature; drops variables and the "
+                   "restored objects (so no training)")
+    p.add_argument("--weights", default="keep", choices=("keep", "low"),
+                   help="keep: variables stay float32 (default); low: weights in low precision (needs --freeze, "
+                   "which already stores them so)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output (only once the new one is complete)")
     p.add_argument("--verify", action="store_true", help="then run both models on the same inputs and compare")
@@ -70,7 +76,7 @@ def run(args) -> int:
         result = convert_saved_model(
             args.source, args.output, args.precision, signatures=args.signature or None, device=args.device,
             lists_file=args.lists_file, allow=args.allow, infer=args.infer, deny=args.deny, clear=args.clear,
-            keep_fp32=keep, force_low=args.force_low, weights=args.weights, overwrite=args.overwrite,
+            keep_fp32=keep, force_low=args.force_low, weights=args.weights, freeze=args.freeze, overwrite=args.overwrite,
             progress=progress)
     print_result(result)
     if guarded is not None and not guarded.result.met:
@@ -117,7 +123,8 @@ def _flops(value: int) -> str:
 
 def _rows(result) -> list[tuple]:
     """(name, RewriteResult, FlopShare or None) for the main graphs and functions that changed or compute."""
-    rows = [(f"main graph ({tags})", r, result.graph_flops.get(tags)) for tags, r in result.graphs.items()
+    label = "{}" if result.frozen else "main graph ({})"
+    rows = [(label.format(tags), r, result.graph_flops.get(tags)) for tags, r in result.graphs.items()
             if r.retyped or r.casts]
     for name, r in result.functions.items():
         share = result.function_flops.get(name)

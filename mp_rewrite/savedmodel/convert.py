@@ -53,6 +53,7 @@ class ConversionResult:
         function_flops: function name -> its own FlopShare.
         graph_flops: MetaGraph tags -> FlopShare of its main graph (where TF1 SavedModels compute).
         seconds: wall time of the conversion.
+        frozen: True for a --freeze conversion (graphs then maps "signature KEY (frozen)" to its RewriteResult).
     """
 
     source: str
@@ -66,6 +67,7 @@ class ConversionResult:
     function_flops: dict = dataclasses.field(default_factory=dict)
     graph_flops: dict = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+    frozen: bool = False
 
     @property
     def functions(self) -> dict:
@@ -323,7 +325,8 @@ def estimate_flops(graphs: dict) -> tuple:
 def convert_saved_model(source, output, precision: str = "float16", *, signatures=None, device: str | None = None,
                         lists: OpLists | None = None, lists_file: str | None = None, allow=(), infer=(), deny=(),
                         clear=(), keep_fp32=(), force_low=(), level: str | None = None, weights: str = "keep",
-                        overwrite: bool = False, flops: bool = True, progress=None) -> ConversionResult:
+                        freeze: bool = False, overwrite: bool = False, flops: bool = True,
+                        progress=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
     dtypes, shapes), variables, assets and object graph, whose functions compute in float16 or bfloat16.
 
@@ -338,7 +341,10 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
         lists_file: a TOML file of list changes (see mp_rewrite.oplists.changes_from_file).
         allow, infer, deny, clear: op names moved into that list.
         keep_fp32, force_low, level: as for rewrite_graph_def (node-name patterns match nodes of function bodies).
-        weights: "keep" stores variables as they are; "low" (variables in low precision) is not supported yet.
+        weights: "keep" stores variables as they are; "low" (variables in low precision) needs freeze=True, which
+            stores every weight consumed only in low precision in low precision.
+        freeze: an inference artifact (mp_rewrite.savedmodel.freeze): variables folded into constants, Grappler's
+            constant folding and arithmetic optimizer, then the pass; only the signatures are kept.
         overwrite: replace an existing output (a SavedModel or an empty directory), once the new one is complete.
         flops: estimate the share of matmul/conv FLOPs in low precision (result.flops).
         progress: optional callable (done, total, function name), called after each function body is rewritten.
@@ -354,9 +360,9 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
     target_dtype(precision)
     if weights not in WEIGHTS:
         raise OptionError(f"unknown weights mode {weights!r}: use 'keep' or 'low'")
-    if weights == "low":
-        raise OptionError("--weights low (storing variables in low precision) is not supported yet; use --weights "
-                          "keep (the default): variables stay float32 and are cast where they are read")
+    if weights == "low" and not freeze:
+        raise OptionError("--weights low needs --freeze: variables stay float32 in a SavedModel that keeps them; "
+                          "with --freeze, weights consumed only in low precision are stored in low precision")
     chosen = effective_lists(precision, lists, lists_file, allow, infer, deny, clear)
     opts = make_options(precision, device, chosen, keep_fp32, force_low, level)
     # The lock is held from the output check to the rename, so that no other run interleaves with this one.
@@ -365,6 +371,10 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
         saved_model = read_saved_model(source_dir)
         check_source(source_dir, saved_model)
         keys = select_signatures(saved_model, signatures)
+        if freeze:
+            from .freeze import convert_frozen
+            return convert_frozen(source, output, source_dir, output_dir, saved_model, keys, opts, overwrite,
+                                   flops, progress, start)
         new, graphs, skipped = rewrite_saved_model(saved_model, opts, keys, progress)
         names = node_names(new, {name for result in graphs.values() for name in result.functions})
         for option in ("keep_fp32", "force_low"):

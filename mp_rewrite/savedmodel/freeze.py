@@ -1,0 +1,185 @@
+"""`convert --freeze`: an inference SavedModel whose signatures run frozen, folded, mixed precision graphs.
+
+For each signature: TensorFlow's `convert_variables_to_constants_v2` turns the variables it reads into constants;
+Grappler's constant folding and arithmetic optimizer (through `tf_optimizer.OptimizeGraph`) fold what that makes
+foldable (normalization arithmetic, constant subgraphs); the pass rewrites the frozen graph; constant folding runs
+again, so a weight consumed only in low precision is stored in low precision (its Cast is folded offline, not
+executed at every run, and the file is about half the size). Each signature is written back with its name, input
+names, output keys, dtypes and shapes, as a `tf.function` of a module that holds no variables.
+
+What freezing drops, by design (an inference artifact): variables (and so training and fine-tuning), the restored
+Keras objects and any other function or attribute of the original object graph; only the signatures remain.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pathlib
+import tempfile
+import time
+
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
+
+from ..core.body import Options
+from ..core.rewrite import rewrite_graph_def
+from ..errors import ModelError
+
+# Ops that change state: a signature running one cannot be frozen (its effect would be lost or wrong).
+MUTATING_OPS = frozenset({
+    "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign", "AssignAdd", "AssignSub",
+    "ResourceScatterUpdate", "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterMul", "ResourceScatterDiv",
+    "ResourceScatterMin", "ResourceScatterMax", "ResourceScatterNdUpdate", "ResourceScatterNdAdd",
+    "ScatterUpdate", "ScatterAdd", "ScatterNdUpdate", "DestroyResourceOp", "LookupTableInsertV2",
+    "LookupTableRemoveV2",
+})
+FOLDING = ("constfold", "arithmetic", "constfold")
+DROPPED = ("variables (the model can no longer be trained or fine-tuned)", "the restored Keras objects and every "
+           "function or attribute of the object graph other than the signatures")
+
+
+def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[str, dict]:
+    """Freeze, fold and rewrite every signature of a SavedModel and save them as a new SavedModel.
+
+    Args:
+        source_dir: the SavedModel directory (only read).
+        keys: the signature keys to keep; None keeps every signature.
+        opts: the rewrite options (core.body.make_options).
+        progress: optional callable (done, total, signature key).
+
+    Returns:
+        (a temporary directory holding the new SavedModel, which the caller removes with remove_tree;
+        {"signature KEY (frozen)": RewriteResult}).
+
+    Raises:
+        ModelError: the model has no signature, or a signature changes state (the op is named).
+    """
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(source_dir))
+    chosen = list(keys or loaded.signatures.keys())
+    if not chosen:
+        raise ModelError(f"'{source_dir}' has no signatures to freeze; export the model with signatures "
+                         "(model.export(path) or tf.saved_model.save(obj, path, signatures=...))")
+    module, results = tf.Module(), {}
+    functions = {}
+    for done, key in enumerate(chosen, 1):
+        function, result = _frozen_signature(loaded.signatures[key], key, opts)
+        functions[key] = function
+        results[f"signature {key} (frozen)"] = result
+        if progress is not None:
+            progress(done, len(chosen), key)
+    module.frozen = functions  # tracked, so the functions' graphs (and constants) are saved with the module
+    directory = tempfile.mkdtemp(prefix="mp_rewrite-frozen-")
+    tf.saved_model.save(module, directory, signatures={k: f.get_concrete_function() for k, f in functions.items()})
+    return directory, results
+
+
+def _frozen_signature(signature, key: str, opts: Options):
+    """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult)."""
+    import tensorflow as tf
+    from tensorflow.python.framework import convert_to_constants
+
+    check_stateless(signature.graph.as_graph_def(), key)
+    try:
+        frozen = convert_to_constants.convert_variables_to_constants_v2(signature)
+    except (ValueError, TypeError) as e:
+        raise ModelError(f"signature '{key}' cannot be frozen: {e}") from None
+    graph_def = frozen.graph.as_graph_def()
+    check_stateless(graph_def, key)
+    # A signature returns a dict; its tensors are the function's outputs in tf.nest order (sorted keys).
+    keys = sorted(signature.structured_outputs)
+    outputs = {name: tensor.name for name, tensor in zip(keys, frozen.outputs)}
+    fetches = list(dict.fromkeys(outputs.values()))
+    specs = tf.nest.flatten(signature.structured_input_signature, expand_composites=True)
+    inputs = [(spec, placeholder.name) for spec, placeholder in zip(specs, frozen.inputs)]
+    folded = optimize_graph(graph_def, fetches, FOLDING)
+    result = rewrite_graph_def(folded, opts.precision, fetches, device=opts.device, lists=opts.lists,
+                               keep_fp32=opts.keep_fp32, force_low=opts.force_low)
+    result.graph_def = optimize_graph(result.graph_def, fetches, ("constfold",))
+    return _as_function(result.graph_def, inputs, outputs), result
+
+
+def check_stateless(graph_def, key: str) -> None:
+    """Refuse a signature whose graph (or a function it calls) changes state.
+
+    Raises:
+        ModelError: naming the first state-changing op and where it is.
+    """
+    places = [("", graph_def.node)] + [(f.signature.name, f.node_def) for f in graph_def.library.function]
+    for function, nodes in places:
+        for node in nodes:
+            if node.op in MUTATING_OPS:
+                where = f" in function '{function}'" if function else ""
+                raise ModelError(f"signature '{key}' cannot be frozen: node '{node.name}' ({node.op}){where} changes "
+                                 "state, which a frozen graph cannot do; convert without --freeze")
+
+
+def optimize_graph(graph_def, fetches, optimizers) -> object:
+    """Run Grappler's named optimizers (only those) on a GraphDef whose `fetches` are preserved; return the result."""
+    from tensorflow.python.grappler import tf_optimizer
+
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph_def)
+    meta.collection_def["train_op"].node_list.value.extend(dict.fromkeys(f.split(":")[0] for f in fetches))
+    config = config_pb2.ConfigProto()
+    rewrite = config.graph_options.rewrite_options
+    rewrite.optimizers.extend(optimizers)
+    rewrite.min_graph_nodes = -1
+    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+    rewrite.use_plugin_optimizers = rewriter_config_pb2.RewriterConfig.OFF
+    try:
+        return tf_optimizer.OptimizeGraph(config, meta)
+    except Exception as e:  # Grappler's C++ errors arrive as several exception types
+        raise ModelError(f"TensorFlow's graph optimizer failed on the frozen graph: {e}") from None
+
+
+def _as_function(graph_def, inputs, outputs: dict):
+    """A tf.function with the signature's input names and specs that runs `graph_def` and returns `outputs`."""
+    import tensorflow as tf
+
+    feeds = [name for _, name in inputs]
+    fetch_keys = list(outputs)
+    imported = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(graph_def, name=""), [])
+    pruned = imported.prune([imported.graph.get_tensor_by_name(n) for n in feeds],
+                            [imported.graph.get_tensor_by_name(outputs[k]) for k in fetch_keys])
+    specs = [tf.TensorSpec(spec.shape, spec.dtype, name=spec.name) for spec, _ in inputs]
+
+    @tf.function(input_signature=specs, autograph=False)
+    def run(*args):
+        return dict(zip(fetch_keys, pruned(*args)))
+
+    return run
+
+
+def weight_dtypes(graph_def) -> collections.Counter:
+    """How many constants of each dtype the graph (with its functions) holds, for the conversion report."""
+    from ..core import dtypes
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return collections.Counter(dtypes.name(n.attr["dtype"].type) for n in nodes if n.op == "Const")
+
+
+def remove_tree(directory) -> None:
+    """Remove a temporary directory made by freeze_signatures (quietly: it is ours and only temporary)."""
+    import shutil
+    if directory and os.path.isdir(directory):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def convert_frozen(source, output, source_dir, output_dir, saved_model, keys, opts, overwrite, flops, progress,
+                    start):
+    """The freeze=True path of convert_saved_model, called holding the output lock after the source checks."""
+    from .convert import ConversionResult, estimate_flops, read_saved_model, signature_keys
+    from .model_dir import write_model_dir
+    from .source_check import check_written
+    staging, graphs = freeze_signatures(source_dir, keys, opts, progress)
+    try:
+        new = read_saved_model(staging)
+        share, per_function, per_graph = estimate_flops(graphs) if flops else (None, {}, {})
+        write_model_dir(pathlib.Path(staging), output_dir, new, overwrite,
+                        check=lambda written: check_written(source_dir, saved_model, written, new))
+    finally:
+        remove_tree(staging)
+    return ConversionResult(str(source), str(output), opts.precision, opts.device,
+                            keys or tuple(signature_keys(saved_model)), graphs, {}, share, per_function,
+                            per_graph, time.perf_counter() - start, frozen=True)
