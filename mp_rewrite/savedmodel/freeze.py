@@ -14,11 +14,13 @@ Keras objects and any other function or attribute of the original object graph; 
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import pathlib
 import tempfile
 import time
 
+from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 
 from ..core.body import Options
@@ -34,6 +36,8 @@ MUTATING_OPS = frozenset({
     "LookupTableRemoveV2",
 })
 FOLDING = ("constfold", "arithmetic", "constfold")
+LOW_DTYPES = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
+_IMPORTS = itertools.count()  # a fresh suffix per imported graph, unique in the process
 DROPPED = ("variables (the model can no longer be trained or fine-tuned)", "the restored Keras objects and every "
            "function or attribute of the object graph other than the signatures")
 
@@ -62,10 +66,12 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[s
         raise ModelError(f"'{source_dir}' has no signatures to freeze; export the model with signatures "
                          "(model.export(path) or tf.saved_model.save(obj, path, signatures=...))")
     module, results = tf.Module(), {}
-    functions = {}
+    functions, seen = {}, {}
     for done, key in enumerate(chosen, 1):
-        function, result = _frozen_signature(loaded.signatures[key], key, opts)
-        functions[key] = function
+        function, result, identity = _frozen_signature(loaded.signatures[key], key, opts)
+        # Signatures of one function (Keras exports "serve" and "serving_default") share one frozen graph, so
+        # the weights are stored once.
+        functions[key] = seen.setdefault(identity, function)
         results[f"signature {key} (frozen)"] = result
         if progress is not None:
             progress(done, len(chosen), key)
@@ -76,13 +82,15 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[s
 
 
 def _frozen_signature(signature, key: str, opts: Options):
-    """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult)."""
+    """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult, a key
+    equal for signatures whose frozen graphs and interfaces are the same)."""
     import tensorflow as tf
     from tensorflow.python.framework import convert_to_constants
 
     check_stateless(signature.graph.as_graph_def(), key)
     try:
-        frozen = convert_to_constants.convert_variables_to_constants_v2(signature)
+        # Functional control flow stays functional: lowered v1 loops do not survive re-import into a tf.function.
+        frozen = convert_to_constants.convert_variables_to_constants_v2(signature, lower_control_flow=False)
     except (ValueError, TypeError) as e:
         raise ModelError(f"signature '{key}' cannot be frozen: {e}") from None
     graph_def = frozen.graph.as_graph_def()
@@ -96,8 +104,9 @@ def _frozen_signature(signature, key: str, opts: Options):
     folded = optimize_graph(graph_def, fetches, FOLDING)
     result = rewrite_graph_def(folded, opts.precision, fetches, device=opts.device, lists=opts.lists,
                                keep_fp32=opts.keep_fp32, force_low=opts.force_low)
-    result.graph_def = optimize_graph(result.graph_def, fetches, ("constfold",))
-    return _as_function(result.graph_def, inputs, outputs), result
+    result.graph_def = _compact(optimize_graph(result.graph_def, fetches, ("constfold",)), fetches)
+    identity = (result.graph_def.SerializeToString(deterministic=True), repr(inputs), repr(sorted(outputs.items())))
+    return _as_function(result.graph_def, inputs, outputs), result, identity
 
 
 def check_stateless(graph_def, key: str) -> None:
@@ -134,12 +143,63 @@ def optimize_graph(graph_def, fetches, optimizers) -> object:
         raise ModelError(f"TensorFlow's graph optimizer failed on the frozen graph: {e}") from None
 
 
+def _compact(graph_def, fetches):
+    """Drop what the fetches no longer need (the float32 originals of folded weights) and store low-precision
+    constants as raw bytes (Grappler writes them as one varint per value)."""
+    import tensorflow as tf
+    from tensorflow.python.framework import graph_util_impl
+    from tensorflow.python.util import deprecation
+
+    # A control dependency on a constant orders nothing; frozen Keras graphs keep the weight reads' (now Consts)
+    # behind NoOps, which would keep the float32 originals alive.
+    consts = {n.name for n in graph_def.node if n.op == "Const"}
+    for node in graph_def.node:
+        kept = [i for i in node.input if not (i.startswith("^") and i[1:] in consts)]
+        if len(kept) != len(node.input):
+            del node.input[:]
+            node.input.extend(kept)
+    with deprecation.silence():  # "designed for TensorFlow v1": it is what prunes a GraphDef to its fetches
+        graph_def = graph_util_impl.extract_sub_graph(graph_def, list(dict.fromkeys(f.split(":")[0] for f in fetches)))
+    for node in graph_def.node:
+        tensor = node.attr["value"].tensor if node.op == "Const" else None
+        if tensor is not None and tensor.dtype in LOW_DTYPES and not tensor.tensor_content:
+            node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(tf.make_ndarray(tensor)))
+    return graph_def
+
+
+def _renamed_functions(graph_def, suffix: str):
+    """A copy of `graph_def` whose library functions (and every reference to them) end in `suffix`.
+
+    The frozen signature's original bodies stay registered in the eager context under their names; importing a
+    rewritten body under the same name is refused ("duplicate function ... definitions differ").
+    """
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    names = {f.signature.name: f.signature.name + suffix for f in out.library.function}
+
+    def rename(nodes):
+        for node in nodes:
+            for value in node.attr.values():
+                if value.HasField("func") and value.func.name in names:
+                    value.func.name = names[value.func.name]
+                for func in value.list.func:
+                    func.name = names.get(func.name, func.name)
+    rename(out.node)
+    for function in out.library.function:
+        function.signature.name = names[function.signature.name]
+        rename(function.node_def)
+    for gradient in out.library.gradient:
+        gradient.function_name = names.get(gradient.function_name, gradient.function_name)
+    return out
+
+
 def _as_function(graph_def, inputs, outputs: dict):
     """A tf.function with the signature's input names and specs that runs `graph_def` and returns `outputs`."""
     import tensorflow as tf
 
     feeds = [name for _, name in inputs]
     fetch_keys = list(outputs)
+    graph_def = _renamed_functions(graph_def, f"_mp_rewrite_{next(_IMPORTS)}")
     imported = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(graph_def, name=""), [])
     pruned = imported.prune([imported.graph.get_tensor_by_name(n) for n in feeds],
                             [imported.graph.get_tensor_by_name(outputs[k]) for k in fetch_keys])

@@ -132,7 +132,7 @@ def test_full_disk_loses_nothing(source, tmp_path):
     (None, ("convert", "SOURCE", "OUT", "--signature", "predict"), "no signature 'predict'"),
     (None, ("convert", "SOURCE", "SOURCE/variables/out"), "is inside the source"),
     ("existing", ("convert", "SOURCE", "OUT"), "already exists; pass --overwrite"),
-    (None, ("convert", "SOURCE", "OUT", "--weights", "low"), "not supported yet"),
+    (None, ("convert", "SOURCE", "OUT", "--weights", "low"), "--weights low needs --freeze"),
     (None, ("convert", "SOURCE", "OUT", "--device", "tpu"), "unknown device 'tpu'"),
     (None, ("verify", "SOURCE", "BAD"), "bad' does not exist"),
 ])

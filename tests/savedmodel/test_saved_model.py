@@ -321,7 +321,7 @@ def test_keep_fp32_pattern_and_list_moves(models, tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     ({"precision": "float8"}, "unknown precision 'float8'"),
     ({"device": "tpu"}, "unknown device 'tpu'"),
-    ({"weights": "low"}, "--weights low .* not supported yet"),
+    ({"weights": "low"}, "--weights low needs --freeze"),
     ({"weights": "half"}, "unknown weights mode 'half'"),
 ])
 def test_bad_options_fail_before_writing(models, tmp_path, kwargs, message):

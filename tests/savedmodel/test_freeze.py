@@ -1,0 +1,141 @@
+"""`convert --freeze` on real Keras models: an inference SavedModel with every signature, weights folded into
+low-precision constants (no weight Cast left to run), smaller on disk, within the precision's tolerance."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from mp_rewrite.errors import ModelError, OptionError  # noqa: E402
+from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.verify import verify_saved_models  # noqa: E402
+from mp_rewrite.testing import example_models  # noqa: E402
+
+HEAVY_OPS = {"MatMul", "BatchMatMulV2", "Einsum", "Conv2D", "DepthwiseConv2dNative"}
+LOW = {"float16": tf.float16, "bfloat16": tf.bfloat16}
+
+
+def _mobilenet_style():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 16, 3), name="image")
+    x = keras.layers.Conv2D(32, 3, padding="same", use_bias=False)(inp)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU(6.0)(x)
+    x = keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False)(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU(6.0)(x)
+    x = keras.layers.Conv2D(64, 1, use_bias=False)(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, keras.layers.Dense(256)(x))
+
+
+BUILDERS = {
+    "cnn_bn": lambda: example_models.cnn_bn(image_size=16),
+    "mobilenet_style": _mobilenet_style,
+    "transformer": lambda: example_models.transformer_encoder(),
+    "lstm": lambda: example_models.lstm(),
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("freeze")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            path = root / name
+            BUILDERS[name]().export(str(path), verbose=False)
+            cache[name] = path
+        return cache[name]
+    return get
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _bodies(function):
+    graph_def = function.graph.as_graph_def()
+    return [graph_def.node] + [f.node_def for f in graph_def.library.function]
+
+
+def _weight_casts(function) -> list[str]:
+    """Casts that read a constant: the per-run weight casts a frozen conversion must fold away."""
+    found = []
+    for nodes in _bodies(function):
+        consts = {n.name for n in nodes if n.op == "Const"}
+        found += [n.name for n in nodes if n.op == "Cast" and n.input[0].split(":")[0] in consts]
+    return found
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_frozen_model_keeps_signatures_runs_low_and_matches(exported, tmp_path, name, precision):
+    source = exported(name)
+    output = tmp_path / "frozen"
+    result = convert_saved_model(source, output, precision, freeze=True, device="any")
+    assert result.frozen and result.converted_nodes > 0
+    original, frozen = tf.saved_model.load(str(source)), tf.saved_model.load(str(output))
+    assert set(frozen.signatures) == set(original.signatures)
+    for key, function in original.signatures.items():
+        twin = frozen.signatures[key]
+        assert twin.structured_input_signature == function.structured_input_signature
+        assert {k: (v.dtype, v.shape) for k, v in twin.structured_outputs.items()} == \
+               {k: (v.dtype, v.shape) for k, v in function.structured_outputs.items()}
+        heavy = [n.attr["T"].type for nodes in _bodies(twin) for n in nodes if n.op in HEAVY_OPS]
+        assert heavy and all(t == LOW[precision].as_datatype_enum for t in heavy), f"{key}: {heavy}"
+        assert not _weight_casts(twin), f"{key}: weight casts left to run: {_weight_casts(twin)[:5]}"
+        assert not twin.graph.variables, "a frozen model holds no variables"
+    report = verify_saved_models(source, output, precision=precision)
+    assert report.passed, report
+    assert _size(output) < _size(source), (_size(output), _size(source))  # small models: graph overhead dominates
+
+
+def test_frozen_bfloat16_weights_are_about_half_the_size(tmp_path):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((64,), name="features")
+    model = keras.Model(inp, keras.layers.Dense(10)(keras.layers.Dense(512, activation="relu")(
+        keras.layers.Dense(512, activation="relu")(inp))))
+    model.export(str(tmp_path / "mlp"), verbose=False)
+    convert_saved_model(tmp_path / "mlp", tmp_path / "frozen", "bfloat16", freeze=True)
+    # Against the float32 weights themselves (Keras 3's export stores them twice, which would flatter the ratio).
+    ratio = _size(tmp_path / "frozen") / (model.count_params() * 4)
+    assert 0.45 < ratio < 0.6, ratio
+    assert _size(tmp_path / "frozen") < 0.55 * _size(tmp_path / "mlp")
+
+
+class Counter(tf.Module):
+    def __init__(self):
+        self.count = tf.Variable(0.0)
+        self.w = tf.Variable(np.ones((4, 4), np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec((None, 4), tf.float32, name="x")])
+    def __call__(self, x):
+        self.count.assign_add(1.0)
+        return {"y": tf.matmul(x, self.w)}
+
+
+def test_a_signature_that_changes_state_is_refused_naming_the_op(tmp_path):
+    module = Counter()
+    tf.saved_model.save(module, str(tmp_path / "counter"), signatures=module.__call__)
+    with pytest.raises(ModelError, match=r"cannot be frozen: node '.*' \(AssignAddVariableOp\).*without --freeze"):
+        convert_saved_model(tmp_path / "counter", tmp_path / "out", "bfloat16", freeze=True)
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["counter"]
+
+
+def test_weights_low_needs_freeze_and_works_with_it(exported, tmp_path):
+    source = exported("cnn_bn")
+    with pytest.raises(OptionError, match="--weights low needs --freeze"):
+        convert_saved_model(source, tmp_path / "out", "bfloat16", weights="low")
+    assert not (tmp_path / "out").exists()
+    convert_saved_model(source, tmp_path / "out", "bfloat16", weights="low", freeze=True)
+    assert tf.saved_model.load(str(tmp_path / "out")).signatures
