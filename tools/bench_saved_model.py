@@ -28,14 +28,17 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # the `tensorflow` wheel leaves oneDNN off (see tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "ours", "tf_amp", "keras_mixed", "ours_mm")
-LABELS = {"fp32": "float32", "ours": "mp-rewrite bf16", "tf_amp": "TF AMP (oneDNN bf16)",
-          "keras_mixed": "Keras mixed_bfloat16", "ours_mm": "mp-rewrite bf16, matmul/conv only"}
+VARIANTS = ("fp32", "ours", "ours_freeze", "tf_amp", "keras_mixed", "ours_mm")
+LABELS = {"fp32": "float32", "ours": "mp-rewrite bf16", "ours_freeze": "mp-rewrite bf16 --freeze",
+          "tf_amp": "TF AMP (oneDNN bf16)", "keras_mixed": "Keras mixed_bfloat16",
+          "ours_mm": "mp-rewrite bf16, matmul/conv only"}
 # An extra variant, not Grappler's lists: only the allow ops (matmul/conv) in bf16, every elementwise op float32.
 MATMUL_CONV_ONLY = "[infer]\nops = []\n[clear]\nops = []\n"
 MODELS = {"resnet50": "Keras ResNet-50 (224x224)", "mobilenetv2": "Keras MobileNetV2 (224x224)",
+          "efficientnetb0": "Keras EfficientNetB0 (224x224)",
           "transformer": "Transformer encoder (4 layers, d=256, 8 heads, seq 128)"}
 
 
@@ -50,6 +53,8 @@ def build_model(name: str):
         return keras.applications.ResNet50(weights=None)
     if name == "mobilenetv2":
         return keras.applications.MobileNetV2(weights=None)
+    if name == "efficientnetb0":
+        return keras.applications.EfficientNetB0(weights=None)
     tokens = keras.Input((128,), dtype="int32", name="tokens")
     x = keras.layers.Embedding(8000, 256)(tokens)
     for _ in range(4):
@@ -71,7 +76,8 @@ def prepare(name: str, workdir: Path) -> tuple[dict, dict]:
 
     from mp_rewrite.savedmodel.convert import convert_saved_model
     paths = {"fp32": workdir / name / "fp32", "ours": workdir / name / "ours_bf16",
-             "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16"}
+             "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16",
+             "ours_freeze": workdir / name / "ours_freeze_bf16"}
     paths["tf_amp"] = paths["fp32"]
     if not (paths["fp32"] / "saved_model.pb").exists() or not (paths["keras_mixed"] / "saved_model.pb").exists():
         model = build_model(name)
@@ -88,20 +94,28 @@ def prepare(name: str, workdir: Path) -> tuple[dict, dict]:
         start = time.perf_counter()
         result = convert_saved_model(paths["fp32"], paths["ours"], "bfloat16", overwrite=True)
         times.append(time.perf_counter() - start)
+    freeze_times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        convert_saved_model(paths["fp32"], paths["ours_freeze"], "bfloat16", freeze=True, overwrite=True)
+        freeze_times.append(time.perf_counter() - start)
     lists = workdir / "matmul_conv_only.toml"
     lists.write_text(MATMUL_CONV_ONLY)
     convert_saved_model(paths["fp32"], paths["ours_mm"], "bfloat16", lists_file=str(lists), overwrite=True)
-    facts = {"convert_s": statistics.median(times), "flop_share": result.flops.share,
+    facts = {"convert_s": statistics.median(times), "freeze_s": statistics.median(freeze_times),
+             "freeze_mb": sum(f.stat().st_size for f in paths["ours_freeze"].rglob("*") if f.is_file()) / 1e6,
+             "flop_share": result.flops.share,
              "converted": result.converted_nodes, "casts": result.casts,
              "size_mb": sum(f.stat().st_size for f in paths["fp32"].rglob("*") if f.is_file()) / 1e6}
     return paths, facts
 
 
-def cli_convert_seconds(source: Path, output: Path) -> float:
-    """Wall time of `mp-rewrite convert SOURCE OUTPUT --precision bfloat16 --overwrite` (TF start-up included)."""
+def cli_convert_seconds(source: Path, output: Path, *options: str) -> float:
+    """Wall time of `mp-rewrite convert SOURCE OUTPUT --precision bfloat16 --overwrite [OPTIONS]` (TF start-up
+    included)."""
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "mp_rewrite", "convert", str(source), str(output), "--precision",
-                    "bfloat16", "--overwrite"], check=True, capture_output=True)
+                    "bfloat16", "--overwrite", *options], check=True, capture_output=True)
     return time.perf_counter() - start
 
 
@@ -310,12 +324,12 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
     lines += ["", "Median CPU time of one call (ms, all threads of the worker process; less sensitive to other "
               "processes on a shared machine):", ""] + table(rows, "cpu_ms")
     lines += ["", "Conversion (`convert_saved_model`, bfloat16, in-process median of 3; CLI wall time includes "
-              "starting TensorFlow):", "", "| model | SavedModel MB | convert s | CLI s | nodes converted | casts | "
-              "matmul/conv FLOPs in bf16 |", "|---|---|---|---|---|---|---|"]
+              "starting TensorFlow):", "", "| model | SavedModel MB | --freeze MB | convert s | --freeze s | CLI s "
+              "(--freeze) | nodes converted | casts | matmul/conv FLOPs in bf16 |", "|---|---|---|---|---|---|---|---|---|"]
     for name, f in facts.items():
-        cli = f"{cli_seconds[name]:.1f}" if name in cli_seconds else "-"
-        lines.append(f"| {name} | {f['size_mb']:.0f} | {f['convert_s']:.2f} | {cli} | {f['converted']} | "
-                     f"{f['casts']} | {f['flop_share']:.1%} |")
+        cli = "{:.1f} ({:.1f})".format(*cli_seconds[name]) if name in cli_seconds else "-"
+        lines.append(f"| {name} | {f['size_mb']:.0f} | {f['freeze_mb']:.0f} | {f['convert_s']:.2f} | "
+                     f"{f['freeze_s']:.2f} | {cli} | {f['converted']} | {f['casts']} | {f['flop_share']:.1%} |")
     lines += ["", "Max |output - float32 output| per variant (TF AMP must differ from float32, or its rewrite did "
               "not take effect):", ""]
     for row in rows:
@@ -341,8 +355,11 @@ def main(argv=None) -> int:
     names, batches = args.models.split(","), [int(b) for b in args.batches.split(",")]
     prepared = {name: prepare(name, workdir) for name in names}
     facts = {name: f for name, (_, f) in prepared.items()}
-    cli_seconds = {"resnet50": cli_convert_seconds(prepared["resnet50"][0]["fp32"], workdir / "resnet50" / "cli")}\
-        if "resnet50" in prepared else {}
+    cli_seconds = {}
+    if "resnet50" in prepared:
+        source = prepared["resnet50"][0]["fp32"]
+        cli_seconds = {"resnet50": (cli_convert_seconds(source, workdir / "resnet50" / "cli"),
+                                    cli_convert_seconds(source, workdir / "resnet50" / "cli", "--freeze"))}
     rows = []
     for name in names:
         for batch in batches:

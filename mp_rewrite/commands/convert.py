@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from .verify import add_verify_options, progress_bar, run_verification, stdout_console
+from .verify import add_verify_options, progress_bar, run_verification, stderr_status, stdout_console
 
 TOP_ROWS = 15  # functions listed in the table; the rest are summed in one line
 
@@ -42,6 +42,10 @@ def register(sub) -> None:
                    "TensorFlow fold what that makes foldable, rewrite, and store weights used only in low precision "
                    "in low precision (about half the size). Keeps every signature; drops variables and the "
                    "restored objects (so no training)")
+    p.add_argument("--tune", action="store_true",
+                   help="convert three candidates (TF's lists; matmul/conv only; float32), time them here, and keep "
+                   "the fastest that meets the verification tolerance (recorded in assets/mp_rewrite_tuning.json): "
+                   "never slower than float32 on this machine. Tune where the model will be served")
     p.add_argument("--weights", default="keep", choices=("keep", "low"),
                    help="keep: variables stay float32 (default); low: weights in low precision (needs --freeze, "
                    "which already stores them so)")
@@ -71,13 +75,8 @@ def run(args) -> int:
     guarded = _run_guard(args, keep) if args.guard else None
     if guarded is not None:
         keep += list(guarded.keep_fp32)
-    from ..savedmodel.convert import convert_saved_model
-    with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
-        result = convert_saved_model(
-            args.source, args.output, args.precision, signatures=args.signature or None, device=args.device,
-            lists_file=args.lists_file, allow=args.allow, infer=args.infer, deny=args.deny, clear=args.clear,
-            keep_fp32=keep, force_low=args.force_low, weights=args.weights, freeze=args.freeze, overwrite=args.overwrite,
-            progress=progress)
+    _say_what_this_cpu_computes(args)
+    result = _tune(args, keep) if args.tune else _convert(args, keep)
     print_result(result)
     if guarded is not None and not guarded.result.met:
         stdout_console().print("the accuracy guard could not meet the tolerance; see the kept nodes above", soft_wrap=True)
@@ -91,6 +90,51 @@ def run(args) -> int:
                                soft_wrap=True)
         return 1
     return 0
+
+
+def _convert(args, keep):
+    from ..savedmodel.convert import convert_saved_model
+    with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
+        return convert_saved_model(
+            args.source, args.output, args.precision, signatures=args.signature or None, device=args.device,
+            lists_file=args.lists_file, allow=args.allow, infer=args.infer, deny=args.deny, clear=args.clear,
+            keep_fp32=keep, force_low=args.force_low, weights=args.weights, freeze=args.freeze,
+            overwrite=args.overwrite, progress=progress)
+
+
+def _tune(args, keep):
+    from ..savedmodel.convert import effective_lists
+    from ..savedmodel.tune import tune_saved_model
+    lists = effective_lists(args.precision, None, args.lists_file, args.allow, args.infer, args.deny, args.clear)
+    with stderr_status("converting and timing the --tune candidates"):
+        tuned = tune_saved_model(args.source, args.output, args.precision, freeze=args.freeze,
+                                 overwrite=args.overwrite, lists=lists, inputs=args.inputs, seed=args.seed,
+                                 batch_size=args.batch_size, signatures=args.signature or None, device=args.device,
+                                 keep_fp32=keep, force_low=args.force_low, weights=args.weights)
+    stdout_console().print(tuned.summary(), soft_wrap=True)
+    return tuned.conversion
+
+
+def _say_what_this_cpu_computes(args) -> None:
+    """One line when the conversion targets this CPU and it has no native kernels for the precision."""
+    import tensorflow as tf
+
+    from ..savedmodel.tune import cpu_low_precision_flags
+    device = args.device or ("cpu" if args.precision == "bfloat16" else "gpu")
+    if device == "gpu" and tf.config.list_physical_devices("GPU"):
+        return
+    native = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}[args.precision]
+    if device == "gpu":
+        message = (f"converting for a GPU ({args.precision}, device gpu); this machine has none, and its CPU would "
+                   f"run the result slower than float32. For this CPU use --tune, or --precision bfloat16 "
+                   "--device cpu where it has AVX512-BF16/AMX")
+    elif not native & cpu_low_precision_flags():
+        message = (f"this CPU has no native {args.precision} instructions ({' or '.join(sorted(native))}): "
+                   f"{args.precision} matmuls and convolutions run slower here than float32. The model is for CPUs "
+                   "that have them; to get the fastest model for this one, add --tune")
+    else:
+        return
+    stdout_console().print(f"note: {message}", soft_wrap=True)
 
 
 def _guard_overrides(path) -> list:

@@ -95,6 +95,17 @@ def progress_bar(description: str, finishing: str | None = None):
         yield update
 
 
+@contextlib.contextmanager
+def stderr_status(description: str):
+    """A spinner with `description` on stderr while the block runs (long work shows progress); silent when piped."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    with console.status(description):
+        yield
+
+
 def _number(value: float) -> str:
     return "0" if value == 0 else f"{value:.2e}"
 

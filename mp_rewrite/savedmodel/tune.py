@@ -1,0 +1,171 @@
+"""`convert --tune`: convert a few candidate colorings, time them on this machine, keep the fastest that verifies.
+
+The candidates (each converted exactly as `convert` would, with --freeze when asked):
+
+- ``grappler``: TF's lists for the precision (the default conversion);
+- ``matmul-conv``: only the allow list (matmuls, convolutions) in low precision, every elementwise op float32 —
+  on CPUs whose low-precision elementwise kernels are slower than float32 ones this is often faster;
+- ``float32``: nothing in low precision (with --freeze: the frozen, folded float32 graph) — the floor, so a tuned
+  conversion is never slower than float32 on the machine that tuned it.
+
+Every candidate runs every signature on the same inputs, interleaved over several rounds (median CPU time per
+call, so other processes on the machine disturb every candidate alike), and is checked against the original with
+`verify`'s tolerances. The fastest candidate that passes is written to the output, with the timings in
+``assets/mp_rewrite_tuning.json``. Tune on the machine the model will be served on: the result is a property of
+that machine's kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from ..core.oplists import load_lists
+from ..errors import ModelError
+from .convert import convert_saved_model, read_saved_model
+from .model_dir import absolute_output, check_output, write_model_dir
+from .output_lock import output_lock
+
+CANDIDATES = ("grappler", "matmul-conv", "float32")
+TUNING_FILE = "mp_rewrite_tuning.json"
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What `tune_saved_model` measured and chose.
+
+    Attributes:
+        chosen: the candidate written to the output.
+        milliseconds: candidate -> median CPU milliseconds of one call of every signature, over the rounds.
+        passed: candidate -> whether it met the verification tolerance.
+        conversion: the ConversionResult of the chosen candidate.
+    """
+
+    chosen: str
+    milliseconds: dict
+    passed: dict
+    conversion: object
+
+    def summary(self) -> str:
+        """One line per candidate, then the choice."""
+        base = self.milliseconds.get("float32")
+        lines = []
+        for name, ms in self.milliseconds.items():
+            speed = f", {base / ms:.2f}x float32" if base else ""
+            verdict = "" if self.passed[name] else ", fails verification"
+            lines.append(f"  {name:<12} {ms:8.2f} ms per call{speed}{verdict}")
+        return "tuning on this machine (median CPU time per call):\n" + "\n".join(lines) + \
+            f"\nchose '{self.chosen}' (the fastest candidate that verifies)"
+
+
+def _candidate_lists(name: str, precision: str, lists):
+    base = lists if lists is not None else load_lists(precision)
+    if name == "grappler":
+        return base
+    if name == "matmul-conv":
+        return base.with_changes(None, {"infer": base.infer, "clear": base.clear}, source="tune: matmul-conv")
+    return base.with_changes(None, {"allow": base.allow}, source="tune: float32")
+
+
+def tune_saved_model(source, output, precision: str = "bfloat16", *, freeze: bool = False, overwrite: bool = False,
+                     lists=None, rounds: int = 5, calls: int = 3, inputs=None, seed: int = 0, batch_size: int = 2,
+                     **options):
+    """Convert each candidate, time and verify it here, and write the fastest that verifies to `output`.
+
+    Args:
+        source, output, precision, freeze, overwrite, lists: as for convert_saved_model.
+        rounds, calls: interleaved timing rounds, and calls of each signature per round.
+        inputs, seed, batch_size: the inputs every candidate runs on (as for verify_saved_models).
+        **options: passed on to convert_saved_model (device, keep_fp32, force_low, ...).
+
+    Returns:
+        A TuneResult.
+
+    Raises:
+        ModelError: no candidate met the tolerance (nothing is written), or a conversion error.
+    """
+    check_output(source, output, overwrite)
+    with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work:
+        converted = {}
+        for name in CANDIDATES:
+            converted[name] = convert_saved_model(source, Path(work) / name, precision, freeze=freeze,
+                                                  lists=_candidate_lists(name, precision, lists),
+                                                  **options)
+        passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size)
+                  for name in CANDIDATES}
+        milliseconds = _time_candidates({n: Path(work) / n for n in CANDIDATES}, inputs, seed, batch_size, rounds,
+                                        calls)
+        fine = [name for name in CANDIDATES if passed[name]]
+        if not fine:
+            raise ModelError("no candidate of --tune meets the verification tolerance, not even float32; check the "
+                             "model and the inputs (--inputs), or loosen --rtol/--atol")
+        chosen = min(fine, key=milliseconds.get)
+        result = TuneResult(chosen, milliseconds, passed, converted[chosen])
+        winner = Path(work) / chosen
+        (winner / "assets").mkdir(exist_ok=True)
+        (winner / "assets" / TUNING_FILE).write_text(json.dumps(
+            {"chosen": chosen, "precision": precision, "freeze": freeze, "median_cpu_ms_per_call": milliseconds,
+             "verified": passed, "machine": _machine()}, indent=1) + "\n")
+        target = absolute_output(output)
+        with output_lock(target):
+            check_output(source, output, overwrite)
+            write_model_dir(winner, target, read_saved_model(winner), overwrite)
+    result.conversion.output = str(output)
+    return result
+
+
+def _verifies(original, converted, precision, inputs, seed, batch_size) -> bool:
+    from .verify import verify_saved_models
+    return verify_saved_models(original, converted, inputs=inputs, precision=precision, seed=seed,
+                               batch_size=batch_size).passed
+
+
+def _time_candidates(paths: dict, inputs, seed: int, batch_size: int, rounds: int, calls: int) -> dict:
+    """Median CPU ms of one call of every signature, per candidate, timed in rotated interleaved rounds."""
+    import tensorflow as tf
+
+    from .verify import load_inputs, signature_inputs
+    given = load_inputs(inputs) if inputs else {}
+    runs = {}
+    for name, path in paths.items():
+        loaded = tf.saved_model.load(str(path))
+        for key, function in loaded.signatures.items():
+            arrays, _ = signature_inputs(key, function.structured_input_signature[1], given, batch_size, seed)
+            feeds = {k: tf.constant(v) for k, v in arrays.items()}
+            function(**feeds)  # the first call builds and optimizes the graph
+            runs.setdefault(name, []).append((function, feeds))
+    samples = {name: [] for name in paths}
+    names = list(paths)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = time.process_time()
+            for _ in range(calls):
+                for function, feeds in runs[name]:
+                    for value in function(**feeds).values():
+                        value.numpy()
+            samples[name].append((time.process_time() - start) * 1000 / calls)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _machine() -> dict:
+    import os
+    import platform
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "load_average": os.getloadavg()[0], "cpu_flags": sorted(cpu_low_precision_flags())}
+
+
+def cpu_low_precision_flags() -> set:
+    """The CPU's instruction set extensions that compute bfloat16 or float16 natively (Linux /proc/cpuinfo)."""
+    wanted = {"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return wanted & set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
