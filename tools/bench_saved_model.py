@@ -149,7 +149,7 @@ def worker(variant: str, path: str, batch: int, outputs_file: str) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from mp_rewrite.savedmodel.verify import signature_inputs
+    from mp_rewrite.savedmodel.inputs import signature_inputs
     if variant == "tf_amp":
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     function = tf.saved_model.load(path).signatures["serving_default"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from .verify import add_verify_options, progress_bar, run_verification, stderr_status, stdout_console
+from .verify import (add_verify_options, check_verify_options, progress_bar, run_verification, stderr_status,
+                     stdout_console)
 
 TOP_ROWS = 15  # functions listed in the table; the rest are summed in one line
 
@@ -66,6 +67,8 @@ def precheck(args) -> None:
     """Before TensorFlow starts: the source is a SavedModel and the output may be written."""
     from ..savedmodel.model_dir import check_output
     check_output(args.source, args.output, args.overwrite)
+    if args.verify or args.guard or args.tune:
+        check_verify_options(args)  # a bad option must not be found after the output is written
 
 
 def run(args) -> int:
@@ -123,7 +126,9 @@ def _say_what_this_cpu_computes(args) -> None:
     device = args.device or ("cpu" if args.precision == "bfloat16" else "gpu")
     if device == "gpu" and tf.config.list_physical_devices("GPU"):
         return
-    native = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}[args.precision]
+    native = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}.get(args.precision)
+    if native is None:
+        return  # an unknown precision is refused by the conversion, with its own message
     if device == "gpu":
         message = (f"converting for a GPU ({args.precision}, device gpu); this machine has none, and its CPU would "
                    f"run the result slower than float32. For this CPU use --tune, or --precision bfloat16 "

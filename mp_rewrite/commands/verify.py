@@ -34,19 +34,31 @@ def register(sub) -> None:
 
 
 def precheck(args) -> None:
-    """Before TensorFlow starts: both paths are SavedModels."""
+    """Before TensorFlow starts: both paths are SavedModels and the verification options are usable."""
     from ..savedmodel.model_dir import model_file
     model_file(args.original)
     model_file(args.converted)
+    check_verify_options(args)
+
+
+def check_verify_options(args) -> None:
+    """Check every verification option (tolerances, seed, sizes, shapes, inputs file) without TensorFlow."""
+    from ..savedmodel.inputs import check_input_options
+    check_input_options(inputs=args.inputs, seed=args.seed, batch_size=args.batch_size, dim=args.dim,
+                        input_shapes=args.input_shapes, rtol=args.rtol, atol=args.atol)
 
 
 def add_verify_options(parser) -> None:
     """Add the options shared by `verify` and `convert --verify`."""
     g = parser.add_argument_group("verification")
     g.add_argument("--inputs", metavar="FILE.npz", help="input arrays keyed by input name (or SIGNATURE/name); "
-                   "inputs not in the file are random")
+                   "inputs not in the file are made up (strings must be given)")
     g.add_argument("--batch-size", type=int, default=2, metavar="N",
-                   help="size of an undefined batch dimension in random inputs (default 2)")
+                   help="size of an undefined batch dimension in made-up inputs (default 2)")
+    g.add_argument("--seq-len", dest="dim", type=int, default=16, metavar="N",
+                   help="size of every other undefined dimension in made-up inputs (default 16)")
+    g.add_argument("--input-shapes", metavar="NAME=AxB,...",
+                   help="shapes of made-up inputs, e.g. token_ids=2x128,padding_mask=2x128")
     g.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     g.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: float16 1e-2, "
                    "bfloat16 5e-2)")
@@ -65,7 +77,8 @@ def run_verification(original, converted, args, signatures, precision) -> Verify
     with progress_bar("verifying") as progress:
         report = verify_saved_models(original, converted, signatures=signatures or None, inputs=args.inputs,
                                      batch_size=args.batch_size, seed=args.seed, rtol=args.rtol, atol=args.atol,
-                                     precision=precision, progress=progress)
+                                     precision=precision, input_shapes=args.input_shapes, dim=args.dim,
+                                     progress=progress)
     print_report(report)
     return report
 
@@ -123,5 +136,7 @@ def print_report(report: VerifyReport, console: Console | None = None) -> None:
         table.add_row(c.signature, c.output, "x".join(map(str, c.shape)) or "scalar", _number(c.max_abs),
                       _number(c.max_rel), cosine, special, result)
     console.print(table)
-    inputs = sorted({source for per in report.inputs.values() for source in per.values()})
-    console.print(f"{report.summary()}; inputs: {', '.join(inputs) or 'none'}", soft_wrap=True)
+    console.print(report.summary(), soft_wrap=True)
+    for signature, per in report.inputs.items():
+        made = ", ".join(f"{name} {how}" for name, how in per.items())
+        console.print(f"  inputs of {signature}: {made or 'none'}", soft_wrap=True)

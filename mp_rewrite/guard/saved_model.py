@@ -120,15 +120,19 @@ def guard_saved_model(source, inputs=None, signature: str | None = None, precisi
         ModelError: the model cannot be loaded, frozen or fed; OptionError: bad options.
     """
     from ..savedmodel.convert import read_saved_model
-    from ..savedmodel.verify import _load, load_inputs, signature_inputs
-    loaded = _load(source, "original")
+    from ..savedmodel.inputs import check_finite, check_given_keys, load_inputs, signature_inputs
+    from ..savedmodel.verify import load_saved_model
+    loaded = load_saved_model(source, "original")
     keys = sorted(loaded.signatures.keys())
     key = signature or ("serving_default" if "serving_default" in keys else (keys[0] if keys else None))
     if key not in keys:
         raise ModelError(f"the SavedModel has no signature '{key}' (its signatures: {', '.join(keys) or 'none'})")
     given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
-    arrays, _ = signature_inputs(key, loaded.signatures[key].structured_input_signature[1], dict(given or {}),
-                                 batch_size, seed)
+    given = dict(given or {})
+    specs = loaded.signatures[key].structured_input_signature[1]
+    check_given_keys(given, {key: specs})  # a misspelt key would silently become random data
+    check_finite(given)
+    arrays, _ = signature_inputs(key, specs, given, batch_size, seed)
     graph_def, placeholders, outputs = frozen_signature(loaded, key)
     for option in ("keep_fp32", "force_low"):
         if rewrite_options.get(option):

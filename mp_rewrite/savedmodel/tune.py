@@ -128,7 +128,7 @@ def _time_candidates(paths: dict, inputs, seed: int, batch_size: int, rounds: in
     """Median CPU ms of one call of every signature, per candidate, timed in rotated interleaved rounds."""
     import tensorflow as tf
 
-    from .verify import load_inputs, signature_inputs
+    from .inputs import load_inputs, signature_inputs
     given = load_inputs(inputs) if inputs else {}
     runs = {}
     for name, path in paths.items():

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import zlib
 
-import numpy as np
-
-from ..analysis.compare import OutputCheck, compare_outputs, default_tolerance, is_float
-from ..errors import ModelError, OptionError
+from ..analysis.compare import OutputCheck, compare_outputs, default_tolerance
+from ..errors import ModelError
+from .inputs import (DEFAULT_DIM, DEFAULT_ID_LIMIT, check_given_keys, check_input_options, id_limit_from_error,
+                     load_inputs, missing_inputs, parse_input_shapes, signature_inputs)
 
 # --------------------------------------------------------------------------------------------- SavedModels
 
@@ -58,8 +57,9 @@ class VerifyReport:
         """One line: passed or failed, how many outputs, at which tolerance."""
         verdict = "passed" if self.passed else f"FAILED ({len(self.failures)} of {len(self.checks)} outputs)"
         where = f"the {self.precision} defaults" if self.defaults else "as given"
+        signatures = len({c.signature for c in self.checks})  # those that could not run count too
         return (f"verification {verdict}: {_count(len(self.checks), 'output')} of "
-                f"{_count(len(self.inputs), 'signature')} compared at rtol={self.rtol:g}, atol={self.atol:g} ({where})")
+                f"{_count(signatures, 'signature')} compared at rtol={self.rtol:g}, atol={self.atol:g} ({where})")
 
 
 def _count(n: int, noun: str) -> str:
@@ -82,17 +82,6 @@ def detect_precision(path) -> str:
     return "bfloat16" if types_pb2.DT_BFLOAT16 in seen else "float16"
 
 
-def load_inputs(path) -> dict:
-    """Read an .npz file of inputs: keys are input names, or "SIGNATURE/input" for one signature only.
-
-    Raises:
-        ModelError: the file cannot be read as .npz.
-    """
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot read inputs file '{path}' (an .npz written by numpy.savez): {e}") from None
 
 
 def load_saved_model(path, which: str = "original"):
@@ -101,66 +90,18 @@ def load_saved_model(path, which: str = "original"):
     try:
         return tf.saved_model.load(str(path))
     except Exception as e:  # TF raises OSError, ValueError, OpError, ... for unloadable models
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        # TF's first line is often just "Graph execution error:"; the line naming the failing op says why.
+        message = next((line.strip() for line in lines if "is not in [0," in line), lines[0])
         raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{path}': {message}") from None
 
 
-_load = load_saved_model  # the name mp_rewrite.guard_saved_model imports
 
 
-def _random_array(spec, rng, batch_size: int, where: str, name: str) -> np.ndarray:
-    """A random array for a TensorSpec: normal floats, integers 0/1, random bools; batch dim = batch_size."""
-    ask = f"give its value with --inputs FILE.npz (key '{name}')"
-    if spec.shape.rank is None:
-        raise ModelError(f"{where} has an unknown rank; {ask}")
-    dims = spec.shape.as_list()
-    if dims and dims[0] is None:
-        dims[0] = batch_size
-    if None in dims:
-        raise ModelError(f"{where} has shape {spec.shape} with an undefined dimension {dims.index(None)}; random "
-                         f"inputs only fill the batch dimension (--batch-size), so {ask}")
-    dtype = spec.dtype
-    if dtype.is_floating:
-        return rng.standard_normal(dims).astype(dtype.as_numpy_dtype)
-    if dtype.is_integer:
-        return rng.integers(0, 2, dims).astype(dtype.as_numpy_dtype)  # 0/1 are valid ids for any lookup
-    if dtype.is_bool:
-        return rng.random(dims) < 0.5
-    raise ModelError(f"{where} is of type {dtype.name}, which random inputs do not cover; {ask}")
 
 
-def _given_array(value: np.ndarray, spec, where: str, key: str) -> np.ndarray:
-    if not spec.shape.is_compatible_with(value.shape):
-        raise ModelError(f"--inputs array '{key}' has shape {value.shape} but {where} needs {spec.shape}")
-    if spec.dtype.name == "string":
-        if value.dtype.kind not in "SUO":
-            raise ModelError(f"--inputs array '{key}' is {value.dtype} but {where} is string")
-        return value
-    want = np.dtype(spec.dtype.as_numpy_dtype)
-    if value.dtype != want and value.dtype.kind != want.kind and not (is_float(value.dtype) and is_float(want)):
-        raise ModelError(f"--inputs array '{key}' is {value.dtype} but {where} is {spec.dtype.name}")
-    return value.astype(want)
 
 
-def signature_inputs(signature: str, specs: dict, given: dict, batch_size: int, seed: int) -> tuple[dict, dict]:
-    """Inputs for one signature: from `given` (keys "SIGNATURE/name" or "name"), else random from its TensorSpec.
-
-    Returns:
-        ({input name: array}, {input name: "file" or "random"}).
-
-    Raises:
-        ModelError: a given array does not fit, or an input cannot be made at random (undefined dims, strings).
-    """
-    arrays, sources = {}, {}
-    for name, spec in specs.items():
-        where = f"signature '{signature}' input '{name}'"
-        key = next((k for k in (f"{signature}/{name}", name) if k in given), None)
-        if key is not None:
-            arrays[name], sources[name] = _given_array(given[key], spec, where, key), "file"
-        else:
-            rng = np.random.default_rng([seed, zlib.crc32(f"{signature}/{name}".encode())])
-            arrays[name], sources[name] = _random_array(spec, rng, batch_size, where, name), "random"
-    return arrays, sources
 
 
 def _run(function, inputs: dict, which: str, signature: str, precision: str) -> dict:
@@ -168,7 +109,9 @@ def _run(function, inputs: dict, which: str, signature: str, precision: str) -> 
     try:
         outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
     except (tf.errors.OpError, ValueError, TypeError) as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        # TF's first line is often just "Graph execution error:"; the line naming the failing op says why.
+        message = next((line.strip() for line in lines if "is not in [0," in line), lines[0])
         hint = ""
         if "OpKernel" in message and precision == "float16":
             hint = " (a float16 model converted for --device gpu needs a GPU; convert with --device cpu to run here)"
@@ -199,6 +142,7 @@ def _interface(function) -> tuple:
 
 def verify_saved_models(original, converted, *, signatures=None, inputs=None, batch_size: int = 2, seed: int = 0,
                         rtol: float | None = None, atol: float | None = None, precision: str | None = None,
+                        input_shapes: str | dict | None = None, dim: int = DEFAULT_DIM,
                         progress=None) -> VerifyReport:
     """Run every (or the given) signature of both SavedModels on the same inputs and compare the outputs.
 
@@ -206,7 +150,9 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
         original, converted: SavedModel directories.
         signatures: signature keys to verify (a str or several); None: all of the original's.
         inputs: a dict or an .npz path of arrays keyed by input name (or "SIGNATURE/name"); inputs not given are
-            random, from the signature's TensorSpec with `seed` (undefined batch dimension = batch_size).
+            made from the signature's TensorSpec with `seed` (see mp_rewrite.savedmodel.inputs).
+        batch_size, dim: undefined batch and other dimensions of made-up inputs.
+        input_shapes: "name=2x128,..." (or a dict name -> shape) for made-up inputs.
         rtol, atol: the tolerance; None takes the default of the precision.
         precision: "float16" or "bfloat16" for the default tolerance; None detects it from the converted model.
         progress: optional callable (done, total, step name), after each model run.
@@ -215,26 +161,30 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
         A VerifyReport (report.passed tells whether every output is within the tolerance).
 
     Raises:
-        ModelError: a model cannot be loaded or run, an unknown signature, unusable inputs.
-        OptionError: a bad precision or tolerance.
+        ModelError: a model cannot be loaded or run, an unknown signature, unusable or missing inputs (every
+            input that needs data is named).
+        OptionError: a bad precision, tolerance, seed, shape or inputs file.
     """
     from .model_dir import model_file
     start = time.perf_counter()
     model_file(original)
     model_file(converted)
+    shapes = input_shapes if isinstance(input_shapes, dict) else parse_input_shapes(input_shapes)
+    check_input_options(seed=seed, batch_size=batch_size, dim=dim, rtol=rtol, atol=atol)
     precision = precision or detect_precision(converted)
     default_rtol, default_atol = default_tolerance(precision)
     defaults = rtol is None and atol is None
     rtol, atol = (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
-    if rtol < 0 or atol < 0:
-        raise OptionError(f"tolerances must be >= 0 (got rtol={rtol}, atol={atol})")
-    if batch_size < 1:
-        raise OptionError(f"--batch-size must be at least 1 (got {batch_size})")
     given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
     given = dict(given or {})
     models = load_saved_model(original, "original"), load_saved_model(converted, "converted")
     keys = _check_keys(models[0], signatures)
-    _check_given(given, {k: models[0].signatures[k].structured_input_signature[1] for k in keys})
+    specs = {k: models[0].signatures[k].structured_input_signature[1] for k in keys}
+    check_given_keys(given, specs)
+    missing = missing_inputs(specs, given)
+    if missing:
+        raise ModelError(f"{len(missing)} input(s) need data that cannot be made up: {', '.join(missing)}; give "
+                         "them in --inputs FILE.npz (keys: input names)")
     checks, sources, total = [], {}, 2 * len(keys)
     for i, key in enumerate(keys):
         if key not in models[1].signatures:
@@ -244,21 +194,31 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
         if _interface(ref_fn) != _interface(got_fn):
             checks.append(OutputCheck(key, "*", (), "", passed=False, problem="signature inputs/outputs differ"))
             continue
-        arrays, sources[key] = signature_inputs(key, ref_fn.structured_input_signature[1], given, batch_size, seed)
-        outputs = []
-        for which, fn, step in (("original", ref_fn, 2 * i + 1), ("converted", got_fn, 2 * i + 2)):
-            outputs.append(_run(fn, arrays, which, key, precision))
-            if progress is not None:
-                progress(step, total, f"{key} ({which})")
+        made = lambda limit: signature_inputs(key, specs[key], given, batch_size, seed, shapes=shapes,  # noqa: E731
+                                              dim=dim, id_limit=limit)
+        arrays, sources[key], reference = _run_learning_id_range(ref_fn, made, key, precision)
+        if progress is not None:
+            progress(2 * i + 1, total, f"{key} (original)")
+        outputs = [reference, _run(got_fn, arrays, "converted", key, precision)]
+        if progress is not None:
+            progress(2 * i + 2, total, f"{key} (converted)")
         checks += compare_outputs(outputs[0], outputs[1], rtol, atol, signature=key)
     return VerifyReport(str(original), str(converted), precision, rtol, atol, defaults, checks, sources,
                         time.perf_counter() - start)
 
 
-def _check_given(given: dict, specs: dict) -> None:
-    """Refuse .npz keys that name no input of the verified signatures (likely a typo)."""
-    names = {n for s in specs.values() for n in s} | {f"{k}/{n}" for k, s in specs.items() for n in s}
-    unknown = sorted(k for k in given if k not in names)
-    if unknown:
-        raise ModelError(f"--inputs has arrays that name no signature input: {', '.join(unknown)} (keys are input "
-                         f"names, or SIGNATURE/input; inputs: {', '.join(sorted(names))})")
+def _run_learning_id_range(function, made, key: str, precision: str, tries: int = 4):
+    """Run the original on made-up inputs; when an id indexes past a table ("... is not in [0, N)"), draw the ids
+    below N and run again. Returns (arrays, how they were made, outputs)."""
+    limit = DEFAULT_ID_LIMIT
+    for _ in range(tries):
+        arrays, sources = made(limit)
+        try:
+            return arrays, sources, _run(function, arrays, "original", key, precision)
+        except ModelError as e:
+            smaller = id_limit_from_error(str(e))
+            if smaller is None or smaller >= limit:
+                raise
+            limit = smaller
+    raise ModelError(f"signature '{key}': could not find ids inside every table the inputs index; give the "
+                     "integer inputs with --inputs FILE.npz")

@@ -429,12 +429,12 @@ def test_verification_inputs_from_npz_and_batch_size(models, tmp_path):
     assert report.passed and report.inputs == {"score": {"features": "file"}, "lookup": {"words": "file"}}
     assert {c.output: c.shape for c in report.checks} == {"scores": (5, 3), "ids": (1,)}
     report = verify_saved_models(source, output, signatures="score", batch_size=7)
-    assert report.checks[0].shape == (7, 3) and report.inputs == {"score": {"features": "random"}}
+    assert report.checks[0].shape == (7, 3) and report.inputs == {"score": {"features": "random 7x4"}}
 
 
 def test_verification_input_errors_say_what_to_do(models, tmp_path):
     source, output, _ = models("module_two_signatures")
-    with pytest.raises(ModelError, match="input 'words' is of type string.*--inputs FILE.npz \\(key 'words'\\)"):
+    with pytest.raises(ModelError, match="need data that cannot be made up: lookup/words \\(string\\).*--inputs"):
         verify_saved_models(source, output, signatures="lookup")
     with pytest.raises(ModelError, match="name no signature input: feature"):
         verify_saved_models(source, output, signatures="score", inputs={"feature": np.ones((2, 4))})
@@ -454,15 +454,21 @@ def test_a_model_tensorflow_cannot_load_is_a_one_line_error(models, tmp_path):
     assert "\n" not in str(error.value)
 
 
-def test_undefined_dimensions_ask_for_inputs(tmp_path):
+def test_undefined_dimensions_are_filled_and_can_be_chosen(tmp_path):
     class Ragged(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32, name="x")])
         def __call__(self, x):
             return {"y": tf.matmul(x, x, transpose_b=True)}
     tf.saved_model.save(Ragged(), str(tmp_path / "src"), signatures=Ragged().__call__)
     convert_saved_model(tmp_path / "src", tmp_path / "out", "bfloat16")
-    with pytest.raises(ModelError, match="shape \\(None, None\\) with an undefined dimension 1.*--inputs"):
-        verify_saved_models(tmp_path / "src", tmp_path / "out")
+    report = verify_saved_models(tmp_path / "src", tmp_path / "out")
+    assert report.passed and report.inputs == {"serving_default": {"x": "random 2x16"}}
+    report = verify_saved_models(tmp_path / "src", tmp_path / "out", input_shapes="x=3x128", dim=4)
+    assert report.passed and report.inputs == {"serving_default": {"x": "random 3x128"}}
+    report = verify_saved_models(tmp_path / "src", tmp_path / "out", dim=4, batch_size=5)
+    assert report.checks[0].shape == (5, 5)
+    with pytest.raises(OptionError, match="--input-shapes gives x=3x4x5, but .* has shape"):
+        verify_saved_models(tmp_path / "src", tmp_path / "out", input_shapes="x=3x4x5")
     assert verify_saved_models(tmp_path / "src", tmp_path / "out", inputs={"x": np.ones((3, 5), np.float32)}).passed
 
 
