@@ -42,6 +42,8 @@ def register(sub) -> None:
                    help="dot/svg/html: draw name scopes (at DEPTH, or the deepest that fits) as boxes; automatic "
                         "above --max-nodes nodes")
     p.add_argument("--no-collapse", dest="collapse_scopes", action="store_false", help="never collapse scopes")
+    p.add_argument("--engine", default="auto", choices=("auto", "python", "graphviz"),
+                   help="svg: who lays the picture out (default auto: Graphviz's dot where installed, else Python)")
     p.add_argument("--max-nodes", type=int, default=150, metavar="N", help="box budget of a picture (default 150)")
     p.add_argument("--top", type=int, default=12, metavar="N", help="rows per summary table (default 12)")
     p.set_defaults(func=run, precheck=check_model_path)
@@ -98,14 +100,17 @@ def run(args) -> int:
     if args.around and args.format in ("text", "json", "tensorboard"):
         raise OptionError(f"--around draws a picture: use it with --format dot, svg or html, not {args.format}")
     model, result = load_and_rewrite(args)
-    if args.format in ("dot", "svg"):
-        out = dot.to_dot(result, args.function, **_picture_options(args))
-        write_output(args.output, dot.render_svg(out) if args.format == "svg" else out)
+    if args.format == "dot":
+        write_output(args.output, dot.to_dot(result, args.function, **_picture_options(args)))
+        return 0
+    if args.format == "svg":
+        write_output(args.output, dot.to_svg(result, args.function, engine=args.engine, **_picture_options(args)))
         return 0
     tables = build_tables(result, args.function, with_flops=args.format != "tensorboard")
     if args.format == "tensorboard":
         path = tensorboard.write_tensorboard(result, args.output, args.function, tables)
-        print(f"wrote {path}; view it with: tensorboard --logdir {args.output}")
+        print(f"wrote {path}; view it with: tensorboard --logdir {args.output} (TensorBoard comes with "
+              "pip install 'mp_rewrite[viz]')")
     elif args.format == "json":
         write_output(args.output, json_report.to_json(result, args.function, tables=tables, model=args.model))
     elif args.format == "html":

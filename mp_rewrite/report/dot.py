@@ -9,7 +9,7 @@ import subprocess
 
 import graphviz
 
-from ..errors import ModelError
+from ..errors import ModelError, OptionError
 from .palette import CLASS_NAMES, FILL, LEGEND, dtype_label
 from .subgraph import Picture, cut
 from .wording import reason_text
@@ -130,8 +130,8 @@ def render_svg(source: str) -> str:
     """
     exe = shutil.which("dot")
     if exe is None:
-        raise ModelError("Graphviz's 'dot' program is not installed (apt-get install graphviz); "
-                         "use --format dot or html")
+        raise ModelError("Graphviz's 'dot' program is not installed (apt-get install graphviz); without it "
+                         "pictures are laid out in Python (--engine python, the default when dot is missing)")
     try:
         done = subprocess.run([exe, "-Tsvg"], input=source.encode(), capture_output=True, timeout=DOT_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -142,10 +142,28 @@ def render_svg(source: str) -> str:
     return done.stdout.decode()
 
 
-def to_svg(result, function: str | None = None, **options) -> str:
-    """The SVG of a RewriteResult's colored graph (options as picture()).
+ENGINES = ("auto", "python", "graphviz")
+
+
+def picture_svg(pic: Picture, engine: str = "auto") -> str:
+    """The SVG of a Picture: laid out by Graphviz's `dot` where it is installed ("auto") or asked for
+    ("graphviz"), else in pure Python (report/svg.py), which needs nothing beyond `pip install`.
 
     Raises:
-        ModelError: Graphviz is missing or fails. OptionError: as picture().
+        ModelError: engine "graphviz" without Graphviz, or Graphviz failing. OptionError: an unknown engine.
     """
-    return render_svg(to_dot(result, function, **options))
+    if engine not in ENGINES:
+        raise OptionError(f"unknown picture engine {engine!r}: use {', '.join(ENGINES)}")
+    if engine == "graphviz" or (engine == "auto" and shutil.which("dot")):
+        return render_svg(to_dot_source(pic))
+    from .svg import picture_to_svg
+    return picture_to_svg(pic)
+
+
+def to_svg(result, function: str | None = None, engine: str = "auto", **options) -> str:
+    """The SVG of a RewriteResult's colored graph (options as picture(); engine as picture_svg()).
+
+    Raises:
+        ModelError: Graphviz asked for and missing or failing. OptionError: as picture().
+    """
+    return picture_svg(picture(result, function, **options), engine)

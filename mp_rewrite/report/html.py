@@ -9,7 +9,7 @@ import html
 import json
 
 from ..errors import ModelError
-from .dot import picture as make_picture, render_svg, to_dot_source
+from .dot import picture as make_picture, picture_svg
 from .explain import Explainer
 from .html_assets import CSS, JS, PAGE
 from .palette import CLASSES, FILL, dtype_label
@@ -64,7 +64,7 @@ def _picture_html(result, tables, options) -> tuple:
     """(SVG markup or a note, name of the graph drawn as the table shows it, or None)."""
     pic = make_picture(result, tables=tables, **options)
     try:
-        svg = render_svg(to_dot_source(pic))
+        svg = picture_svg(pic)
     except ModelError as e:
         return f'<p class="muted">No picture: {html.escape(str(e))}</p>', None
     svg = svg[svg.find("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG is inline

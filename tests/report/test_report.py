@@ -221,12 +221,14 @@ def _svg_nodes(svg: str) -> dict:
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed "
                                "(apt-get install graphviz)")
+# The pure-Python layout runs everywhere (no skip); Graphviz's only where it is installed.
+ENGINES = [pytest.param("python", id="python"), pytest.param("graphviz", id="graphviz", marks=needs_dot)]
 
 
-@needs_dot
-def test_svg_has_every_node_with_its_fill(cnn_train):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_svg_has_every_node_with_its_fill(cnn_train, engine):
     _, result = cnn_train
-    svg = dot.to_svg(result, collapse_scopes=False)
+    svg = dot.to_svg(result, collapse_scopes=False, engine=engine)
     nodes = _svg_nodes(svg)
     classes = {n["name"]: n["class"] for n in json_report.to_dict(result, with_flops=False)["graphs"][0]["nodes"]}
     assert set(nodes) == {n.name for n in result.graph_def.node} == set(classes)
@@ -234,13 +236,13 @@ def test_svg_has_every_node_with_its_fill(cnn_train):
     assert {c.name for c in result.casts} <= {n for n, fill in nodes.items() if fill == FILL["cast"]}
 
 
-@needs_dot
-def test_svg_around_a_node_and_collapsed_scopes(transformer_train):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_svg_around_a_node_and_collapsed_scopes(transformer_train, engine):
     _, result = transformer_train
     center = "transformer_encoder_1/multi_head_attention_1/Softmax"
-    near = _svg_nodes(dot.to_svg(result, around=center, depth=1, collapse_scopes=False))
+    near = _svg_nodes(dot.to_svg(result, around=center, depth=1, collapse_scopes=False, engine=engine))
     assert center in near and 2 <= len(near) < 10
-    collapsed = dot.to_svg(result, collapse_scopes=True, max_nodes=40)
+    collapsed = dot.to_svg(result, collapse_scopes=True, max_nodes=40, engine=engine)
     boxes = _svg_nodes(collapsed)
     assert 1 < len(boxes) <= 40 + 1 and any(name.endswith("/") for name in boxes)
 
