@@ -63,7 +63,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from ..errors import MpRewriteError
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version and argument errors: argparse has printed what to say
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
