@@ -8,6 +8,7 @@ must match exactly.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -24,6 +25,12 @@ from ..errors import OptionError
 # correct conversion passes and a broken one (an overflow, a wrong cast) fails. Outputs far below atol (softmax
 # probabilities) are judged by atol alone: look at the cosine similarity too, or pass a smaller --atol.
 DEFAULT_TOLERANCES = {"float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)}
+# Measured on keras-hub ViT/BERT/GPT-2 backbones (small configs, random weights) converted to bfloat16: a handful
+# of elements (1 in 1088 for ViT) land just outside the element rule while the output's cosine is 0.9999 and its
+# largest error 2% of its scale, as with TF's own pass. One percent of the elements may miss the element rule; the
+# scale and cosine rules still catch a conversion that is broken everywhere.
+MAX_BAD_FRACTION = 0.01
+MIN_COSINE = 0.99
 
 
 def default_tolerance(precision: str) -> tuple[float, float]:
@@ -51,7 +58,8 @@ class OutputCheck:
         nan, inf: (count in the original, count in the converted output).
         bad: elements outside the tolerance (or different, for exact outputs).
         size: number of elements.
-        passed: True if every element is within the tolerance.
+        scaled_error: max |converted - original| / max |original| (the error against the output's own scale).
+        passed: the verdict (see compare_arrays).
         problem: why it failed, in a few words ("" when it passed).
     """
 
@@ -66,6 +74,7 @@ class OutputCheck:
     inf: tuple = (0, 0)
     bad: int = 0
     size: int = 0
+    scaled_error: float = 0.0
     passed: bool = True
     problem: str = ""
 
@@ -100,8 +109,18 @@ def _failed(signature: str, name: str, array: np.ndarray, problem: str) -> Outpu
 
 
 def compare_arrays(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float, signature: str = "",
-                   name: str = "") -> OutputCheck:
-    """Compare one output array with its reference (see compare_outputs)."""
+                   name: str = "", max_bad_fraction: float = MAX_BAD_FRACTION) -> OutputCheck:
+    """Compare one output array with its reference (see compare_outputs).
+
+    A float output passes when all of these hold, so that neither a few rounding outliers in a deep network fail
+    it nor a collapsed output passes it:
+    - no NaN/Inf where the original is finite;
+    - it has not collapsed: not all zero, not constant, where the original varies;
+    - at most `max_bad_fraction` of its elements are outside numpy's allclose rule (|d| <= atol + rtol |ref|);
+    - its largest error is within rtol of its own scale (max |d| / max |ref| <= rtol);
+    - its cosine similarity to the original is at least MIN_COSINE.
+    Integer, bool and string outputs must match exactly.
+    """
     if ref.shape != got.shape:
         return _failed(signature, name, ref, f"shape {got.shape} instead of {ref.shape}")
     if ref.dtype != got.dtype:
@@ -120,16 +139,34 @@ def compare_arrays(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float, s
     big = np.abs(r[finite]) > atol
     nan = (int(np.isnan(r).sum()), int(np.isnan(g).sum()))
     inf = (int(np.isinf(r).sum()), int(np.isinf(g).sum()))
-    problem = ""
-    if bad:
-        problem = f"{bad} of {ref.size} elements outside rtol={rtol:g}, atol={atol:g}"
-        if nan[1] > nan[0] or inf[1] > inf[0]:
-            problem = f"NaN/Inf where the original is finite ({nan[1]} NaN, {inf[1]} Inf); " + problem
-    return OutputCheck(signature, name, tuple(ref.shape), str(ref.dtype),
-                       max_abs=float(diff.max()) if diff.size else 0.0,
+    max_abs = float(diff.max()) if diff.size else 0.0
+    scale = float(np.abs(r[finite]).max()) if finite.any() else 0.0
+    scaled = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    cosine = _cosine(r[finite], g[finite])
+    problem = _problem(r[finite], g[finite], bad, int(ref.size), nan, inf, scaled, cosine, rtol, atol,
+                       max_bad_fraction)
+    return OutputCheck(signature, name, tuple(ref.shape), str(ref.dtype), max_abs=max_abs,
                        max_rel=float((diff[big] / np.abs(r[finite][big])).max()) if big.any() else 0.0,
-                       cosine=_cosine(r[finite], g[finite]), nan=nan, inf=inf, bad=bad, size=int(ref.size),
-                       passed=bad == 0, problem=problem)
+                       cosine=cosine, nan=nan, inf=inf, bad=bad, size=int(ref.size), scaled_error=scaled,
+                       passed=not problem, problem=problem)
+
+
+def _problem(r, g, bad: int, size: int, nan, inf, scaled: float, cosine: float, rtol: float, atol: float,
+             max_bad_fraction: float) -> str:
+    """Why a float output fails (the first rule of compare_arrays it breaks), or "" when it passes."""
+    if nan[1] > nan[0] or inf[1] > inf[0]:
+        return f"NaN/Inf where the original is finite ({nan[1]} NaN, {inf[1]} Inf)"
+    varies = r.size > 1 and np.ptp(r) > 0
+    if varies and g.size and np.ptp(g) == 0:
+        what = "all zero" if not g.any() else f"constant {g.flat[0]:.3g}"
+        return f"collapsed: {what} where the original varies"
+    if bad > max_bad_fraction * size:
+        return f"{bad} of {size} elements outside rtol={rtol:g}, atol={atol:g} (more than {max_bad_fraction:.0%})"
+    if scaled > rtol and scaled * np.abs(r).max() > atol:
+        return f"largest error {scaled:.2g} of the output's scale (over rtol={rtol:g})"
+    if cosine < MIN_COSINE:
+        return f"cosine similarity {cosine:.4f} (under {MIN_COSINE})"
+    return ""
 
 
 def is_float(dtype: np.dtype) -> bool:
