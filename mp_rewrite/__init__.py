@@ -22,6 +22,7 @@ _EXPORTS = {
     "MpRewriteError": "errors", "GraphError": "errors", "ListError": "errors", "ModelError": "errors",
     "OptionError": "errors", "StageError": "errors",
     "enable_mixed_precision_graph_rewrite": "training.api", "disable_mixed_precision_graph_rewrite": "training.api",
+    "enable_graph_rewrite": "training.api",
     "mixed_precision_graph_rewrite": "training.api", "rewritten_functions": "training.api",
     "rewrite_failures": "training.api",
     "LossScaleOptimizer": "training.loss_scale_optimizer",

@@ -78,8 +78,8 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
     """Wrap `opt` with loss scaling and make every tf.function traced from now on run mixed precision.
 
     Args:
-        opt: a Keras 3, tf_keras or TF v1 optimizer (see `wrap_optimizer`); None to only enable the
-            rewrite (e.g. for inference).
+        opt: a Keras 3, tf_keras or TF v1 optimizer (see `wrap_optimizer`). As in TF, it is required; to rewrite
+            without an optimizer (inference), call `enable_graph_rewrite`.
         loss_scale: "dynamic" (the float16 default: start at 2**15, halve and skip the step on inf/nan, double
             after 2000 finite steps); a number (a fixed scale); a dict of LossScaleOptimizer settings
             (`dynamic`, `initial_scale`, `dynamic_growth_steps`); None for no scaling. The bfloat16 default is
@@ -91,15 +91,30 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
         **rewrite_options: `keep_fp32`, `force_low`, `lists`, `level`, as for `rewrite_graph_def`.
 
     Returns:
-        The wrapped optimizer (a `mp_rewrite.LossScaleOptimizer`; TF's own wrapper for a v1
-        optimizer), or None if `opt` is None.
+        The wrapped optimizer (a `mp_rewrite.LossScaleOptimizer`; TF's own wrapper for a v1 optimizer).
 
     Raises:
-        ValueError: `opt` is not a supported optimizer or is a loss scale optimizer already, a Keras mixed
+        ValueError: `opt` is None, not a supported optimizer or a loss scale optimizer already, a Keras mixed
             precision dtype policy is set (the model would be cast twice), or `loss_scale` is invalid.
         TypeError: `loss_scale` is a TF v1 LossScale other than Fixed/DynamicLossScale.
         OptionError: a bad precision, device, level or pattern.
     """
+    if opt is None:
+        raise ValueError('"opt" must be an instance of a tf.train.Optimizer or a tf.keras.optimizers.Optimizer, but '
+                         "got: None (to rewrite without an optimizer, call mp_rewrite.enable_graph_rewrite)")
+    return _enable(opt, loss_scale, precision, device, rewrite_existing, rewrite_options)
+
+
+def enable_graph_rewrite(precision: str = "float16", device=None, *, rewrite_existing: bool = False,
+                         **rewrite_options) -> None:
+    """Make every tf.function traced from now on run mixed precision, without an optimizer (e.g. inference).
+
+    Arguments are those of `enable_mixed_precision_graph_rewrite`; `disable_mixed_precision_graph_rewrite` undoes it.
+    """
+    _enable(None, _DEFAULT, precision, device, rewrite_existing, rewrite_options)
+
+
+def _enable(opt, loss_scale, precision, device, rewrite_existing, rewrite_options):
     _check_no_mixed_policy()
     options, resolved = _rewrite_options(precision, device, rewrite_options)
     wrapped = None if opt is None else wrap_optimizer(opt, _loss_scale_for(precision, loss_scale))
@@ -147,8 +162,7 @@ def mixed_precision_graph_rewrite(opt=None, loss_scale=_DEFAULT, precision: str 
     previous = _STATE["enabled"]
     previous_options = function_hook.active_options()
     since = function_hook.mark()
-    wrapped = enable_mixed_precision_graph_rewrite(opt, loss_scale, precision, device,
-                                                   rewrite_existing=rewrite_existing, **rewrite_options)
+    wrapped = _enable(opt, loss_scale, precision, device, rewrite_existing, rewrite_options)
     try:
         yield wrapped
     finally:
@@ -225,23 +239,26 @@ def _warn_once(key, message):
 
 
 def _keras_mixed_policy():
+    """The name of a mixed global dtype policy of Keras 3 or tf_keras (TF_USE_LEGACY_KERAS), if one is set."""
     import sys
 
-    keras = sys.modules.get("keras")
-    if keras is None:
-        return None
-    name = keras.mixed_precision.global_policy().name
-    return name if name.startswith("mixed_") else None
+    for module in ("keras", "tf_keras"):
+        keras = sys.modules.get(module)
+        if keras is not None and hasattr(keras, "mixed_precision"):
+            name = keras.mixed_precision.global_policy().name
+            if name.startswith("mixed_"):
+                return name
+    return None
 
 
 def _check_no_mixed_policy():
     policy = _keras_mixed_policy()
     if policy:
         raise ValueError(
-            f"The mixed precision graph rewrite cannot be enabled, because the global Keras dtype policy is "
-            f"'{policy}'. Use one or the other: keras.mixed_precision.set_global_policy('{policy}') casts layers "
-            "itself, and the graph rewrite would cast the graph a second time. Call "
-            "keras.mixed_precision.set_global_policy('float32') before enabling the rewrite.")
+            "The mixed precision graph rewrite cannot be enabled, because the global Keras dtype Policy has been set "
+            f"to a mixed precision policy ('{policy}'). At most one of set_global_policy() with a mixed precision "
+            "policy and enable_mixed_precision_graph_rewrite() can be called: both cast the model, and it would be "
+            "cast twice. Call keras.mixed_precision.set_global_policy('float32') first to use the graph rewrite.")
 
 
 def _mixed_policy_veto():

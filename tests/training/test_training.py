@@ -27,6 +27,7 @@ from mp_rewrite.training.api import wrap_optimizer
 from mp_rewrite.training.loss_scale_optimizer import UNSCALE_SCOPE, LossScaleOptimizer
 from mp_rewrite.training.api import (
     disable_mixed_precision_graph_rewrite,
+    enable_graph_rewrite,
     enable_mixed_precision_graph_rewrite,
     mixed_precision_graph_rewrite,
     rewrite_failures,
@@ -170,7 +171,7 @@ def test_gradient_of_a_function_called_under_an_outer_tape():
     x, _ = sum_sign_data(64, SHAPES["mlp"], 0)
     with tf.GradientTape() as tape:
         expected = tape.gradient(tf.reduce_sum(model(x)), model.trainable_variables)
-    enable_mixed_precision_graph_rewrite(None, **ENABLE["float16"])
+    enable_graph_rewrite(**ENABLE["float16"])
 
     @tf.function
     def forward(x):
@@ -195,7 +196,7 @@ def test_nested_function_traced_before_enabling_is_rewritten_as_a_child():
 
     x = tf.ones([4, 16])
     inner_name = cf_name(inner, x)
-    enable_mixed_precision_graph_rewrite(None, **ENABLE["bfloat16"])
+    enable_graph_rewrite(**ENABLE["bfloat16"])
 
     @tf.function
     def outer(x):
@@ -215,7 +216,7 @@ def test_nested_function_traced_before_enabling_is_rewritten_as_a_child():
 
 
 def test_tf_data_functions_are_left_alone():
-    enable_mixed_precision_graph_rewrite(None, **ENABLE["float16"])
+    enable_graph_rewrite(**ENABLE["float16"])
     m = tf.random.normal([8, 8], seed=2)
 
     def mapped(v):
@@ -235,7 +236,7 @@ def test_a_failed_rewrite_runs_the_original_and_warns(caplog, monkeypatch):
         raise RuntimeError("pass exploded")
 
     monkeypatch.setattr(mp_rewrite.core.body, "rewrite_body", broken)
-    enable_mixed_precision_graph_rewrite(None, **ENABLE["float16"])
+    enable_graph_rewrite(**ENABLE["float16"])
 
     @tf.function
     def f(a):
@@ -252,7 +253,7 @@ def test_a_failed_rewrite_runs_the_original_and_warns(caplog, monkeypatch):
 def test_a_rewrite_tensorflow_could_not_run_is_never_swapped_in():
     # UNSAFE_FORCE_ALL forces SparseMatMul, whose Ta/Tb allow only float and bfloat16. TF checks a FunctionDef only
     # when it first runs it, so the hook checks dtypes and kernels itself and keeps the original.
-    enable_mixed_precision_graph_rewrite(None, level="UNSAFE_FORCE_ALL", **ENABLE["float16"])
+    enable_graph_rewrite(level="UNSAFE_FORCE_ALL", **ENABLE["float16"])
 
     @tf.function
     def f(a):
@@ -267,7 +268,7 @@ def test_a_rewrite_tensorflow_could_not_run_is_never_swapped_in():
 
 
 def test_registry_forgets_collected_functions():
-    enable_mixed_precision_graph_rewrite(None, **ENABLE["float16"])
+    enable_graph_rewrite(**ENABLE["float16"])
 
     def trace():
         @tf.function
@@ -476,21 +477,38 @@ def test_rejects_non_optimizers_and_wrapped_optimizers(make_opt, match):
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_rejects_a_mixed_keras_policy(policy):
     keras.mixed_precision.set_global_policy(policy)
-    with pytest.raises(ValueError, match="cast the graph a second time"):
+    with pytest.raises(ValueError, match="global Keras dtype Policy has been set to a mixed precision policy"):
         enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), device="cpu")
+    assert not training.is_enabled() and not hook_installed()
+
+
+def test_rejects_a_mixed_tf_keras_policy():
+    import tf_keras
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with pytest.raises(ValueError, match="global Keras dtype Policy has been set to a mixed precision policy"):
+            enable_mixed_precision_graph_rewrite(tf_keras.optimizers.SGD(0.1), device="cpu")
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
+    assert not training.is_enabled() and not hook_installed()
+
+
+def test_an_optimizer_is_required_as_in_tensorflow():
+    with pytest.raises(ValueError, match='"opt" must be an instance of .* but got: None'):
+        enable_mixed_precision_graph_rewrite(None)
     assert not training.is_enabled() and not hook_installed()
 
 
 def test_bad_options():
     with pytest.raises(OptionError, match="precision"):
-        enable_mixed_precision_graph_rewrite(None, precision="int8")
+        enable_graph_rewrite(precision="int8")
     with pytest.raises(TypeError, match="keep_fp32"):
-        enable_mixed_precision_graph_rewrite(None, device="cpu", keep_fp23=["loss"])
+        enable_graph_rewrite(device="cpu", keep_fp23=["loss"])
     assert not training.is_enabled()
 
 
 def test_a_mixed_policy_set_after_enabling_stops_the_rewrite(caplog):
-    enable_mixed_precision_graph_rewrite(None, **ENABLE["float16"])
+    enable_graph_rewrite(**ENABLE["float16"])
     keras.mixed_precision.set_global_policy("mixed_float16")
 
     @tf.function
@@ -520,8 +538,8 @@ def test_float16_without_a_gpu_warns_and_does_not_rewrite_by_default(caplog):
 
 def test_float16_on_cpu_warns_once_that_it_is_slow(caplog):
     with caplog.at_level(logging.WARNING, logger="mp_rewrite"):
-        enable_mixed_precision_graph_rewrite(None, device="cpu")
-        enable_mixed_precision_graph_rewrite(None, device="cpu")
+        enable_graph_rewrite(device="cpu")
+        enable_graph_rewrite(device="cpu")
     assert caplog.text.count("float16 on CPU") == 1 and "bfloat16" in caplog.text
 
 
@@ -538,7 +556,7 @@ A = tf.constant([[1.001, 2.0], [3.0, 4.0]])  # 1.001 is not exact in float16 or 
 
 def test_disable_restores_rewritten_functions_and_stops_new_traces(caplog):
     f32 = tf.matmul(A, A).numpy()
-    enable_mixed_precision_graph_rewrite(None, **ENABLE["float16"])
+    enable_graph_rewrite(**ENABLE["float16"])
     f = matmul_function()
     assert not np.array_equal(f(A).numpy(), f32)
     name = cf_name(f, A)
@@ -552,7 +570,7 @@ def test_disable_restores_rewritten_functions_and_stops_new_traces(caplog):
 
 
 def test_disable_without_restore_keeps_functions_rewritten():
-    enable_mixed_precision_graph_rewrite(None, **ENABLE["float16"])
+    enable_graph_rewrite(**ENABLE["float16"])
     f = matmul_function()
     f(A)
     assert disable_mixed_precision_graph_rewrite(restore=False) == []
@@ -587,10 +605,10 @@ def test_functions_traced_before_enabling_are_named_or_rewritten(caplog):
     f(A)
     name = cf_name(f, A)
     with caplog.at_level(logging.WARNING, logger="mp_rewrite"):
-        enable_mixed_precision_graph_rewrite(None, **ENABLE["bfloat16"])
+        enable_graph_rewrite(**ENABLE["bfloat16"])
     assert name in caplog.text and "rewrite_existing=True" in caplog.text
     assert not ops_in(executed(name), BF16)
-    enable_mixed_precision_graph_rewrite(None, rewrite_existing=True, **ENABLE["bfloat16"])
+    enable_graph_rewrite(rewrite_existing=True, **ENABLE["bfloat16"])
     assert "MatMul" in ops_in(executed(name), BF16) and name in rewritten_functions()
 
 
