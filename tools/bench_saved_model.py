@@ -232,7 +232,8 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
             "cpu_ms": {v: 1000 * statistics.median(t) for v, t in cpu.items()},
             "calls": {v: len(t) for v, t in times.items()}, "diff_vs_fp32": diff,
             "kernels": {v: (infos[v]["bf16_kernels"], infos[v]["kernels"]) for v in VARIANTS},
-            "same_graph_as_tf_amp": infos["ours"]["census"] == infos["tf_amp"]["census"]}
+            "same_graph_as_tf_amp": infos["ours"]["census"] == infos["tf_amp"]["census"],
+            "casts": {v: sum(n for op, n in infos[v]["census"].items() if op.startswith("Cast ")) for v in VARIANTS}}
 
 
 # --------------------------------------------------------------------------------------------- reporting
@@ -330,6 +331,11 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
         cli = "{:.1f} ({:.1f})".format(*cli_seconds[name]) if name in cli_seconds else "-"
         lines.append(f"| {name} | {f['size_mb']:.0f} | {f['freeze_mb']:.0f} | {f['convert_s']:.2f} | "
                      f"{f['freeze_s']:.2f} | {cli} | {f['converted']} | {f['casts']} | {f['flop_share']:.1%} |")
+    lines += ["", "Cast nodes TensorFlow executed per call (from run metadata; a frozen conversion has folded the weight "
+              "casts):", ""]
+    for row in rows:
+        lines.append(f"- {row['model']} batch {row['batch']}: " +
+                     ", ".join(f"{LABELS[v]} {row['casts'][v]}" for v in VARIANTS))
     lines += ["", "Max |output - float32 output| per variant (TF AMP must differ from float32, or its rewrite did "
               "not take effect):", ""]
     for row in rows:

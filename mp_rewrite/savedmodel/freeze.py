@@ -77,7 +77,14 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[s
             progress(done, len(chosen), key)
     module.frozen = functions  # tracked, so the functions' graphs (and constants) are saved with the module
     directory = tempfile.mkdtemp(prefix="mp_rewrite-frozen-")
-    tf.saved_model.save(module, directory, signatures={k: f.get_concrete_function() for k, f in functions.items()})
+    # An inference artifact needs no gradients; saving custom gradients (Keras' swish) fails on the frozen graphs.
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+    try:
+        tf.saved_model.save(module, directory, options=options,
+                            signatures={k: f.get_concrete_function() for k, f in functions.items()})
+    except (ValueError, TypeError, tf.errors.OpError) as e:
+        remove_tree(directory)
+        raise ModelError(f"TensorFlow cannot save the frozen signatures: {str(e).splitlines()[0]}") from None
     return directory, results
 
 
