@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 # Subcommand modules, in the order `mp-rewrite --help` lists them. Each defines register(subparsers), which adds
@@ -70,19 +71,55 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    previous = signal.signal(signal.SIGTERM, _terminated) if _main_thread() else None
     try:
         precheck = getattr(args, "precheck", None)
         if precheck is not None:
             precheck(args)
-        import_tensorflow_quietly()
+        _import_tensorflow_keeping_sigterm(previous is not None)
         return int(args.func(args) or 0)
     except MpRewriteError as e:
         print(f"mp-rewrite: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("mp-rewrite: terminated (SIGTERM); nothing half-written was left", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
-        print("mp-rewrite: interrupted", file=sys.stderr)
+        print("mp-rewrite: interrupted; nothing half-written was left", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `mp-rewrite lists | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
+
+def _import_tensorflow_keeping_sigterm(handled: bool) -> None:
+    """Import TensorFlow with SIGTERM held back: its C++ start-up installs a handler of its own (which kills the
+    process) over Python's. Ours is put back afterwards and a SIGTERM that arrived meanwhile is delivered to it."""
+    if not handled:
+        import_tensorflow_quietly()
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        import_tensorflow_quietly()
+        signal.signal(signal.SIGTERM, _terminated)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that the same clean-up runs (staging directories, locks, the old output)."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from .list_options import add_list_options, lists_from_args
 from .verify import (add_verify_options, check_verify_options, progress_bar, run_verification, stderr_status,
                      stdout_console)
 
@@ -30,10 +31,7 @@ def register(sub) -> None:
                    "the functions tf.saved_model.load restores)")
     p.add_argument("--device", default=None, metavar="gpu|cpu|any",
                    help="which device's nodes to convert (default: gpu for float16, cpu for bfloat16)")
-    for name in ("allow", "infer", "deny", "clear"):
-        p.add_argument(f"--{name}", action="append", default=[], metavar="OP",
-                       help=f"move OP into the {name} list (repeatable)")
-    p.add_argument("--lists", dest="lists_file", metavar="FILE", help="a TOML file of op list changes")
+    add_list_options(p)
     p.add_argument("--keep-fp32", action="append", default=[], metavar="PATTERN",
                    help="keep nodes matching this name pattern (glob or name scope) in float32 (repeatable)")
     p.add_argument("--force-low", action="append", default=[], metavar="PATTERN",
@@ -100,15 +98,13 @@ def _convert(args, keep):
     with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
         return convert_saved_model(
             args.source, args.output, args.precision, signatures=args.signature or None, device=args.device,
-            lists_file=args.lists_file, allow=args.allow, infer=args.infer, deny=args.deny, clear=args.clear,
-            keep_fp32=keep, force_low=args.force_low, weights=args.weights, freeze=args.freeze,
+            lists=lists_from_args(args), keep_fp32=keep, force_low=args.force_low, weights=args.weights, freeze=args.freeze,
             overwrite=args.overwrite, progress=progress)
 
 
 def _tune(args, keep):
-    from ..savedmodel.convert import effective_lists
     from ..savedmodel.tune import tune_saved_model
-    lists = effective_lists(args.precision, None, args.lists_file, args.allow, args.infer, args.deny, args.clear)
+    lists = lists_from_args(args)
     with stderr_status("converting and timing the --tune candidates"):
         tuned = tune_saved_model(args.source, args.output, args.precision, freeze=args.freeze,
                                  overwrite=args.overwrite, lists=lists, inputs=args.inputs, seed=args.seed,
@@ -152,8 +148,7 @@ def _guard_overrides(path) -> list:
 def _run_guard(args, keep):
     """Run the accuracy guard on the (first) signature; print what it kept; save the overrides if asked."""
     from ..guard.saved_model import guard_saved_model
-    from ..savedmodel.convert import effective_lists
-    lists = effective_lists(args.precision, None, args.lists_file, args.allow, args.infer, args.deny, args.clear)
+    lists = lists_from_args(args)
     guarded = guard_saved_model(args.source, args.inputs, args.signature[0] if args.signature else None,
                                 args.precision, args.rtol, args.atol, batch_size=args.batch_size, seed=args.seed,
                                 device=args.device, keep_fp32=keep, force_low=args.force_low, lists=lists)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import ModelError, OptionError
-from ..core.oplists import LIST_NAMES
+from .list_options import add_list_options, lists_from_args
 
 FORMATS = ("text", "json", "dot", "svg", "html", "tensorboard")
 
@@ -24,9 +24,7 @@ def add_model_options(p) -> None:
                    help="node names, scopes or globs to keep in float32")
     p.add_argument("--force-low", action="append", default=[], metavar="PATTERN",
                    help="node names, scopes or globs to force to low precision")
-    p.add_argument("--lists", dest="lists_file", metavar="FILE", help="a TOML file of op list changes")
-    for name in LIST_NAMES:
-        p.add_argument(f"--{name}", action="append", default=[], metavar="OP", help=f"move OP into the {name} list")
+    add_list_options(p)
 
 
 def register(sub) -> None:
@@ -60,9 +58,8 @@ def check_model_path(args) -> None:
 def load_and_rewrite(args):
     """Read args.model and rewrite it with the options of add_model_options; returns (LoadedModel, result)."""
     from ..report.model_loader import load_model, rewrite_model
-    from ..savedmodel.convert import effective_lists
     model = load_model(args.model)
-    lists = effective_lists(args.precision, None, args.lists_file, *(getattr(args, name) for name in LIST_NAMES))
+    lists = lists_from_args(args)
     result = rewrite_model(model, args.precision, args.fetch, device=args.device, lists=lists,
                            keep_fp32=args.keep_fp32, force_low=args.force_low)
     return model, result

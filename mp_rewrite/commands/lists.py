@@ -4,24 +4,22 @@ from __future__ import annotations
 
 import json
 
-from ..core.oplists import LIST_NAMES, load_lists
+from .list_options import add_list_options, lists_from_args
 
 
 def register(sub) -> None:
     """Add the `lists` subcommand."""
     p = sub.add_parser("lists", help="show the Allow/Infer/Deny/Clear op lists in effect")
     p.add_argument("--precision", default="float16", choices=("float16", "bfloat16"))
-    p.add_argument("--lists", dest="lists_file", metavar="FILE", help="a TOML file of list changes")
-    for name in LIST_NAMES:
-        p.add_argument(f"--{name}", action="append", default=[], metavar="OP", help=f"add OP to the {name} list")
+    add_list_options(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     """Print the lists."""
-    add = {n: getattr(args, n) for n in LIST_NAMES if getattr(args, n)}
-    lists = load_lists(args.precision, lists_file=args.lists_file, add=add)
+    from ..core.oplists import load_lists
+    lists = lists_from_args(args) or load_lists(args.precision)
     if args.json:
         print(json.dumps({"precision": lists.precision, "sources": list(lists.sources), **lists.as_dict()}, indent=1))
         return 0

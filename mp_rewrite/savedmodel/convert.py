@@ -212,9 +212,10 @@ def _as_tuple(value) -> tuple:
 
 
 def effective_lists(precision: str, lists: OpLists | None = None, lists_file: str | None = None, allow=(),
-                    infer=(), deny=(), clear=()) -> OpLists | None:
+                    infer=(), deny=(), clear=(), remove=()) -> OpLists | None:
     """The op lists of a conversion: `lists` (else the built-in lists with TF's environment variables and
-    `lists_file`), with every op named in allow/infer/deny/clear moved into that list (out of any other).
+    `lists_file`), with every op named in allow/infer/deny/clear moved into that list (out of any other), and every
+    op named in `remove` taken out of every list (it then keeps its dtype).
 
     Returns:
         The OpLists, or None when nothing changes the built-in ones (the core then loads them itself).
@@ -229,6 +230,10 @@ def effective_lists(precision: str, lists: OpLists | None = None, lists_file: st
             if target.get(op, name) != name:
                 raise OptionError(f"op {op!r} is given to both --{target[op]} and --{name}; give it to one list")
             target[op] = name
+    for op in check_op_names(_as_tuple(remove), "--remove"):
+        if op in target:
+            raise OptionError(f"op {op!r} is given to both --{target[op]} and --remove; give it to one of them")
+        target[op] = None
     if lists is not None and lists_file:
         raise OptionError("give either lists (an OpLists) or lists_file (a TOML file), not both")
     if lists is None and not lists_file and not target:
@@ -236,7 +241,7 @@ def effective_lists(precision: str, lists: OpLists | None = None, lists_file: st
     base = lists if lists is not None else load_lists(precision, lists_file=lists_file)
     if not target:
         return base
-    add = {name: [op for op, t in target.items() if t == name] for name in LIST_NAMES}
+    add = {name: [op for op, t in target.items() if t == name] for name in LIST_NAMES if name in target.values()}
     remove = {name: [op for op, t in target.items() if t != name] for name in LIST_NAMES}
     return base.with_changes(add, remove, source="options")
 
