@@ -66,13 +66,18 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[s
         raise ModelError(f"'{source_dir}' has no signatures to freeze; export the model with signatures "
                          "(model.export(path) or tf.saved_model.save(obj, path, signatures=...))")
     module, results = tf.Module(), {}
-    functions, seen = {}, {}
+    functions, seen, traced = {}, {}, {}
     for done, key in enumerate(chosen, 1):
-        function, result, identity = _frozen_signature(loaded.signatures[key], key, opts)
-        # Signatures of one function (Keras exports "serve" and "serving_default") share one frozen graph, so
-        # the weights are stored once.
-        functions[key] = seen.setdefault(identity, function)
-        results[f"signature {key} (frozen)"] = result
+        signature = loaded.signatures[key]
+        # Signatures of one function (Keras exports "serve" and "serving_default") are frozen once and share one
+        # graph, so the work is done and the weights are stored once.
+        same = traced.setdefault(_traced_identity(signature), key)
+        if same != key:
+            functions[key], results[f"signature {key} (frozen)"] = functions[same], results[f"signature {same} (frozen)"]
+        else:
+            function, result, identity = _frozen_signature(signature, key, opts)
+            functions[key] = seen.setdefault(identity, function)
+            results[f"signature {key} (frozen)"] = result
         if progress is not None:
             progress(done, len(chosen), key)
     module.frozen = functions  # tracked, so the functions' graphs (and constants) are saved with the module
@@ -114,6 +119,12 @@ def _frozen_signature(signature, key: str, opts: Options):
     result.graph_def = _compact(optimize_graph(result.graph_def, fetches, ("constfold",)), fetches)
     identity = (result.graph_def.SerializeToString(deterministic=True), repr(inputs), repr(sorted(outputs.items())))
     return _as_function(result.graph_def, inputs, outputs), result, identity
+
+
+def _traced_identity(signature) -> tuple:
+    """Equal for two signatures that run the same function with the same interface."""
+    calls = [n.attr["f"].func.name for n in signature.graph.as_graph_def().node if n.attr["f"].func.name]
+    return (tuple(calls), repr(signature.structured_input_signature), repr(sorted(signature.structured_outputs)))
 
 
 def check_stateless(graph_def, key: str) -> None:

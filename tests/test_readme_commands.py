@@ -1,0 +1,49 @@
+"""Every command the README shows in a ```bash block runs as written after the set-up commands.
+
+The first ```bash block is the set-up itself (a fresh venv and the install; CI runs it). Every later one runs line by
+line, in order, from a scratch directory that sees this checkout's `.venv` (the environment running the tests),
+`tools/`, `lists/` and `docs/` where the README expects them, so a command that only works in the author's shell
+fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
+
+pytestmark = pytest.mark.slow
+
+
+def readme_commands() -> list[str]:
+    """The commands of every ```bash block but the first (set-up), comments and blank lines left out."""
+    blocks = BLOCK.findall((ROOT / "README.md").read_text())
+    assert len(blocks) >= 2, "the README shows its set-up and at least one block of commands"
+    lines = [line.split(" #")[0].strip() for block in blocks[1:] for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_the_setup_block_is_what_ci_runs():
+    setup = BLOCK.findall((ROOT / "README.md").read_text())[0]
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_command = next(line for line in setup.splitlines() if "pytest" in line).strip()
+    assert test_command in ci
+
+
+def test_every_readme_command_runs_as_written(tmp_path):
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))  # the README's `.venv/bin/...` is this environment
+    for name in ("tools", "lists", "docs"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # tools/ import the package as the editable install does
+    for command in readme_commands():
+        proc = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                              env=env)
+        assert proc.returncode == 0, f"README command failed: {command}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
+        assert "Traceback" not in proc.stderr, f"{command}: {proc.stderr[-1500:]}"
