@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 
 import tensorflow as tf
 
@@ -271,6 +272,8 @@ def _mixed_policy_veto():
 
 
 def _warn_existing(names):
+    # Newest first (TF numbers traced functions in order): the ones the user just traced are the likely culprits.
+    names = sorted(names, key=lambda n: -int(re.search(r"(\d+)$", n).group(1)) if re.search(r"\d+$", n) else 0)
     shown = [n for n in names if n.startswith("__inference_")] or names
     more = len(names) - min(len(shown), _MAX_NAMED)
     listed = ", ".join(shown[:_MAX_NAMED]) + (f" and {more} more" if more > 0 else "")

@@ -35,7 +35,7 @@ import weakref
 from tensorflow.core.framework import function_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import atomic_function
-from tensorflow.python.framework import kernels, op_def_registry
+from tensorflow.python.framework import errors, kernels, op_def_registry
 
 from ..errors import GraphError, MpRewriteError
 from ..core.graph_view import device_kind
@@ -182,7 +182,11 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
     with _HOOK.lock:
         if name in _HOOK.records:
             return None
-        fdef = fdef if fdef is not None else ctx.get_function_def(name)
+        if fdef is None:
+            try:
+                fdef = ctx.get_function_def(name)
+            except errors.NotFoundError:  # collected by TF since it was listed (a function of a dropped object)
+                return None
         if is_polymorphic(fdef) or is_tf_data_function(fdef) or not _has_allow_op(fdef, options):
             _remember_checked(name)
             return None
