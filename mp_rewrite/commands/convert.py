@@ -41,6 +41,10 @@ def register(sub) -> None:
                    "TensorFlow fold what that makes foldable, rewrite, and store weights used only in low precision "
                    "in low precision (about half the size). Keeps every signature; drops variables and the "
                    "restored objects (so no training)")
+    p.add_argument("--keras-metadata", default="keep", choices=("keep", "drop"),
+                   help="a tf_keras model's keras_metadata.pb: keep (default; tf_keras.models.load_model then runs "
+                   "float32 layers, a warning says how to load the converted functions) or drop (load_model refuses "
+                   "the model; tf.saved_model.load runs it mixed precision)")
     p.add_argument("--tune", action="store_true",
                    help="convert three candidates (TF's lists; matmul/conv only; float32), time them here, and keep "
                    "the fastest that meets the verification tolerance (recorded in assets/mp_rewrite_tuning.json): "
@@ -79,6 +83,8 @@ def run(args) -> int:
     _say_what_this_cpu_computes(args)
     result = _tune(args, keep) if args.tune else _convert(args, keep)
     print_result(result)
+    for note in result.notes:
+        stdout_console().print(f"[bold yellow]warning:[/] {note}", soft_wrap=True)
     if guarded is not None and not guarded.result.met:
         stdout_console().print("the accuracy guard could not meet the tolerance; see the kept nodes above", soft_wrap=True)
         return 1
@@ -99,7 +105,7 @@ def _convert(args, keep):
         return convert_saved_model(
             args.source, args.output, args.precision, signatures=args.signature or None, device=args.device,
             lists=lists_from_args(args), keep_fp32=keep, force_low=args.force_low, weights=args.weights, freeze=args.freeze,
-            overwrite=args.overwrite, progress=progress)
+            keras_metadata=args.keras_metadata, overwrite=args.overwrite, progress=progress)
 
 
 def _tune(args, keep):

@@ -27,6 +27,7 @@ from ..core.functions import called_functions, reachable_functions
 from ..core.graph_view import parse_input
 from ..core.library import rewrite_library, skipped_functions
 from .model_dir import absolute_output, check_output, model_file, write_model_dir
+from .keras_metadata import METADATA_FILE, check_mode, has_keras_metadata, metadata_note
 from .output_lock import output_lock
 from .source_check import check_source, check_written, node_names
 from ..core.op_support import Signatures
@@ -53,6 +54,7 @@ class ConversionResult:
         function_flops: function name -> its own FlopShare.
         graph_flops: MetaGraph tags -> FlopShare of its main graph (where TF1 SavedModels compute).
         seconds: wall time of the conversion.
+        notes: what the user must know about the output (e.g. how to load a converted tf_keras model).
         frozen: True for a --freeze conversion (graphs then maps "signature KEY (frozen)" to its RewriteResult).
     """
 
@@ -68,6 +70,7 @@ class ConversionResult:
     graph_flops: dict = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
     frozen: bool = False
+    notes: list = dataclasses.field(default_factory=list)
 
     @property
     def functions(self) -> dict:
@@ -330,8 +333,8 @@ def estimate_flops(graphs: dict) -> tuple:
 def convert_saved_model(source, output, precision: str = "float16", *, signatures=None, device: str | None = None,
                         lists: OpLists | None = None, lists_file: str | None = None, allow=(), infer=(), deny=(),
                         clear=(), keep_fp32=(), force_low=(), level: str | None = None, weights: str = "keep",
-                        freeze: bool = False, overwrite: bool = False, flops: bool = True,
-                        progress=None) -> ConversionResult:
+                        freeze: bool = False, keras_metadata: str = "keep", overwrite: bool = False,
+                        flops: bool = True, progress=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
     dtypes, shapes), variables, assets and object graph, whose functions compute in float16 or bfloat16.
 
@@ -348,6 +351,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
         keep_fp32, force_low, level: as for rewrite_graph_def (node-name patterns match nodes of function bodies).
         weights: "keep" stores variables as they are; "low" (variables in low precision) needs freeze=True, which
             stores every weight consumed only in low precision in low precision.
+        keras_metadata: "keep" copies a tf_keras model's keras_metadata.pb (tf_keras.models.load_model then runs
+            float32 layers: result.notes says so), "drop" leaves it out (load_model then refuses the model).
         freeze: an inference artifact (mp_rewrite.savedmodel.freeze): variables folded into constants, Grappler's
             constant folding and arithmetic optimizer, then the pass; only the signatures are kept.
         overwrite: replace an existing output (a SavedModel or an empty directory), once the new one is complete.
@@ -368,6 +373,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
     if weights == "low" and not freeze:
         raise OptionError("--weights low needs --freeze: variables stay float32 in a SavedModel that keeps them; "
                           "with --freeze, weights consumed only in low precision are stored in low precision")
+    check_mode(keras_metadata)
     chosen = effective_lists(precision, lists, lists_file, allow, infer, deny, clear)
     opts = make_options(precision, device, chosen, keep_fp32, force_low, level)
     # The lock is held from the output check to the rename, so that no other run interleaves with this one.
@@ -385,8 +391,10 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
         for option in ("keep_fp32", "force_low"):
             check_patterns_match(getattr(opts, option), option, names)
         share, per_function, per_graph = estimate_flops(graphs) if flops else (None, {}, {})
-        write_model_dir(source_dir, output_dir, new, overwrite,
+        drop = (METADATA_FILE,) if keras_metadata == "drop" else ()
+        write_model_dir(source_dir, output_dir, new, overwrite, drop=drop,
                         check=lambda written: check_written(source_dir, saved_model, written, new))
+    notes = [metadata_note(output, keras_metadata)] if has_keras_metadata(source_dir) else []
     return ConversionResult(str(source), str(output), opts.precision, opts.device,
                             keys or tuple(signature_keys(saved_model)), graphs, skipped, share, per_function,
-                            per_graph, time.perf_counter() - start)
+                            per_graph, time.perf_counter() - start, notes=notes)

@@ -83,7 +83,8 @@ def _is_empty(directory: Path) -> bool:
     return not any(directory.iterdir())
 
 
-def write_model_dir(source: Path, output: Path, saved_model, overwrite: bool = False, check=None) -> None:
+def write_model_dir(source: Path, output: Path, saved_model, overwrite: bool = False, check=None,
+                    drop=()) -> None:
     """Write a SavedModel proto, with every other file of `source` (variables, assets, ...), at `output`.
 
     The files are written to a temporary sibling directory (`.mpr-<pid>-n-*`), checked, and moved into place when
@@ -96,6 +97,7 @@ def write_model_dir(source: Path, output: Path, saved_model, overwrite: bool = F
         overwrite: replace an existing output (only after the new one is complete).
         check: optional callable(directory) run on the complete copy before it is moved into place; it raises
             an MpRewriteError when the copy is unusable (nothing is then written).
+        drop: top-level file names of the source not to copy (e.g. keras_metadata.pb).
 
     Raises:
         ModelError: the output cannot be written (full disk, permissions, a proto too large to serialize).
@@ -105,7 +107,7 @@ def write_model_dir(source: Path, output: Path, saved_model, overwrite: bool = F
     except OSError as e:
         raise ModelError(f"cannot create the output directory '{output}': {_reason(e)}") from None
     try:
-        _fill(staging, source, saved_model)
+        _fill(staging, source, saved_model, drop)
         if check is not None:
             check(staging)
         _move_into_place(staging, output, overwrite)
@@ -135,10 +137,10 @@ def serialize(message) -> bytes:
         raise ModelError(f"the converted SavedModel proto cannot be serialized: {e}") from None
 
 
-def _fill(staging: Path, source: Path, saved_model) -> None:
-    """Copy the source's files except its proto and fingerprint, then write the new proto and fingerprint."""
+def _fill(staging: Path, source: Path, saved_model, drop=()) -> None:
+    """Copy the source's files except its proto, fingerprint and `drop`, then write the new proto and fingerprint."""
     proto = model_file(source)
-    _copy_tree(source, staging, skip={proto.name, FINGERPRINT_FILE})
+    _copy_tree(source, staging, skip={proto.name, FINGERPRINT_FILE, *drop})
     if proto.suffix == ".pbtxt":
         (staging / proto.name).write_text(text_format.MessageToString(saved_model), encoding="utf-8")
     else:
