@@ -133,7 +133,7 @@ class DynamicScaleUpdate:
         counter = tf.convert_to_tensor(self.step_counter)
         grow = tf.logical_and(finite, counter + 1 >= self._growth_steps)
         new = tf.where(finite, tf.where(grow, tf.minimum(old * 2.0, MAX_LOSS_SCALE), old),
-                       tf.maximum(old * 0.5, MIN_LOSS_SCALE))
+                       tf.maximum(old * 0.5, min(MIN_LOSS_SCALE, self._initial_scale)))
         self.dynamic_scale.assign(new)
         self.step_counter.assign(tf.where(finite & ~grow, counter + 1, tf.zeros_like(counter)))
         self._skipped_steps.assign_add(tf.cast(tf.logical_not(finite), tf.int64))

@@ -29,7 +29,8 @@ import tensorflow as tf
 from .dynamic_scale import UNSCALE_SCOPE, DynamicScaleUpdate, multiply  # noqa: F401  (UNSCALE_SCOPE re-exported)
 from .settings import (  # noqa: F401  (the bounds and is_loss_scale_optimizer are re-exported)
     _BASE_ARGS, _KERAS, _TF_KERAS_V2, _TF_KERAS_V3, MAX_LOSS_SCALE, MIN_LOSS_SCALE, SCALE_HISTORY_SIZE, LossScaleError,
-    _check_inner, _check_settings, _check_strategy_supported, deserialize_inner, is_loss_scale_optimizer)
+    _check_inner, _check_settings, _check_strategy_supported, deserialize_inner, is_loss_scale_optimizer,
+    legacy_config)
 
 # AutoGraph would re-convert this module's Python on every trace (~3 s); none of it needs conversion.
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -68,7 +69,11 @@ class LossScaleOptimizer(DynamicScaleUpdate, keras.optimizers.LossScaleOptimizer
             an unsupported distribution strategy (TPU, parameter server, central storage).
     """
 
-    def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None, name=None):
+    def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None, name=None,
+                 **kwargs):
+        if kwargs:  # Keras's error; clipping or EMA on the wrapper would silently do nothing
+            raise LossScaleError(f"Argument(s) not recognized: {kwargs}. Options of the update (clipnorm, clipvalue, "
+                                 "global_clipnorm, use_ema, ...) belong to the inner optimizer")
         family = _check_inner(inner_optimizer)
         initial_scale, dynamic_growth_steps = _check_settings(dynamic, initial_scale, dynamic_growth_steps)
         _check_strategy_supported()
@@ -366,9 +371,12 @@ class LossScaleOptimizer(DynamicScaleUpdate, keras.optimizers.LossScaleOptimizer
 
     def get_config(self):
         """Returns the config: name, the serialized inner optimizer and the three loss scale settings."""
-        return {"name": self.name, "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
-                "dynamic": self._dynamic, "initial_scale": self._initial_scale,
-                "dynamic_growth_steps": self._growth_steps}
+        config = {"name": self.name, "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+                  "dynamic": self._dynamic, "initial_scale": self._initial_scale,
+                  "dynamic_growth_steps": self._growth_steps}
+        if self._family == _KERAS and self._dynamic:
+            del config["dynamic"]  # Keras 3's own config has no "dynamic" (it is always dynamic)
+        return config
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -381,6 +389,6 @@ class LossScaleOptimizer(DynamicScaleUpdate, keras.optimizers.LossScaleOptimizer
         Returns:
             A new LossScaleOptimizer.
         """
-        config = dict(config)
+        config = legacy_config(dict(config))
         inner = deserialize_inner(config.pop("inner_optimizer"), custom_objects)
         return cls(inner, **config)

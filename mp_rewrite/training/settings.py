@@ -5,6 +5,7 @@ validated here, with TF's error messages; `loss_scale.py` holds the optimizer it
 """
 
 import importlib
+import math
 import numbers
 import sys
 from collections.abc import Mapping
@@ -95,21 +96,28 @@ def _check_settings(dynamic, initial_scale, dynamic_growth_steps):
     if not dynamic and dynamic_growth_steps is not None:
         raise LossScaleError(
             f'"dynamic_growth_steps" must be None if "dynamic" is False, but got: {dynamic_growth_steps}')
+    # What tf_keras accepts (anything float() and int() take: 0.5, True, 2.0), except values that cannot work:
+    # a scale that is not positive and finite, or a growth period that is not a whole number of steps.
     initial_scale = DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale
-    if (isinstance(initial_scale, bool) or not isinstance(initial_scale, numbers.Real)
-            or not MIN_LOSS_SCALE <= float(initial_scale) <= MAX_LOSS_SCALE):
-        raise LossScaleError(
-            f'"initial_scale" must be a number between {MIN_LOSS_SCALE:g} and 2**64 (the bounds of the '
-            f"loss scale), but got: {initial_scale!r}")
+    try:
+        scale = float(initial_scale)
+    except (TypeError, ValueError):
+        scale = math.nan
+    if not 0 < scale <= MAX_LOSS_SCALE:
+        raise LossScaleError(f'"initial_scale" must be a number greater than 0 and at most 2**64 (the largest loss '
+                             f"scale), but got: {initial_scale!r}")
     if dynamic:
-        dynamic_growth_steps = DEFAULT_GROWTH_STEPS if dynamic_growth_steps is None else dynamic_growth_steps
-        if (isinstance(dynamic_growth_steps, bool) or not isinstance(dynamic_growth_steps, numbers.Integral)
-                or dynamic_growth_steps < 1):
+        steps = DEFAULT_GROWTH_STEPS if dynamic_growth_steps is None else dynamic_growth_steps
+        try:
+            whole = float(steps).is_integer() and steps >= 1
+        except (TypeError, ValueError):
+            whole = False
+        if not whole:
             raise LossScaleError(
-                '"dynamic_growth_steps" must be a positive int (the number of consecutive finite steps '
+                '"dynamic_growth_steps" must be a positive whole number (the number of consecutive finite steps '
                 f"after which the loss scale doubles), but got: {dynamic_growth_steps!r}")
-        dynamic_growth_steps = int(dynamic_growth_steps)
-    return float(initial_scale), dynamic_growth_steps
+        dynamic_growth_steps = int(steps)
+    return scale, dynamic_growth_steps
 
 
 def _check_inner(inner_optimizer):
@@ -168,3 +176,31 @@ def deserialize_inner(config, custom_objects):
         # Keras 3's deserializer cannot locate tf_keras classes; they rebuild themselves from their own config.
         return getattr(importlib.import_module(module), config["class_name"]).from_config(config["config"])
     return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+
+
+def legacy_config(config: dict) -> dict:
+    """A TF <= 2.3 config ({"optimizer", "loss_scale"}) in today's form, as tf_keras's from_config reads it.
+
+    Raises:
+        LossScaleError: a DynamicLossScale whose multiplier is not 2, or another kind of LossScale.
+    """
+    if "loss_scale" not in config:
+        return config
+    loss_scale, kinds = config.pop("loss_scale"), tf.compat.v1.mixed_precision
+    if isinstance(loss_scale, dict):
+        cls = {"FixedLossScale": kinds.FixedLossScale, "DynamicLossScale": kinds.DynamicLossScale}.get(
+            loss_scale.get("class_name"))
+        if cls is None:
+            raise LossScaleError("Serialized LossScaleOptimizers with a LossScale that is neither a FixedLossScale "
+                                 "nor a DynamicLossScale can no longer be deserialized")
+        loss_scale = cls.from_config(loss_scale.get("config", {}))
+    if isinstance(loss_scale, kinds.FixedLossScale):
+        config.update(dynamic=False, initial_scale=loss_scale._loss_scale_value)
+    elif isinstance(loss_scale, kinds.DynamicLossScale):
+        if loss_scale.multiplier != 2:
+            raise LossScaleError("Cannot deserialize LossScaleOptimizer with a DynamicLossScale whose multiplier is "
+                                 f"not 2. Got DynamicLossScale: {loss_scale}")
+        config.update(dynamic=True, initial_scale=loss_scale.initial_loss_scale,
+                      dynamic_growth_steps=loss_scale.increment_period)
+    config["inner_optimizer"] = config.pop("optimizer")
+    return config

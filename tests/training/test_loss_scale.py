@@ -516,16 +516,23 @@ def test_keras_model_save_and_load_keep_the_optimizer_state(tmp_path):
 # -- invalid arguments ---------------------------------------------------------------------------------------------
 
 
+def test_settings_tf_keras_accepts_are_accepted():
+    """tf_keras takes float(initial_scale) and int(dynamic_growth_steps): 0.5, True and 2.0 work there, and here."""
+    small = LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=0.5, dynamic_growth_steps=2.0)
+    assert small.initial_scale == 0.5 and small.dynamic_growth_steps == 2 and float(small.loss_scale) == 0.5
+    assert LossScaleOptimizer(keras.optimizers.SGD(), dynamic=False, initial_scale=True).initial_scale == 1.0
+
+
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"dynamic": "yes"}, TypeError, '"dynamic" argument to LossScaleOptimizer.__init__ must be a bool'),
     ({"dynamic": False}, ValueError, '"initial_scale" must be specified if "dynamic" is False'),
     ({"dynamic": False, "initial_scale": 2, "dynamic_growth_steps": 2}, ValueError,
      '"dynamic_growth_steps" must be None if "dynamic" is False, but got: 2'),
-    ({"initial_scale": 0.5}, ValueError, '"initial_scale" must be a number between 1 and 2\\*\\*64'),
+    ({"initial_scale": 0.0}, ValueError, '"initial_scale" must be a number greater than 0 and at most 2\\*\\*64'),
     ({"initial_scale": INF}, ValueError, '"initial_scale" must be a number'),
     ({"initial_scale": "big"}, ValueError, '"initial_scale" must be a number'),
-    ({"dynamic_growth_steps": 0}, ValueError, '"dynamic_growth_steps" must be a positive int'),
-    ({"dynamic_growth_steps": 2.5}, ValueError, '"dynamic_growth_steps" must be a positive int'),
+    ({"dynamic_growth_steps": 0}, ValueError, '"dynamic_growth_steps" must be a positive whole number'),
+    ({"dynamic_growth_steps": 2.5}, ValueError, '"dynamic_growth_steps" must be a positive whole number'),
 ])
 def test_invalid_arguments(kwargs, error, match):
     with pytest.raises(error, match=match) as raised:
@@ -626,7 +633,7 @@ class _CustomLossScale(tf.compat.v1.mixed_precision.LossScale):
     ("static", ValueError, 'Invalid value passed to loss_scale. loss_scale must be the string "dynamic"'),
     (True, ValueError, "Invalid value passed to loss_scale"),
     ({"scale": 2}, ValueError, r"Invalid key\(s\) \['scale'\] in the loss_scale dict"),
-    (0.5, ValueError, '"initial_scale" must be a number between 1'),
+    (-1.0, ValueError, '"initial_scale" must be a number greater than 0'),
 ])
 def test_wrap_optimizer_loss_scale_errors(loss_scale, error, match):
     with pytest.raises(error, match=match):
@@ -784,3 +791,34 @@ def test_mirrored_overflow_on_one_replica_skips_on_both(mirrored_results, style)
 def test_mirrored_fit_overflow_on_one_replica_skips(mirrored_results):
     fit = mirrored_results["fit"]
     assert fit["kernel"] == [1.0, 1.0] and fit["scale"] == 2.0 and fit["skipped"] == 1
+
+
+# -- drop-in details of the peers (issue: unknown kwargs, Keras 3 config keys, TF <= 2.3 configs) ----------------
+
+
+def test_unknown_or_update_options_on_the_wrapper_raise_like_keras():
+    for kwargs in ({"clipnorm": 1.0}, {"global_clipnorm": 1.0}, {"use_ema": True}, {"bogus": 1}):
+        with pytest.raises(ValueError, match="Argument\\(s\\) not recognized"):
+            LossScaleOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+def test_keras3_config_has_keras3_keys_and_round_trips_through_keras():
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.25), initial_scale=8.0, dynamic_growth_steps=3)
+    config = opt.get_config()
+    assert set(config) == {"name", "inner_optimizer", "initial_scale", "dynamic_growth_steps"}
+    rebuilt = keras.optimizers.LossScaleOptimizer.from_config(config)  # Keras 3's own class reads ours
+    assert rebuilt.initial_scale == 8.0 and rebuilt.dynamic_growth_steps == 3
+
+
+def test_tf_2_3_configs_are_read_as_tf_keras_reads_them():
+    inner = keras.saving.serialize_keras_object(keras.optimizers.SGD(0.5))
+    dynamic = LossScaleOptimizer.from_config({"optimizer": inner, "loss_scale": {
+        "class_name": "DynamicLossScale", "config": {"initial_loss_scale": 16.0, "increment_period": 7,
+                                                     "multiplier": 2.0}}})
+    assert dynamic.dynamic and dynamic.initial_scale == 16.0 and dynamic.dynamic_growth_steps == 7
+    fixed = LossScaleOptimizer.from_config({"optimizer": inner, "loss_scale": {
+        "class_name": "FixedLossScale", "config": {"loss_scale_value": 4.0}}})
+    assert not fixed.dynamic and fixed.initial_scale == 4.0
+    with pytest.raises(ValueError, match="multiplier is not 2"):
+        LossScaleOptimizer.from_config({"optimizer": inner, "loss_scale": {
+            "class_name": "DynamicLossScale", "config": {"initial_loss_scale": 16.0, "multiplier": 4.0}}})
