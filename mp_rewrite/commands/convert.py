@@ -205,9 +205,12 @@ def print_result(result) -> None:
         bool(result.skipped)
     for note in notes + [_flop_line(result)]:
         console.print(note, soft_wrap=True)
+    functions = len(result.functions)
     console.print(f"wrote {result.output}: {_count(result.converted_nodes, 'node')} converted to "
-                  f"{result.precision}, {_count(result.casts, 'cast')} inserted, in {result.seconds:.1f} s",
-                  soft_wrap=True)
+                  f"{result.precision} in the main graph and {_count(functions, 'function')}, "
+                  f"{_count(result.casts, 'cast')} inserted, in {result.seconds:.1f} s", soft_wrap=True)
+    console.print("(nodes now computing in low precision, and casts in both directions: the numbers "
+                  "mp-rewrite inspect and demo report for the same rewrite)", soft_wrap=True)
 
 
 def _count(n: int, noun: str) -> str:

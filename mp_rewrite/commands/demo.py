@@ -27,7 +27,8 @@ def run(args) -> int:
     example = EXAMPLES[args.example]()
     result = rewrite_graph_def(example.graph_def, args.precision, example.fetches, device=args.device)
     print(f"{args.example}: {result.summary()}")
-    print(result.grappler_line())
+    print(f"Grappler's own line (it counts type attributes, and only the casts into {args.precision}):")
+    print(f"  {result.grappler_line()}")
     if example.kind == "inference":
         expected = run_graph_def(example.graph_def, example.inputs, example.fetches)
         got = run_graph_def(result.graph_def, example.inputs, example.fetches)

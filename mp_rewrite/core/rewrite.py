@@ -14,7 +14,7 @@ from .op_support import Signatures
 
 def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16", fetches=(), *,
                       device: str | None = None, lists: OpLists | None = None, keep_fp32=(), force_low=(),
-                      preserve=(), level: str | None = None, functions: bool = True,
+                      preserve=(), level: str | None = None, functions: bool = True, function_names=None,
                       progress=None) -> RewriteResult:
     """Rewrite a GraphDef (and the functions it calls) to mixed precision, as Grappler's pass does.
 
@@ -32,6 +32,8 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
             TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL.
         functions: also rewrite every library function the graph reaches, each on its own as Grappler does
             (arguments and return values keep their dtypes; stateful and dataset ops are preserved).
+        function_names: the library functions to rewrite instead of those the graph's nodes reach, e.g. what a
+            SavedModel's signatures and object graph run (core.meta_graph.functions_to_rewrite, as `convert` does).
         progress: optional callable (done, total, function name) called after each function body is rewritten.
 
     Returns:
@@ -49,8 +51,8 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
         signatures = Signatures(graph_def.library)
         result = rewrite_body(graph_def, opts, fetches, preserve, signatures)
         if functions and graph_def.library.function:
-            result.functions = rewrite_library(result.graph_def.library, opts, signatures,
-                                               graph_functions(graph_def), progress)
+            names = graph_functions(graph_def) if function_names is None else list(function_names)
+            result.functions = rewrite_library(result.graph_def.library, opts, signatures, names, progress)
     return result
 
 

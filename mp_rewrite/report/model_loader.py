@@ -15,6 +15,7 @@ from google.protobuf import message, text_format
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
+from ..core.meta_graph import functions_to_rewrite
 from ..errors import ModelError
 
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
@@ -34,6 +35,8 @@ class LoadedModel:
         fetches: tensor names the model's signatures return (kept float32 like a Session's fetches); [] for a
             bare GraphDef.
         signatures: signature name -> output tensor names (SavedModel / MetaGraphDef).
+        function_names: for a SavedModel or MetaGraphDef, the functions its signatures and object graph run (the
+            ones `convert` rewrites, so that both report the same); None for a bare GraphDef (those its nodes call).
     """
 
     path: str
@@ -41,6 +44,7 @@ class LoadedModel:
     graph_def: graph_pb2.GraphDef
     fetches: list
     signatures: dict = dataclasses.field(default_factory=dict)
+    function_names: list | None = None
 
 
 def _plausible(graph_def: graph_pb2.GraphDef) -> bool:
@@ -63,7 +67,7 @@ def _from_meta_graph(meta: meta_graph_pb2.MetaGraphDef, path: str, kind: str) ->
     signatures = {name: [t.name for t in sig.outputs.values()]
                   for name, sig in meta.signature_def.items() if name != INIT_SIGNATURE}
     fetches = list(dict.fromkeys(t for outputs in signatures.values() for t in outputs if t))
-    return LoadedModel(path, kind, meta.graph_def, fetches, signatures)
+    return LoadedModel(path, kind, meta.graph_def, fetches, signatures, functions_to_rewrite(meta))
 
 
 def _parse(data: bytes, text: bool):
@@ -140,4 +144,4 @@ def rewrite_model(model: LoadedModel, precision: str = "float16", fetches=None, 
     """
     from ..core.rewrite import rewrite_graph_def
     chosen = model.fetches if fetches is None else list(fetches)
-    return rewrite_graph_def(model.graph_def, precision, chosen, **options)
+    return rewrite_graph_def(model.graph_def, precision, chosen, function_names=model.function_names, **options)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..core.body import make_options
 from ..core.pass_context import check_patterns_match
-from .convert import effective_lists, functions_to_rewrite, read_saved_model, select_signatures
+from ..core.meta_graph import functions_to_rewrite
+from .convert import effective_lists, read_saved_model, select_signatures
 from .model_dir import check_output
 from .source_check import check_source, node_names
 
