@@ -63,3 +63,11 @@ def test_sigterm_during_a_conversion_leaves_nothing(tmp_path):
         pytest.skip("the conversion finished before SIGTERM arrived")
     assert proc.returncode == 143 and "terminated" in err and "Traceback" not in err, err[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["resnet"]  # no output, no staging leftovers
+
+
+def test_tensorflow_logs_only_with_verbose():
+    quiet = subprocess.run([*CLI, "lists"], capture_output=True, text=True, timeout=120)
+    loud = subprocess.run([*CLI, "-v", "lists"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
+    assert quiet.returncode == loud.returncode == 0
+    assert "I0000" not in quiet.stderr and "I0000" in loud.stderr

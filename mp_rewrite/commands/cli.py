@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mp-rewrite", description="Mixed precision graph rewriter for TensorFlow "
                                      "(Grappler's auto_mixed_precision pass, in Python, explained).")
     parser.add_argument("--version", action="version", version=f"mp-rewrite {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show TensorFlow's own log lines (kept out of the output by default)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -34,16 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def import_tensorflow_quietly() -> None:
+def import_tensorflow_quietly(verbose: bool = False) -> None:
     """Import TensorFlow with file descriptor 2 silenced: its C++ start-up lines ("oneDNN custom operations are
     on", absl's pre-init warning) ignore TF_CPP_MIN_LOG_LEVEL and bury a CLI's own output. An import error is
-    still raised, after stderr is restored."""
-    # TF's C++ log lines are noise in a CLI's output; "2" still lets E-lines through (cuInit, oneDNN "DT_HALF only
-    # on platforms with AVX-512" on machines that have it).
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    still raised, after stderr is restored. With `verbose`, TensorFlow logs as it would on its own."""
     # The `tensorflow` wheel leaves oneDNN off (it is built with CUDA); TF's bfloat16 pass and fast bfloat16 CPU
     # kernels need it. TF_ENABLE_ONEDNN_OPTS=0 in the environment still turns it off.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    if verbose:
+        import tensorflow  # noqa: F401
+        return
+    # TF's C++ log lines are noise in a CLI's output; "2" still lets E-lines through (cuInit, oneDNN "DT_HALF only
+    # on platforms with AVX-512" on machines that have it).
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
@@ -76,7 +81,7 @@ def main(argv=None) -> int:
         precheck = getattr(args, "precheck", None)
         if precheck is not None:
             precheck(args)
-        _import_tensorflow_keeping_sigterm(previous is not None)
+        _import_tensorflow_keeping_sigterm(previous is not None, args.verbose)
         return int(args.func(args) or 0)
     except MpRewriteError as e:
         print(f"mp-rewrite: error: {e}", file=sys.stderr)
@@ -95,15 +100,15 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _import_tensorflow_keeping_sigterm(handled: bool) -> None:
+def _import_tensorflow_keeping_sigterm(handled: bool, verbose: bool) -> None:
     """Import TensorFlow with SIGTERM held back: its C++ start-up installs a handler of its own (which kills the
     process) over Python's. Ours is put back afterwards and a SIGTERM that arrived meanwhile is delivered to it."""
     if not handled:
-        import_tensorflow_quietly()
+        import_tensorflow_quietly(verbose)
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        import_tensorflow_quietly()
+        import_tensorflow_quietly(verbose)
         signal.signal(signal.SIGTERM, _terminated)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
