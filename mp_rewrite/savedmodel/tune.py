@@ -5,8 +5,9 @@ The candidates (each converted exactly as `convert` would, with --freeze when as
 - ``grappler``: TF's lists for the precision (the default conversion);
 - ``matmul-conv``: only the allow list (matmuls, convolutions) in low precision, every elementwise op float32 —
   on CPUs whose low-precision elementwise kernels are slower than float32 ones this is often faster;
-- ``float32``: nothing in low precision (with --freeze: the frozen, folded float32 graph) — the floor, so a tuned
-  conversion is never slower than float32 on the machine that tuned it.
+- ``float32``: nothing in low precision (with --freeze: the frozen, folded float32 graph);
+- with --freeze, also ``float32-unfrozen``: the model as it is — the floor, so a tuned conversion is never slower
+  than the original on the machine (and at the batch size, `--batch-size`) that tuned it.
 
 Every candidate runs every signature on the same inputs, interleaved over several rounds (median CPU time per
 call, so other processes on the machine disturb every candidate alike), and is checked against the original with
@@ -31,6 +32,7 @@ from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 
 CANDIDATES = ("grappler", "matmul-conv", "float32")
+ORIGINAL = "float32-unfrozen"  # with --freeze: the model as it is, in case freezing makes it slower here
 TUNING_FILE = "mp_rewrite_tuning.json"
 
 
@@ -52,7 +54,7 @@ class TuneResult:
 
     def summary(self) -> str:
         """One line per candidate, then the choice."""
-        base = self.milliseconds.get("float32")
+        base = self.milliseconds.get(ORIGINAL) or self.milliseconds.get("float32")
         lines = []
         for name, ms in self.milliseconds.items():
             speed = f", {base / ms:.2f}x float32" if base else ""
@@ -89,17 +91,18 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, freeze: boo
         ModelError: no candidate met the tolerance (nothing is written), or a conversion error.
     """
     check_output(source, output, overwrite)
+    candidates = {name: freeze for name in CANDIDATES} | ({ORIGINAL: False} if freeze else {})
     with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work:
         converted = {}
-        for name in CANDIDATES:
-            converted[name] = convert_saved_model(source, Path(work) / name, precision, freeze=freeze,
-                                                  lists=_candidate_lists(name, precision, lists),
-                                                  **options)
+        for name, frozen in candidates.items():
+            lists_of = _candidate_lists(name if name != ORIGINAL else "float32", precision, lists)
+            converted[name] = convert_saved_model(source, Path(work) / name, precision, freeze=frozen,
+                                                  lists=lists_of, **options)
         passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size)
-                  for name in CANDIDATES}
-        milliseconds = _time_candidates({n: Path(work) / n for n in CANDIDATES}, inputs, seed, batch_size, rounds,
+                  for name in candidates}
+        milliseconds = _time_candidates({n: Path(work) / n for n in candidates}, inputs, seed, batch_size, rounds,
                                         calls)
-        fine = [name for name in CANDIDATES if passed[name]]
+        fine = [name for name in candidates if passed[name]]
         if not fine:
             raise ModelError("no candidate of --tune meets the verification tolerance, not even float32; check the "
                              "model and the inputs (--inputs), or loosen --rtol/--atol")
