@@ -322,8 +322,8 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
              f"TensorFlow {info['tensorflow']}, Keras {info['keras']}, Python {info['python']}. "
              f"Load average before/after: {load[0]:.2f} / {load[1]:.2f} (a shared machine: the interleaved "
              "blocks keep the comparison fair, absolute numbers vary).", "",
-             "Median wall-clock latency of one `serving_default` call (ms), and speed-ups of the mp-rewrite model "
-             "(x = other's time / ours; > 1 means ours is faster):", ""] + table(rows)
+             "Median wall-clock latency of one `serving_default` call (ms), and each variant's speed-up over float32 "
+             "(> 1 is faster than float32):", ""] + table(rows)
     lines += ["", "Median CPU time of one call (ms, all threads of the worker process; less sensitive to other "
               "processes on a shared machine):", ""] + table(rows, "cpu_ms")
     lines += ["", "Conversion (`convert_saved_model`, bfloat16, in-process median of 3; CLI wall time includes "
