@@ -23,8 +23,9 @@ NEVER_FORCED_OPS = frozenset({"Const", "SoftmaxCrossEntropyWithLogits"})
 
 
 def compile_patterns(patterns, option: str):
-    """Return a predicate name -> bool for node-name patterns: globs ("dense*/MatMul"), exact names, and name
-    scopes ("loss" or "loss/" matches "loss/Log").
+    """Return a predicate name -> bool for node-name patterns: globs ("dense*/MatMul"), names with their name
+    scopes ("loss" or "loss/" matches "loss" and "loss/Log"), and exact names ("=dense/Tensordot" matches that node
+    only, not "dense/Tensordot/MatMul"; what the accuracy guard writes).
 
     Raises:
         OptionError: a pattern that is not a non-empty string.
@@ -33,11 +34,12 @@ def compile_patterns(patterns, option: str):
     for p in patterns:
         if not isinstance(p, str) or not p.strip("/"):
             raise OptionError(f"{option}: {p!r} is not a node name, scope or glob pattern")
-    globs = [p for p in patterns if any(c in p for c in "*?[")]
-    scopes = tuple(p.rstrip("/") for p in patterns if p not in globs)
+    exact = {p[1:] for p in patterns if p.startswith("=")}
+    globs = [p for p in patterns if not p.startswith("=") and any(c in p for c in "*?[")]
+    scopes = tuple(p.rstrip("/") for p in patterns if p not in globs and not p.startswith("="))
 
     def matches(name: str) -> bool:
-        if any(name == s or name.startswith(s + "/") for s in scopes):
+        if name in exact or any(name == s or name.startswith(s + "/") for s in scopes):
             return True
         return any(fnmatch.fnmatchcase(name, g) for g in globs)
     return matches

@@ -22,7 +22,6 @@ search), guard_result (results, overrides file), guard_saved_model (SavedModel f
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import math
 import time
 
@@ -41,22 +40,12 @@ REWRITE_OPTIONS = ("device", "lists", "keep_fp32", "force_low", "preserve", "lev
 
 
 def exact_patterns(nodes, all_names) -> dict:
-    """name -> a keep_fp32 pattern matching that node only. A plain name also matches its name scope
-    ("dense/Tensordot" matches "dense/Tensordot/MatMul"), so a name with children, or with glob characters,
-    becomes a glob with its characters escaped ("dense/Tensordo[t]")."""
+    """name -> a keep_fp32 pattern matching that node only, readable and editable: the name itself where it is no
+    name scope and has no glob character, else "=name" (a plain name also matches its scope: "dense/Tensordot"
+    matches "dense/Tensordot/MatMul"; "=dense/Tensordot" does not)."""
     scopes = {name[:i] for name in all_names for i, c in enumerate(name) if c == "/"}
-    patterns = {}
-    for name in nodes:
-        if name not in scopes and not any(c in name for c in "*?["):
-            patterns[name] = name
-            continue
-        escaped = "".join(f"[{c}]" if c in "*?[" else c for c in name)
-        if escaped == name:  # no glob character yet: bracket the last alphanumeric one
-            i = max(i for i, c in enumerate(name) if c.isalnum())
-            escaped = f"{name[:i]}[{name[i]}]{name[i + 1:]}"
-        assert fnmatch.fnmatchcase(name, escaped)
-        patterns[name] = escaped
-    return patterns
+    return {name: name if name not in scopes and not any(c in name for c in "*?[=") else f"={name}"
+            for name in nodes}
 
 
 # --------------------------------------------------------------------------------------------- the guard

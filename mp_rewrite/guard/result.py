@@ -133,7 +133,7 @@ class GuardResult:
         screen = sum(k.stage == "screen" for k in self.kept)
         lines.append(f"  kept float32: {len(self.kept)} nodes ({screen} by the range screen, "
                      f"{len(self.kept) - screen} by the search)")
-        lines += [f"    {k.node}: {k.detail[len(PREFIX):]}" for k in self.kept]
+        lines += _grouped_reasons(self.kept)
         if self.analysis.findings and not self.kept:
             lines.append(f"  (the range screen flagged {len(self.analysis.findings)} nodes, e.g. "
                          f"{self.analysis.findings[0].node}: {self.analysis.findings[0].detail}; the plain "
@@ -234,3 +234,18 @@ def _toml(data: dict) -> str:
     for node in data["nodes"]:
         lines += ["", "[[nodes]]"] + [f"{key} = {q(value)}" for key, value in node.items()]
     return "\n".join(lines) + "\n"
+
+
+def _grouped_reasons(kept, shown: int = 3) -> list[str]:
+    """One line per kept node, or per reason when several nodes share it (the first few named, then a count)."""
+    groups = {}
+    for k in kept:
+        groups.setdefault(k.detail[len(PREFIX):], []).append(k.node)
+    lines = []
+    for reason, nodes in groups.items():
+        if len(nodes) == 1:
+            lines.append(f"    {nodes[0]}: {reason}")
+        else:
+            more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
+            lines.append(f"    {len(nodes)} nodes ({', '.join(nodes[:shown])}{more}): {reason}")
+    return lines

@@ -94,7 +94,7 @@ def test_screen_flags_underflow_only_where_it_matters():
 def test_exact_patterns_match_only_their_node():
     names = ["d/Tensordot", "d/Tensordot/MatMul", "d/BiasAdd", "x[1]", "x1"]
     patterns = exact_patterns(["d/Tensordot", "d/BiasAdd", "x[1]"], names)
-    assert patterns["d/BiasAdd"] == "d/BiasAdd"
+    assert patterns == {"d/Tensordot": "=d/Tensordot", "d/BiasAdd": "d/BiasAdd", "x[1]": "=x[1]"}  # readable
     for node, pattern in patterns.items():
         matches = compile_patterns([pattern], "keep_fp32")
         assert [n for n in names if matches(n)] == [node]
@@ -346,3 +346,12 @@ def test_cli_convert_guard_meets_the_tolerance_and_writes_overrides(tmp_path, ca
     again = ["convert", str(source), str(tmp_path / "again"), "--keep-fp32-file", str(overrides)] + common
     assert cli.main(again) == 0
     assert "hot_1/MatMul" in capsys.readouterr().out
+
+
+def test_repeated_reasons_are_grouped():
+    from mp_rewrite.guard.result import KeptNode, _grouped_reasons
+    kept = [KeptNode(f"n{i}", f"=n{i}", "screen", PREFIX + "max |x| = 7e4 exceeds float16", f"n{i}") for i in range(5)]
+    kept.append(KeptNode("other", "other", "search", PREFIX + "contributed 40% of output error", "other"))
+    lines = _grouped_reasons(kept)
+    assert lines == ["    5 nodes (n0, n1, n2 and 2 more): max |x| = 7e4 exceeds float16",
+                     "    other: contributed 40% of output error"]
