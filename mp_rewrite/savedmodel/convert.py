@@ -78,14 +78,16 @@ class ConversionResult:
 
     @property
     def converted_nodes(self) -> int:
-        """Nodes now computing in low precision, main graphs and functions together."""
-        results = list(self.graphs.values()) + list(self.functions.values())
-        return sum(len(r.converted_nodes) for r in results)
+        """Nodes now computing in low precision, main graphs and functions together (shared graphs once)."""
+        return sum(len(r.converted_nodes) for r in self._results())
 
     @property
     def casts(self) -> int:
-        """Casts inserted, main graphs and functions together."""
-        return sum(len(r.casts) for r in list(self.graphs.values()) + list(self.functions.values()))
+        """Casts inserted, main graphs and functions together (a graph frozen for two signatures counts once)."""
+        return sum(len(r.casts) for r in self._results())
+
+    def _results(self) -> list:
+        return list({id(r): r for r in list(self.graphs.values()) + list(self.functions.values())}.values())
 
     def summary(self) -> str:
         """One line: what was converted, with how many casts, and the low-precision share of matmul/conv FLOPs."""

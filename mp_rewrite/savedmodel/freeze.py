@@ -73,7 +73,8 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[s
         # graph, so the work is done and the weights are stored once.
         same = traced.setdefault(_traced_identity(signature), key)
         if same != key:
-            functions[key], results[f"signature {key} (frozen)"] = functions[same], results[f"signature {same} (frozen)"]
+            functions[key] = functions[same]
+            results[f"signature {key} (frozen)"] = results[f"signature {same} (frozen)"]
         else:
             function, result, identity = _frozen_signature(signature, key, opts)
             functions[key] = seen.setdefault(identity, function)
@@ -260,4 +261,6 @@ def convert_frozen(source, output, source_dir, output_dir, saved_model, keys, op
         remove_tree(staging)
     return ConversionResult(str(source), str(output), opts.precision, opts.device,
                             keys or tuple(signature_keys(saved_model)), graphs, {}, share, per_function,
-                            per_graph, time.perf_counter() - start, frozen=True)
+                            per_graph, time.perf_counter() - start, frozen=True,
+                            notes=[f"frozen inference model: every signature is kept; dropped: {'; '.join(DROPPED)}. "
+                                   f"Load it with tf.saved_model.load('{output}')"])
