@@ -687,6 +687,31 @@ def test_tf_keras_legacy_hyperparameters_delegated(tf_keras):
         opt.amsgrad  # noqa: B018
 
 
+def test_tf_keras_legacy_slots_and_weights_are_delegated(tf_keras):
+    opt = LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(1.0, momentum=0.5), initial_scale=4)
+    var = tf.Variable([1.0, 2.0])
+    opt.minimize(lambda: tf.reduce_sum(var), [var])
+    assert opt.get_slot_names() == ["momentum"]
+    np.testing.assert_array_equal(opt.get_slot(var, "momentum").numpy(), [-1.0, -1.0])
+    weights = opt.get_weights()
+    assert len(weights) == 2 and weights[0] == 1  # iterations, then the momentum slot
+    opt.set_weights([np.int64(5), np.zeros(2, np.float32)])
+    assert opt.iterations.numpy() == 5 and not opt.get_slot(var, "momentum").numpy().any()
+    with pytest.raises(ValueError, match="get_slot\\(\\) belongs to tf_keras's legacy optimizers"):
+        LossScaleOptimizer(keras.optimizers.SGD()).get_slot(var, "momentum")
+
+
+def test_tf_keras_legacy_get_gradients_scales_then_unscales(tf_keras):
+    opt = LossScaleOptimizer(tf_keras.optimizers.legacy.SGD(1.0), initial_scale=8)
+    var = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def grads():
+        return opt.get_gradients(tf.reduce_sum(var * var), [var])
+
+    np.testing.assert_allclose(grads()[0].numpy(), [2.0, 4.0])
+
+
 def test_wrap_optimizer_rejects_tf_keras_loss_scale_optimizer(tf_keras):
     with pytest.raises(ValueError, match='"opt" must not already be an instance'):
         wrap_optimizer(tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.SGD()))
