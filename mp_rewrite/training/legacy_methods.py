@@ -1,38 +1,37 @@
 """The methods of tf_keras's legacy (OptimizerV2) optimizers that a LossScaleOptimizer delegates to its inner one,
-as tf_keras's own LossScaleOptimizer does: slots, weights, and `get_gradients` (scaled, then unscaled)."""
+as tf_keras's own LossScaleOptimizer does: slots, weights, and `get_gradients` (scaled, then unscaled).
+
+They exist only when the inner optimizer is a legacy one: code that probes `hasattr(opt, "get_slot_names")` (TF's
+checkpointing does) must not find them on a Keras 3 optimizer."""
 
 from __future__ import annotations
 
-from .settings import _TF_KERAS_V2, LossScaleError
+from .settings import _TF_KERAS_V2
+
+LEGACY_METHODS = ("get_slot", "get_slot_names", "get_gradients")  # reached through LossScaleOptimizer.__getattr__
 
 
-class LegacyOptimizerMethods:
-    """Mixin of LossScaleOptimizer: tf_keras OptimizerV2 methods, delegated to the inner optimizer."""
+def legacy_method(lso, name: str):
+    """The bound delegating method `name` of a LossScaleOptimizer `lso` whose inner optimizer is legacy."""
+    inner = lso.inner_optimizer
+    if name == "get_gradients":
+        def get_gradients(loss, params):
+            """Gradients of `loss` for `params`: computed on the scaled loss, then unscaled (tf_keras's order)."""
+            return lso.get_unscaled_gradients(inner.get_gradients(lso.get_scaled_loss(loss), params))
+        return get_gradients
+    return getattr(inner, name)
 
-    def _legacy_inner(self, method: str):
-        if self._family != _TF_KERAS_V2:
-            raise LossScaleError(f"{method}() belongs to tf_keras's legacy optimizers (tf_keras.optimizers.legacy); "
-                                 f"the inner optimizer is a {type(self.inner_optimizer).__name__}")
-        return self.inner_optimizer
 
-    def get_slot(self, var, slot_name):
-        """The inner optimizer's slot `slot_name` of `var` (tf_keras legacy optimizers)."""
-        return self._legacy_inner("get_slot").get_slot(var, slot_name)
-
-    def get_slot_names(self):
-        """The inner optimizer's slot names (tf_keras legacy optimizers)."""
-        return self._legacy_inner("get_slot_names").get_slot_names()
+class LegacyWeights:
+    """Mixin of LossScaleOptimizer: get_weights/set_weights are the inner legacy optimizer's (Keras 3's Optimizer
+    has its own, which would read the wrapper's variables)."""
 
     def get_weights(self):
-        """The inner optimizer's weights as numpy arrays (tf_keras legacy optimizers)."""
-        return self._legacy_inner("get_weights").get_weights()
+        """The inner optimizer's weights for a tf_keras legacy inner optimizer, else Keras's."""
+        return self.inner_optimizer.get_weights() if self._family == _TF_KERAS_V2 else super().get_weights()
 
     def set_weights(self, weights):
-        """Set the inner optimizer's weights (tf_keras legacy optimizers)."""
-        self._legacy_inner("set_weights").set_weights(weights)
-
-    def get_gradients(self, loss, params):
-        """Gradients of `loss` for `params`, computed on the scaled loss and unscaled, as tf_keras does (legacy
-        optimizers, graph mode)."""
-        inner = self._legacy_inner("get_gradients")
-        return self.get_unscaled_gradients(inner.get_gradients(self.get_scaled_loss(loss), params))
+        """Set the inner optimizer's weights for a tf_keras legacy inner optimizer, else Keras's."""
+        if self._family == _TF_KERAS_V2:
+            return self.inner_optimizer.set_weights(weights)
+        return super().set_weights(weights)

@@ -26,7 +26,7 @@ import numbers
 import keras
 import tensorflow as tf
 
-from .legacy_methods import LegacyOptimizerMethods
+from .legacy_methods import LEGACY_METHODS, LegacyWeights, legacy_method
 from .dynamic_scale import UNSCALE_SCOPE, DynamicScaleUpdate, multiply  # noqa: F401  (UNSCALE_SCOPE re-exported)
 from .settings import (  # noqa: F401  (the bounds and is_loss_scale_optimizer are re-exported)
     _BASE_ARGS, _KERAS, _TF_KERAS_V2, _TF_KERAS_V3, MAX_LOSS_SCALE, MIN_LOSS_SCALE, SCALE_HISTORY_SIZE, LossScaleError,
@@ -47,7 +47,7 @@ class _Untracked:
 
 
 @keras.saving.register_keras_serializable(package="mp_rewrite")
-class LossScaleOptimizer(DynamicScaleUpdate, LegacyOptimizerMethods, keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.LossScaleOptimizer):
     """An optimizer wrapper that scales the loss to keep float16 gradients from underflowing.
 
     With `dynamic=True` the scale starts at `initial_scale`; after `dynamic_growth_steps` consecutive steps with
@@ -178,6 +178,8 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyOptimizerMethods, keras.optim
         # Only reached when normal lookup fails.
         if not name.startswith("_") and name in self._hyperparameter_names():
             return getattr(self.inner_optimizer, name)
+        if name in LEGACY_METHODS and self.__dict__.get("_family") == _TF_KERAS_V2:
+            return legacy_method(self, name)
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __setattr__(self, name, value):
