@@ -1,0 +1,125 @@
+"""MultiWorkerMirroredStrategy: two worker processes on 127.0.0.1 train with the graph rewrite on, against the same
+training in one process (multi_worker_script.py is the program; each process prints one RESULT line).
+
+float16 with device="cpu", as in the MirroredStrategy test: only float16 can overflow where float32 does not, which is
+what makes a skipped step the rewrite's doing. The workers find each other through TF_CONFIG on ports picked free at
+run time; every subprocess is bounded by TIMEOUT and killed (by its own pid) past it.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import multi_worker_script as script  # beside this file (pytest puts the test's folder on sys.path)
+
+TIMEOUT = 180  # seconds, per subprocess; a worker whose peer died waits for it until then
+SCRIPT = script.__file__
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(SCRIPT))))
+
+pytestmark = pytest.mark.slow
+
+
+def free_ports(n):
+    """n distinct ports free on 127.0.0.1 now (the sockets are held together, so no port is returned twice)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def child_env(tf_config=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    if tf_config is not None:
+        env["TF_CONFIG"] = json.dumps(tf_config)
+    return env
+
+
+def run_all(commands):
+    """Start every (label, argv, env) at once; wait for each at most TIMEOUT s; return {label: parsed RESULT}."""
+    procs = {label: subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for label, argv, env in commands}
+    outputs, problems = {}, []
+    try:
+        for label, proc in procs.items():
+            try:
+                out, err = proc.communicate(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                problems.append(f"{label}: no result within {TIMEOUT} s\n{err[-2000:]}")
+                continue
+            lines = [line for line in out.splitlines() if line.startswith("RESULT")]
+            if proc.returncode != 0 or not lines:
+                problems.append(f"{label}: exit {proc.returncode}\n{err[-3000:]}")
+            else:
+                outputs[label] = json.loads(lines[-1][len("RESULT"):])
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert not problems, "\n\n".join(problems)
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def runs():
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    commands = [(f"worker{i}", [sys.executable, SCRIPT],
+                 child_env({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}))
+                for i in range(2)]
+    commands.append(("single", [sys.executable, SCRIPT, "--single"], child_env()))
+    return run_all(commands)
+
+
+def flat(weights):
+    return np.concatenate([np.ravel(w) for w in weights])
+
+
+def test_the_rewrite_runs_on_both_workers(runs):
+    for label in ("worker0", "worker1"):
+        run = runs[label]
+        assert run["replicas"] == 2 and run["failures"] == {}
+        # The executed step (read back from the eager context) has float16 MatMuls, and the cross-worker
+        # all-reduces sit in that same rewritten body.
+        assert run["half_functions"], label
+        assert any("CollectiveReduceV2" in ops for ops in run["half_functions"].values()), run["half_functions"]
+    assert runs["single"]["replicas"] == 1 and runs["single"]["half_functions"]
+
+
+def test_an_overflow_on_one_worker_skips_the_step_on_both(runs):
+    assert runs["single"]["float32_poisoned_finite"]  # the overflow exists only in the rewritten float16 graph
+    w0, w1 = (runs[f"worker{i}"]["steps"] for i in range(2))
+    p = script.POISON_STEP
+    assert w0[p]["own_finite"] == [True] and w1[p]["own_finite"] == [False]  # only worker 1's gradients overflowed
+    for steps in (w0, w1):
+        assert [s["skipped"] for s in steps] == [0] * p + [1] * (len(steps) - p)
+        assert steps[p - 1]["scale"] == script.INITIAL_SCALE and steps[p]["scale"] == script.INITIAL_SCALE / 2
+        assert steps[p]["weights"] == steps[p - 1]["weights"]  # skipped: bit for bit unchanged
+        assert steps[p + 1]["weights"] != steps[p]["weights"]  # and training goes on
+
+
+def test_workers_agree_exactly_and_match_the_single_process_run(runs):
+    w0, w1, single = (runs[label]["steps"] for label in ("worker0", "worker1", "single"))
+    assert len(w0) == len(w1) == len(single) == script.STEPS
+    shared = ("loss", "scale", "skipped", "weights")  # own_finite is each worker's own
+    # Losses, scales, counters and weights identical on both workers after every step.
+    assert [[s[k] for k in shared] for s in w0] == [[s[k] for k in shared] for s in w1]
+    start_gap = np.abs(flat(single[-1]["weights"]) - flat(single[0]["weights"])).max()
+    for i, (multi, one) in enumerate(zip(w0, single)):
+        assert multi["scale"] == one["scale"] and multi["skipped"] == one["skipped"], i
+        # Same global batch, split in two: float16 MatMuls over 8 instead of 16 rows round differently.
+        np.testing.assert_allclose(multi["loss"], one["loss"], rtol=1e-4, err_msg=f"step {i}")
+        np.testing.assert_allclose(flat(multi["weights"]), flat(one["weights"]), atol=1e-4, err_msg=f"step {i}")
+    assert start_gap > 100 * 1e-4  # the weights moved far more than the tolerance
