@@ -1,5 +1,5 @@
-"""`mp-rewrite inspect MODEL`: the colored graph and why nodes stayed float32 — text, JSON, DOT/SVG, HTML or a
-TensorBoard log."""
+"""`mp-rewrite inspect MODEL`: the colored graph and why nodes stayed float32 — text, JSON, DOT/SVG, HTML, a
+TensorBoard log or a Model Explorer overlay."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from ..errors import ModelError, OptionError
 from .list_options import add_list_options, lists_from_args
 
-FORMATS = ("text", "json", "dot", "svg", "html", "tensorboard")
+FORMATS = ("text", "json", "dot", "svg", "html", "tensorboard", "model-explorer")
 
 
 def add_model_options(p) -> None:
@@ -32,7 +32,9 @@ def register(sub) -> None:
     p = sub.add_parser("inspect", help="show the colored graph and why ops stayed float32",
                        description="Rewrite MODEL and report what was converted and why the rest was not.")
     add_model_options(p)
-    p.add_argument("--format", default="text", choices=FORMATS)
+    p.add_argument("--format", default="text", choices=FORMATS,
+                   help="model-explorer: node data for Google's Model Explorer (the viz extra), colored as the "
+                        "pictures; `mp-rewrite view` opens the model with it")
     p.add_argument("-o", "--output", metavar="OUT", help="output file (a directory for tensorboard); default stdout")
     p.add_argument("--around", metavar="NODE", help="dot/svg/html: draw only the neighbourhood of NODE")
     p.add_argument("--depth", type=int, default=2, metavar="K", help="edges around --around NODE (default 2)")
@@ -44,7 +46,15 @@ def register(sub) -> None:
                    help="svg: who lays the picture out (default auto: Graphviz's dot where installed, else Python)")
     p.add_argument("--max-nodes", type=int, default=150, metavar="N", help="box budget of a picture (default 150)")
     p.add_argument("--top", type=int, default=12, metavar="N", help="rows per summary table (default 12)")
-    p.set_defaults(func=run, precheck=check_model_path)
+    p.set_defaults(func=run, precheck=check_inspect_args)
+
+
+def check_inspect_args(args) -> None:
+    """Before TensorFlow starts: MODEL exists, and Model Explorer is installed for --format model-explorer."""
+    check_model_path(args)
+    if args.format == "model-explorer":
+        from ..report.model_explorer import require_installed
+        require_installed()
 
 
 def check_model_path(args) -> None:
@@ -94,7 +104,7 @@ def run(args) -> int:
     from ..report.node_table import build_tables
     if args.format == "tensorboard" and not args.output:
         raise OptionError("--format tensorboard needs -o LOGDIR")
-    if args.around and args.format in ("text", "json", "tensorboard"):
+    if args.around and args.format in ("text", "json", "tensorboard", "model-explorer"):
         raise OptionError(f"--around draws a picture: use it with --format dot, svg or html, not {args.format}")
     model, result = load_and_rewrite(args)
     if args.format == "dot":
@@ -103,6 +113,8 @@ def run(args) -> int:
     if args.format == "svg":
         write_output(args.output, dot.to_svg(result, args.function, engine=args.engine, **_picture_options(args)))
         return 0
+    if args.format == "model-explorer":
+        return _write_model_explorer(args, model, result)
     tables = build_tables(result, args.function, with_flops=args.format != "tensorboard")
     if args.format == "tensorboard":
         path = tensorboard.write_tensorboard(result, args.output, args.function, tables)
@@ -119,4 +131,15 @@ def run(args) -> int:
         text.render_rich(text.blocks(summarize(tables, result), args.top), Console())
     else:
         write_output(args.output, text.to_text(result, args.top, args.function, tables))
+    return 0
+
+
+def _write_model_explorer(args, model, result) -> int:
+    from ..report.model_explorer import to_model_explorer
+    overlay = to_model_explorer(result, model, args.function, quiet=not args.verbose)
+    write_output(args.output, overlay.to_json())
+    if args.output:
+        print(f"wrote {args.output}: {overlay.summary()}; open it with: mp-rewrite view {args.model}, or in Model "
+              f"Explorer open {overlay.source.path} with the adapter '{overlay.source.adapter}' and add it as "
+              "node data")
     return 0
