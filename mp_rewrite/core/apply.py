@@ -40,11 +40,13 @@ class CastRecord:
 
 @dataclasses.dataclass
 class Applied:
-    """What the apply step did: the new GraphDef, the retyped (node, attr) pairs, and the Casts."""
+    """What the apply step did: the new GraphDef, the retyped (node, attr) pairs, and the Casts; in TF's CPU
+    emulation (core.emulation), the (node, attr) pairs kept float32 between Casts instead of retyped."""
 
     graph_def: graph_pb2.GraphDef
     retyped: list
     casts: list
+    emulated: list = dataclasses.field(default_factory=list)
 
 
 def apply_coloring(graph_def: graph_pb2.GraphDef, ctx: PassContext, paint: Paint) -> Applied:

@@ -13,6 +13,7 @@ from tensorflow.core.framework import graph_pb2
 
 from . import dtypes, stages, tensor_lists
 from .apply import Applied, apply_coloring
+from .emulation import apply_emulated
 from .coloring import ALLOW, Coloring, Paint, Reason
 from ..errors import GraphError, OptionError
 from .graph_view import GraphView, device_kind, parse_input
@@ -36,7 +37,8 @@ class RewriteResult:
         graph_def: the new GraphDef (the input is never modified).
         coloring: (node, type attr) -> Decision for every type attribute, with its Reason.
         casts: every inserted Cast (CastRecord).
-        retyped: the (node, type attr) pairs changed to the low-precision dtype.
+        retyped: the (node, type attr) pairs changed to the low-precision dtype (none when emulating).
+        emulated: with `emulate`, the (node, type attr) pairs kept float32 between float16 round-trip Casts.
         precision, device: the options used.
         lists: the effective OpLists.
         num_nodes: node count of the input graph.
@@ -52,6 +54,7 @@ class RewriteResult:
     lists: OpLists
     num_nodes: int
     functions: dict = dataclasses.field(default_factory=dict)
+    emulated: list = dataclasses.field(default_factory=list)
 
     @property
     def converted_nodes(self) -> list[str]:
@@ -76,6 +79,9 @@ class RewriteResult:
             if d.dtype_before == "float":
                 total[d.op] += 1
                 per_op[d.op] += d.color == ALLOW
+        if self.emulated:
+            lines.append(f"  emulated: {len(self.emulated)} float32 attrs compute in float32 between round trips "
+                         f"through {self.precision} (TF's CPU emulation; no attr is retyped)")
         rows = sorted(total, key=lambda op: (-per_op[op], -total[op], op))[:top]
         if rows:
             lines.append(f"  {'op':<28}{'float32 attrs':>14}{'converted':>11}")
@@ -94,9 +100,14 @@ class Options:
     keep_fp32: tuple = ()
     force_low: tuple = ()
     force_all: bool = False
+    emulate: bool = False
 
 
-def make_options(precision="float16", device=None, lists=None, keep_fp32=(), force_low=(), level=None) -> Options:
+EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"
+
+
+def make_options(precision="float16", device=None, lists=None, keep_fp32=(), force_low=(), level=None,
+                 emulate=None) -> Options:
     """Validate rewrite options (see rewrite_graph_def) into an Options.
 
     Raises:
@@ -111,7 +122,24 @@ def make_options(precision="float16", device=None, lists=None, keep_fp32=(), for
         compile_patterns(patterns, option)
     as_tuple = lambda p: (p,) if isinstance(p, str) else tuple(p or ())  # noqa: E731
     return Options(precision, target, device, lists, as_tuple(keep_fp32), as_tuple(force_low),
-                   level == "UNSAFE_FORCE_ALL")
+                   level == "UNSAFE_FORCE_ALL", _emulate(emulate, precision, device))
+
+
+def _emulate(emulate, precision: str, device: str) -> bool:
+    """The emulate option: an explicit bool, else TF's variable where TF reads it (float16 on CPU nodes, i.e. TF's
+    auto_mixed_precision_cpu), parsed like TF's ReadBoolFromEnvVar; unset, the rewrite is real."""
+    if emulate is None:
+        value = os.environ.get(EMULATE_ENV)
+        if value is None or precision != "float16" or device != "cpu":
+            return False
+        if value.lower() not in ("0", "false", "1", "true"):
+            raise OptionError(f"{EMULATE_ENV}={value!r} is not a boolean: use 1/true or 0/false (or unset it)")
+        return value.lower() in ("1", "true")
+    if not isinstance(emulate, bool):
+        raise OptionError(f"emulate must be True, False or None, got {emulate!r}")
+    if emulate and precision != "float16":
+        raise OptionError("emulate=True needs precision 'float16': TF emulates float16 only (in its CPU mode)")
+    return emulate
 
 
 @contextlib.contextmanager
@@ -191,7 +219,7 @@ def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_state
     ctx = PassContext(view, opts.lists, opts.target, opts.device, preserved, opts.keep_fp32, opts.force_low,
                       opts.force_all)
     paint = run_stages(ctx)
-    applied = apply_coloring(graph_def, ctx, paint)
+    applied = (apply_emulated if opts.emulate else apply_coloring)(graph_def, ctx, paint)
     # The result keeps the view for its Decisions, which need no edges. Freeing them now is cheaper than the
     # garbage collector's scan of a list per vertex; freeing them before apply was slower still: apply then
     # page-faults fresh memory in where the lists were given back.
@@ -246,7 +274,7 @@ def _effective_lists(lists: OpLists | None, precision: str, level: str | None) -
 def _result(applied: Applied, ctx: PassContext, paint: Paint, opts: Options) -> RewriteResult:
     coloring = Coloring(ctx.view, opts.lists, paint, ctx.target, lambda v: why_kept(ctx, v))
     return RewriteResult(applied.graph_def, coloring, applied.casts, applied.retyped, opts.precision, opts.device,
-                         opts.lists, ctx.view.num_nodes)
+                         opts.lists, ctx.view.num_nodes, emulated=applied.emulated)
 
 
 def why_kept(ctx: PassContext, v: int) -> Reason:

@@ -15,7 +15,7 @@ from .op_support import Signatures
 def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16", fetches=(), *,
                       device: str | None = None, lists: OpLists | None = None, keep_fp32=(), force_low=(),
                       preserve=(), level: str | None = None, functions: bool = True, function_names=None,
-                      progress=None) -> RewriteResult:
+                      progress=None, emulate: bool | None = None) -> RewriteResult:
     """Rewrite a GraphDef (and the functions it calls) to mixed precision, as Grappler's pass does.
 
     Args:
@@ -35,16 +35,23 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
         function_names: the library functions to rewrite instead of those the graph's nodes reach, e.g. what a
             SavedModel's signatures and object graph run (core.meta_graph.functions_to_rewrite, as `convert` does).
         progress: optional callable (done, total, function name) called after each function body is rewritten.
+        emulate: TF's CPU emulation of float16 (auto_mixed_precision_cpu): allow nodes keep float32 and every
+            tensor they read or write makes a round trip float32 -> float16 -> float32 through Casts, named as
+            TF 2.21 names them (result.emulated lists those attributes; result.retyped is empty). For checking
+            float16 numerics on a CPU; nothing gets faster. None reads TF's variable
+            TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16 (1/true or 0/false) where TF reads it, float16 with
+            device="cpu"; unset means False (TF's CPU mode defaults to emulating; ours to the real rewrite).
 
     Returns:
         A RewriteResult; `result.functions` maps each rewritten function's name to its own RewriteResult.
 
     Raises:
-        OptionError: a bad precision, device, level, pattern or lists.
+        OptionError: a bad precision, device, level, pattern or lists; emulate with bfloat16; a value of
+            TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16 that is not a boolean.
         GraphError: a malformed graph (unknown op, missing input, unknown fetch).
         StageError: a stage failed on a node (e.g. a NextIteration that does not feed a Merge).
     """
-    opts = make_options(precision, device, lists, keep_fp32, force_low, level)
+    opts = make_options(precision, device, lists, keep_fp32, force_low, level, emulate)
     if not isinstance(graph_def, graph_pb2.GraphDef):
         raise GraphError(f"expected a tf GraphDef, got {type(graph_def).__name__}; pass graph.as_graph_def()")
     with gc_paused():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import statistics
 import time
 from typing import Iterator, Sequence
@@ -141,6 +142,48 @@ def grappler_rewrite(
     meta = oracle_meta_graph(graph_def, fetches)
     with environment({EMULATE_FP16_ENV: "1" if emulate_fp16 else "0"}):
         return tf_optimizer.OptimizeGraph(config, meta, verbose=False, cluster=cluster)
+
+
+_FANIN_CAST = re.compile(r"^(?P<src>.+)-(?P<port>\d+)-CastToFp32-(?P<n>\d+)-AutoMixedPrecision$")
+
+
+def canonical_cast_names(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """A copy of an emulated graph with the float32 Casts one node reads from one tensor renumbered by input port.
+
+    In its CPU emulation TF gives each input port of an emulated node its own Cast to float32, named
+    ``<src>-<port>-CastToFp32-<n>-AutoMixedPrecision``; when several ports read the same tensor (MatMul(x, x)),
+    the ids follow an absl hash set's order of the ports, which changes from process to process (measured: ports
+    0 and 1 of CpuTest.Simple's MatMul got ids 0/1 in some runs and 1/0 in others). Renumbering by port makes two
+    graphs comparable node for node. Casts read more than once by the node (shared ones) are left alone.
+
+    Args:
+        graph_def: the graph; not modified.
+
+    Returns:
+        The renamed copy.
+    """
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    rename = {}
+    for node in out.node:
+        names = [i.split(":")[0] for i in node.input if not i.startswith("^")]
+        groups = {}
+        for port, name in enumerate(names):
+            match = _FANIN_CAST.match(name)
+            if match and names.count(name) == 1:
+                groups.setdefault((match["src"], match["port"]), []).append((port, int(match["n"]), name))
+        for (src, src_port), members in groups.items():
+            ids = sorted(n for _, n, _ in members)
+            for (_, _, name), n in zip(sorted(members), ids):
+                rename[name] = f"{src}-{src_port}-CastToFp32-{n}-AutoMixedPrecision"
+    if rename:
+        for node in out.node:
+            node.name = rename.get(node.name, node.name)
+            for k, inp in enumerate(node.input):
+                base, colon, port = inp.partition(":")
+                if base in rename:
+                    node.input[k] = rename[base] + colon + port
+    return out
 
 
 def time_grappler(
