@@ -1,15 +1,19 @@
-"""What a MetaGraphDef (of a SavedModel) runs: the nodes its signatures name, and the library functions its
-signatures compute with and its object graph restores. `convert` rewrites those functions; `inspect` the same ones,
-so that both tell one story."""
+"""What a MetaGraphDef (of a SavedModel) runs: the nodes its signatures name, the nodes Grappler keeps for it, and
+the library functions its signatures compute with and its object graph restores. `convert` rewrites those
+functions; `inspect` the same ones, so that both tell one story."""
 
 from __future__ import annotations
 
-from tensorflow.core.protobuf import meta_graph_pb2
+from google.protobuf import message
+from tensorflow.core.framework import variable_pb2
+from tensorflow.core.protobuf import meta_graph_pb2, queue_runner_pb2, saver_pb2
 
 from .functions import called_functions, reachable_functions
 from .graph_view import parse_input
 
 INTERNAL_PREFIX = "__saved_model"  # "__saved_model_init_op", "__saved_model_train_op": not user signatures
+# GrapplerItemFromMetaGraphDef takes the initializers of the variables in these collections as init ops.
+VARIABLE_COLLECTIONS = ("variables", "local_variables", "model_variables", "trainable_variables")
 
 
 def _tensor_names(info) -> list[str]:
@@ -58,3 +62,57 @@ def functions_to_rewrite(meta_graph: meta_graph_pb2.MetaGraphDef, keys=None) -> 
     if keys is None:
         roots += list(meta_graph.object_graph_def.concrete_functions)
     return reachable_functions(graph.library, roots)
+
+
+def nodes_to_preserve(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, str]:
+    """The main-graph nodes Grappler preserves when it optimizes this MetaGraphDef, each with why.
+
+    GrapplerItemFromMetaGraphDef + GrapplerItem::NodesToPreserve: the fetches (the "train_op" collection and the
+    signatures' outputs), the feeds (the signatures' inputs and every Placeholder), every node a collection's
+    node_list names (keep_ops), the initializers of the variables in the variable collections and the
+    "table_initializer" collection (init_ops), the saver's save, restore and filename nodes (the first usable
+    SaverDef of the "savers" collection, else saver_def), and the queue runners' enqueue, close and cancel ops.
+    Names of nodes the graph does not hold are left out.
+    """
+    why = {}
+
+    def add(tensors, reason: str) -> None:
+        for tensor in tensors:
+            if tensor:
+                why.setdefault(parse_input(tensor.lstrip("^"))[0], reason)
+    for key, sig in meta_graph.signature_def.items():
+        add([t for info in sig.outputs.values() for t in _tensor_names(info)], f"output of signature '{key}'")
+        add([t for info in sig.inputs.values() for t in _tensor_names(info)], f"input of signature '{key}' (fed)")
+    collections = meta_graph.collection_def
+    for name, collection in collections.items():
+        add(collection.node_list.value, f"named in the MetaGraphDef's collection '{name}' (Grappler keeps it)")
+    for name in VARIABLE_COLLECTIONS:
+        variables = [_parsed(variable_pb2.VariableDef, raw) for raw in collections[name].bytes_list.value] if (
+            name in collections) else []
+        add([v.initializer_name for v in variables if v], f"initializer of a variable in collection '{name}'")
+    add(_saver_nodes(meta_graph), "save or restore op of the MetaGraphDef's saver")
+    for raw in collections["queue_runners"].bytes_list.value if "queue_runners" in collections else ():
+        runner = _parsed(queue_runner_pb2.QueueRunnerDef, raw)
+        if runner:
+            add([*runner.enqueue_op_name, runner.close_op_name, runner.cancel_op_name], "queue runner op")
+    add([n.name for n in meta_graph.graph_def.node if n.op == "Placeholder"], "placeholder (Grappler feeds it)")
+    present = {n.name for n in meta_graph.graph_def.node}
+    return {name: reason for name, reason in why.items() if name in present}
+
+
+def _parsed(cls, raw: bytes):
+    try:
+        return cls.FromString(raw)
+    except message.DecodeError:
+        return None
+
+
+def _saver_nodes(meta_graph: meta_graph_pb2.MetaGraphDef) -> list[str]:
+    if "savers" in meta_graph.collection_def:
+        savers = [_parsed(saver_pb2.SaverDef, raw) for raw in meta_graph.collection_def["savers"].bytes_list.value]
+        saver = next((s for s in savers if s and s.filename_tensor_name), None)
+    else:
+        saver = meta_graph.saver_def
+    if saver is None:
+        return []
+    return [saver.save_tensor_name, saver.restore_op_name, saver.filename_tensor_name]

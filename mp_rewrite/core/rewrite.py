@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from tensorflow.core.framework import graph_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
 
 from ..errors import GraphError
 from .body import RewriteResult, gc_paused, make_options, rewrite_body
 from .functions import graph_functions
 from .library import rewrite_library
+from .meta_graph import functions_to_rewrite, nodes_to_preserve, signature_nodes
 from .oplists import OpLists
 from .op_support import Signatures
 
@@ -63,3 +65,35 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
     return result
 
 
+
+
+def rewrite_meta_graph_def(meta_graph: meta_graph_pb2.MetaGraphDef, precision: str = "float16", fetches=None,
+                           **options) -> RewriteResult:
+    """Rewrite a MetaGraphDef's graph as Grappler does when it is handed the MetaGraphDef (tf_optimizer.OptimizeGraph,
+    a GrapplerItem): every node Grappler keeps for it is preserved (core.meta_graph.nodes_to_preserve: collections'
+    node lists such as "train_op", signature inputs and outputs, placeholders, initializers, saver and queue-runner
+    ops), and the library functions rewritten are those its signatures and object graph run (with no signatures,
+    those its nodes call).
+
+    Args:
+        meta_graph: the MetaGraphDef; never modified.
+        precision: as for rewrite_graph_def.
+        fetches: more node or tensor names to preserve as fetched; None fetches the signatures' outputs.
+        options: more rewrite_graph_def keyword arguments (device, lists, emulate, ...); a `preserve` given here is
+            added to the MetaGraphDef's own.
+
+    Returns:
+        The RewriteResult of rewrite_graph_def on meta_graph.graph_def.
+
+    Raises:
+        As rewrite_graph_def; GraphError also for a MetaGraphDef without a graph.
+    """
+    if not isinstance(meta_graph, meta_graph_pb2.MetaGraphDef) or not meta_graph.graph_def.node:
+        raise GraphError("expected a tf MetaGraphDef with a graph_def; pass tf.compat.v1.train.export_meta_graph()")
+    preserve = nodes_to_preserve(meta_graph)
+    extra = options.pop("preserve", ())
+    preserve.update(extra if isinstance(extra, dict) else {n: "preserved by the caller" for n in extra})
+    fetches = signature_nodes(meta_graph, outputs_only=True) if fetches is None else fetches
+    if "function_names" not in options and meta_graph.signature_def:
+        options["function_names"] = functions_to_rewrite(meta_graph)
+    return rewrite_graph_def(meta_graph.graph_def, precision, fetches, preserve=preserve, **options)

@@ -15,7 +15,7 @@ from google.protobuf import message, text_format
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
-from ..core.meta_graph import functions_to_rewrite
+from ..core.meta_graph import functions_to_rewrite, nodes_to_preserve
 from ..errors import ModelError
 
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
@@ -37,6 +37,8 @@ class LoadedModel:
         signatures: signature name -> output tensor names (SavedModel / MetaGraphDef).
         function_names: for a SavedModel or MetaGraphDef, the functions its signatures and object graph run (the
             ones `convert` rewrites, so that both report the same); None for a bare GraphDef (those its nodes call).
+        preserve: for a SavedModel or MetaGraphDef, node name -> why, for every node Grappler keeps when it is
+            handed the MetaGraphDef (core.meta_graph.nodes_to_preserve: collections' node lists, saver ops, ...).
     """
 
     path: str
@@ -45,6 +47,7 @@ class LoadedModel:
     fetches: list
     signatures: dict = dataclasses.field(default_factory=dict)
     function_names: list | None = None
+    preserve: dict = dataclasses.field(default_factory=dict)
 
 
 def _plausible(graph_def: graph_pb2.GraphDef) -> bool:
@@ -67,7 +70,8 @@ def _from_meta_graph(meta: meta_graph_pb2.MetaGraphDef, path: str, kind: str) ->
     signatures = {name: [t.name for t in sig.outputs.values()]
                   for name, sig in meta.signature_def.items() if name != INIT_SIGNATURE}
     fetches = list(dict.fromkeys(t for outputs in signatures.values() for t in outputs if t))
-    return LoadedModel(path, kind, meta.graph_def, fetches, signatures, functions_to_rewrite(meta))
+    return LoadedModel(path, kind, meta.graph_def, fetches, signatures, functions_to_rewrite(meta),
+                       nodes_to_preserve(meta))
 
 
 def _parse(data: bytes, text: bool):
@@ -136,12 +140,17 @@ def rewrite_model(model: LoadedModel, precision: str = "float16", fetches=None, 
     """Rewrite a LoadedModel's graph (and its functions) with mp_rewrite.rewrite_graph_def.
 
     Args:
-        fetches: node/tensor names to preserve; None uses the model's own (its signatures' outputs).
-        options: more rewrite_graph_def keyword arguments (device, lists, keep_fp32, force_low, level).
+        fetches: node/tensor names to preserve; None uses the model's own (its signatures' outputs). The nodes
+            Grappler keeps for a MetaGraphDef (model.preserve) are preserved either way.
+        options: more rewrite_graph_def keyword arguments (device, lists, keep_fp32, force_low, level, preserve).
 
     Raises:
         MpRewriteError: as rewrite_graph_def.
     """
     from ..core.rewrite import rewrite_graph_def
     chosen = model.fetches if fetches is None else list(fetches)
-    return rewrite_graph_def(model.graph_def, precision, chosen, function_names=model.function_names, **options)
+    preserve = dict(model.preserve)
+    extra = options.pop("preserve", ())
+    preserve.update(extra if isinstance(extra, dict) else {name: "preserved by the caller" for name in extra})
+    return rewrite_graph_def(model.graph_def, precision, chosen, function_names=model.function_names,
+                             preserve=preserve, **options)

@@ -138,10 +138,33 @@ def grappler_rewrite(
         tf.errors.OpError: TF's pass failed (it runs with ``fail_on_optimizer_errors``, so a failure raises instead
             of silently returning the input graph).
     """
+    return grappler_rewrite_meta_graph(oracle_meta_graph(graph_def, fetches), precision, emulate_fp16, cluster)
+
+
+def grappler_rewrite_meta_graph(
+    meta_graph: meta_graph_pb2.MetaGraphDef,
+    precision: str = "float16",
+    emulate_fp16: bool = False,
+    cluster: gcluster.Cluster | None = None,
+) -> graph_pb2.GraphDef:
+    """Run TF's auto mixed precision pass (only it) on a MetaGraphDef as it is.
+
+    Grappler builds its item from the MetaGraphDef: fetches from the "train_op" collection and the signatures'
+    outputs (it refuses a MetaGraphDef with neither), and every node a collection names is kept.
+
+    Args:
+        meta_graph: the MetaGraphDef; not modified.
+        precision, emulate_fp16, cluster: as for ``grappler_rewrite``.
+
+    Returns:
+        The rewritten GraphDef.
+
+    Raises:
+        As ``grappler_rewrite``.
+    """
     config = oracle_config(precision)
-    meta = oracle_meta_graph(graph_def, fetches)
     with environment({EMULATE_FP16_ENV: "1" if emulate_fp16 else "0"}):
-        return tf_optimizer.OptimizeGraph(config, meta, verbose=False, cluster=cluster)
+        return tf_optimizer.OptimizeGraph(config, meta_graph, verbose=False, cluster=cluster)
 
 
 _FANIN_CAST = re.compile(r"^(?P<src>.+)-(?P<port>\d+)-CastToFp32-(?P<n>\d+)-AutoMixedPrecision$")
