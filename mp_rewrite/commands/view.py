@@ -3,7 +3,9 @@ data (the overlay of `inspect --format model-explorer`). Needs the `viz` extra; 
 
 from __future__ import annotations
 
+import signal
 import socket
+import threading
 
 from ..errors import OptionError
 from .inspect import add_model_options, check_model_path, load_and_rewrite
@@ -73,8 +75,28 @@ def _without_version_check(server) -> None:
                                                             "desktopAppUrl": ""}
 
 
+def _serve(server, config, port: int, open_browser: bool) -> None:
+    """Run Model Explorer's server until Ctrl+C or SIGTERM. Its loop takes any KeyboardInterrupt as Ctrl+C and
+    returns normally; a SIGTERM is noted and raised again afterwards, so that the CLI exits 143 as for any command."""
+    from .cli import Terminated
+    terminated = []
+
+    def on_sigterm(signum, frame):
+        terminated.append(signum)
+        raise Terminated()
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
+    try:
+        server.start(host=HOST, port=port, config=config, no_open_in_browser=not open_browser)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+    if terminated:
+        raise Terminated()
+
+
 def run(args) -> int:
-    """Rewrite the model, build the overlay and serve Model Explorer until interrupted."""
+    """Rewrite the model, build the overlay and serve Model Explorer until interrupted (exit 0 on Ctrl+C)."""
     from model_explorer import config as explorer_config, server
     from ..report.model_explorer import to_model_explorer
     model, result = load_and_rewrite(args)
@@ -84,5 +106,5 @@ def run(args) -> int:
     config.add_node_data(f"mp-rewrite {args.precision}", overlay.to_json(indent=None))
     print(f"mp-rewrite view: {overlay.summary()}", flush=True)
     _without_version_check(server)
-    server.start(host=HOST, port=args.port, config=config, no_open_in_browser=not args.open)
+    _serve(server, config, args.port, args.open)
     return 0
