@@ -1,0 +1,251 @@
+"""Folding an inference-time normalization into the convolution or matmul before it, in a frozen graph.
+
+Keras 3's BatchNormalization (and any per-channel scale and shift) freezes to `y = conv(x, W) [+ b] * s [+ t]`
+with constant `s` and `t`; Grappler's constant folding leaves the Mul and Add in place (its Mul push-down needs the
+Mul right after the convolution, and Keras puts a BiasAdd between). Rewritten as `y = conv(x, W * s) + (b * s + t)`
+the graph is one convolution and one BiasAdd, which TensorFlow's remapper fuses with the activation after it: two
+elementwise passes over every activation disappear, and in low precision so do their Casts. The fold is exact in
+real arithmetic and rounds like float32 arithmetic (W * s is one float32 multiply per weight).
+
+Only what is certainly per output channel is folded: a constant `s` (and `t`) of one value or one value per output
+channel, a contraction whose filter is a constant, NHWC convolutions, nothing preserved or shared along the chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+# contraction op -> how its filter's output channels are laid out (see _scaled_filter)
+CONTRACTIONS = ("Conv2D", "DepthwiseConv2dNative", "MatMul")
+# What may sit between the contraction and the scale: its bias, or the Identity Grappler leaves for an all-zero one.
+BETWEEN = ("BiasAdd", "Identity")
+SHIFTS = ("Add", "AddV2")
+FLOAT = 1  # types_pb2.DT_FLOAT: the fold is done in float32 only
+LOW_TYPES = (19, 14)  # types_pb2.DT_HALF, DT_BFLOAT16
+
+
+@dataclasses.dataclass
+class _Chain:
+    """One foldable `contraction [-> BiasAdd|Identity ...] -> Mul [-> Add]` (or `... -> Add`)."""
+
+    contraction: object
+    bias: np.ndarray | None
+    scale: np.ndarray | None
+    shift: np.ndarray | None
+    last: object  # the Mul or the Add: it becomes the BiasAdd, so its consumers need no change
+
+
+def fold_batch_norms(graph_def, fetches) -> tuple[object, list[str]]:
+    """Fold per-channel constant scales and shifts into the constant-filter contraction before them.
+
+    Args:
+        graph_def: a frozen GraphDef (weights are Consts), after constant folding; not modified.
+        fetches: tensor or node names whose nodes must keep their op (their value is unchanged either way).
+
+    Returns:
+        (a new GraphDef, the names of the nodes that became BiasAdds).
+    """
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    nodes = {node.name: node for node in out.node}
+    consumers = _data_consumers(out)
+    kept = {f.split(":")[0].lstrip("^") for f in fetches}
+    folded = []
+    for node in list(out.node):
+        # A Mul's chain takes the Add after it; an Add reached first finds no contraction behind its Mul.
+        if node.op in ("Mul",) + SHIFTS and node.name not in kept:
+            chain = _chain(node, nodes, consumers, kept)
+            if chain is not None:
+                _rewrite(out, chain, nodes)
+                folded.append(chain.last.name)
+    return out, folded
+
+
+def _data_consumers(graph_def) -> dict:
+    """node name -> how many data inputs (of any node) read it."""
+    counts: dict = {}
+    for node in graph_def.node:
+        for name in node.input:
+            if not name.startswith("^"):
+                producer = name.split(":")[0]
+                counts[producer] = counts.get(producer, 0) + 1
+    return counts
+
+
+def _producer(name: str, nodes: dict):
+    """The node whose first output the input `name` reads, or None (a control input, another output port)."""
+    node, _, port = name.partition(":")
+    return None if name.startswith("^") or port not in ("", "0") else nodes.get(node)
+
+
+def _constant(name: str, nodes: dict):
+    """The float32 value of the Const node the input `name` reads, or None."""
+    import tensorflow as tf
+    node = _producer(name, nodes)
+    if node is None or node.op != "Const" or node.attr["dtype"].type != FLOAT:
+        return None
+    return tf.make_ndarray(node.attr["value"].tensor)
+
+
+def _only_output(name: str, consumers: dict, kept: set) -> bool:
+    """Whether the node's output is read by exactly one data input and the node is not preserved."""
+    return consumers.get(name, 0) == 1 and name not in kept
+
+
+def _chain(end, nodes: dict, consumers: dict, kept: set) -> _Chain | None:
+    """The foldable chain that ends at `end` (a Mul or an Add), or just after it when `end` is a Mul whose only
+    reader adds a constant; None if there is none."""
+    if end.attr["T"].type != FLOAT or len([i for i in end.input if not i.startswith("^")]) != 2:
+        return None
+    for data, other in ((end.input[0], end.input[1]), (end.input[1], end.input[0])):
+        value, producer = _constant(other, nodes), _producer(data, nodes)
+        found = _contraction_before(producer, nodes, consumers, kept) if value is not None else None
+        if found is None:
+            continue
+        contraction, bias = found
+        channels, rank = _output_channels(contraction, nodes), 2 if contraction.op == "MatMul" else 4
+        if channels is None or not _per_channel(value, channels, rank):
+            continue
+        if end.op != "Mul":
+            return _Chain(contraction, bias, None, value, end)
+        last, shift = _shift_after(end, nodes, consumers, kept, channels, rank) or (end, None)
+        return _Chain(contraction, bias, value, shift, last)
+    return None
+
+
+def _contraction_before(node, nodes: dict, consumers: dict, kept: set):
+    """(the constant-filter contraction `node` computes, possibly through a BiasAdd and Identities, that bias or
+    None), when nothing else reads that chain; else None."""
+    bias = None
+    while node is not None and node.op in BETWEEN and _only_output(node.name, consumers, kept):
+        if node.op == "BiasAdd":
+            if bias is not None or node.attr["data_format"].s not in (b"", b"NHWC"):
+                return None
+            bias = _constant(node.input[1], nodes)
+            if bias is None:
+                return None
+        node = _producer(node.input[0], nodes)
+    if node is None or node.op not in CONTRACTIONS or not _only_output(node.name, consumers, kept):
+        return None
+    channels = _output_channels(node, nodes)
+    if channels is None or (bias is not None and bias.shape != (channels,)):
+        return None
+    return node, bias
+
+
+def _shift_after(mul, nodes: dict, consumers: dict, kept: set, channels: int, rank: int):
+    """(the Add node, its per-channel constant) when `mul`'s only reader adds one, else None."""
+    if not _only_output(mul.name, consumers, kept):
+        return None
+    readers = [n for n in nodes.values() if mul.name in n.input or f"{mul.name}:0" in n.input]
+    if len(readers) != 1 or readers[0].op not in SHIFTS or readers[0].name in kept:
+        return None
+    add = readers[0]
+    other = add.input[1] if add.input[0].split(":")[0] == mul.name else add.input[0]
+    shift = _constant(other, nodes)
+    return (add, shift) if shift is not None and _per_channel(shift, channels, rank) else None
+
+
+def _per_channel(value: np.ndarray, channels: int, rank: int) -> bool:
+    """One value, or one per output channel broadcast along the last axis, of no higher rank than the output."""
+    return value.ndim <= rank and (value.size == 1 or (value.size == channels and value.shape[-1] == channels))
+
+
+def _output_channels(contraction, nodes: dict) -> int | None:
+    """How many output channels the contraction has, when its filter is a constant and its layout is known."""
+    if contraction.attr["T"].type != FLOAT:
+        return None
+    weights = _constant(contraction.input[1], nodes)
+    if weights is None:
+        return None
+    if contraction.op == "MatMul":
+        return weights.shape[0] if contraction.attr["transpose_b"].b else weights.shape[1]
+    if contraction.attr["data_format"].s not in (b"", b"NHWC") or weights.ndim != 4:
+        return None
+    return weights.shape[2] * weights.shape[3] if contraction.op == "DepthwiseConv2dNative" else weights.shape[3]
+
+
+def _scaled_filter(contraction, weights: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The filter with every output channel multiplied by its scale."""
+    scale = scale.reshape(-1)
+    if contraction.op == "MatMul" and contraction.attr["transpose_b"].b:
+        return weights * scale.reshape(-1, 1)
+    if contraction.op == "DepthwiseConv2dNative":  # output channel = input channel * multiplier + m
+        return weights * np.broadcast_to(scale, (weights.shape[2] * weights.shape[3],)).reshape(weights.shape[2:])
+    return weights * scale
+
+
+def _rewrite(graph_def, chain: _Chain, nodes: dict) -> None:
+    """Point the contraction at the scaled filter and turn the chain's last node into a BiasAdd of the new bias."""
+    channels = _output_channels(chain.contraction, nodes)
+    scale = np.ones(1, np.float32) if chain.scale is None else chain.scale
+    scale = np.broadcast_to(scale.reshape(-1), (channels,)).astype(np.float32)
+    weights = _constant(chain.contraction.input[1], nodes)
+    bias = np.zeros(channels, np.float32) if chain.bias is None else chain.bias.astype(np.float32)
+    bias = bias * scale
+    if chain.shift is not None:
+        bias = bias + np.broadcast_to(chain.shift.reshape(-1), (channels,))
+    bias_name = f"{chain.last.name}/folded_bias"
+    _add_constant(graph_def, bias_name, bias, chain.contraction.device, nodes)
+    if chain.scale is not None:
+        filter_name = f"{chain.last.name}/folded_filter"
+        _add_constant(graph_def, filter_name, _scaled_filter(chain.contraction, weights, scale),
+                      chain.contraction.device, nodes)
+        chain.contraction.input[1] = filter_name
+    controls = [i for i in chain.last.input if i.startswith("^")]
+    last = chain.last
+    last.op = "BiasAdd"
+    del last.input[:]
+    last.input.extend([chain.contraction.name, bias_name] + controls)
+    for key in list(last.attr):
+        if key != "T":
+            del last.attr[key]
+    last.attr["data_format"].s = b"NHWC"
+
+
+def _add_constant(graph_def, name: str, value: np.ndarray, device: str, nodes: dict) -> None:
+    """Add a float32 Const node `name` holding `value`."""
+    import tensorflow as tf
+    const = graph_def.node.add(name=name, op="Const", device=device)
+    const.attr["dtype"].type = FLOAT
+    const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value.astype(np.float32)))
+    nodes[name] = const
+
+
+def fold_constant_casts(graph_def, fetches) -> tuple[object, int]:
+    """Replace every Cast of a float constant to float16 or bfloat16 by a constant of the cast value.
+
+    What Grappler's constant folding does for these Casts, without sending the whole graph (every weight) through
+    it again: on ResNet-50 1.7 s, and 0.5 s more to turn Grappler's one-varint-per-value constants into raw bytes.
+    The value is TensorFlow's own Cast kernel's (round to nearest even), stored as raw bytes.
+
+    Args:
+        graph_def: a GraphDef; not modified.
+        fetches: tensor or node names whose nodes must keep their op.
+
+    Returns:
+        (a new GraphDef, how many Casts became constants).
+    """
+    import tensorflow as tf
+
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    nodes = {node.name: node for node in out.node}
+    kept = {f.split(":")[0].lstrip("^") for f in fetches}
+    count = 0
+    for node in out.node:
+        source = _producer(node.input[0], nodes) if node.op == "Cast" and node.input else None
+        if (source is None or source.op != "Const" or node.name in kept or node.attr["Truncate"].b
+                or node.attr["DstT"].type not in LOW_TYPES or node.attr["SrcT"].type != FLOAT):
+            continue
+        target = tf.dtypes.as_dtype(node.attr["DstT"].type)
+        value = tf.cast(tf.make_ndarray(source.attr["value"].tensor), target).numpy()
+        node.op = "Const"
+        del node.input[:]
+        node.attr.clear()
+        node.attr["dtype"].type = target.as_datatype_enum
+        node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, dtype=target))
+        count += 1
+    return out, count
