@@ -1,5 +1,6 @@
 """The methods of tf_keras's legacy (OptimizerV2) optimizers that a LossScaleOptimizer delegates to its inner one,
-as tf_keras's own LossScaleOptimizer does: slots, weights, and `get_gradients` (scaled, then unscaled).
+as tf_keras's own LossScaleOptimizer does: slots (and the hooks TF's checkpoint restores slots through), weights,
+and `get_gradients` (scaled, then unscaled).
 
 They exist only when the inner optimizer is a legacy one: code that probes `hasattr(opt, "get_slot_names")` (TF's
 checkpointing does) must not find them on a Keras 3 optimizer."""
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 from .settings import _TF_KERAS_V2
 
-LEGACY_METHODS = ("get_slot", "get_slot_names", "get_gradients")  # reached through LossScaleOptimizer.__getattr__
+PUBLIC_LEGACY_METHODS = ("get_slot", "get_slot_names", "add_slot", "get_gradients")
+# Reached through LossScaleOptimizer.__getattr__; the private ones are what TF's checkpoint restore calls.
+LEGACY_METHODS = PUBLIC_LEGACY_METHODS + ("_create_or_restore_slot_variable", "_restore_slot_variable",
+                                          "_create_all_weights")
 
 
 def legacy_method(lso, name: str):

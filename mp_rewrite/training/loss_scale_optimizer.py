@@ -1,14 +1,14 @@
-"""Loss scaling for mixed precision training: `LossScaleOptimizer` and `wrap_optimizer`.
+"""Loss scaling for mixed precision training: `LossScaleOptimizer`.
 
-`LossScaleOptimizer` has the semantics of tf_keras's `tf.keras.mixed_precision.LossScaleOptimizer` and is a
-Keras 3 optimizer (a subclass of `keras.optimizers.LossScaleOptimizer`, so `model.compile` never wraps it again).
-It accepts both ways of driving a loss scale optimizer:
+`LossScaleOptimizer` wraps a Keras 3 optimizer or a tf_keras optimizer (legacy or new) and behaves, for each, as
+that library's own wrapper does: tf_keras's `tf_keras.mixed_precision.LossScaleOptimizer` for tf_keras optimizers,
+Keras 3's `keras.optimizers.LossScaleOptimizer` for Keras 3 optimizers (it is a subclass of the latter, so
+`model.compile` never wraps it again). Per family (see the modules named):
 
-* Keras 3 (`model.fit`, custom loops): `scale_loss(loss)` inside the tape, then `apply(grads, vars)` or
-  `apply_gradients(...)` with the *scaled* gradients, which the optimizer unscales.
-* tf_keras: `get_scaled_loss(loss)`, `get_unscaled_gradients(grads)`, then `apply_gradients(...)` with the
-  *unscaled* gradients. `get_unscaled_gradients` sets a per-replica flag *variable* which the next apply reads
-  (and clears) at run time, so the two calls may sit in different `tf.function`s or mix eager and graph code.
+* who unscales in `apply_gradients` (`scaling_contract.py`): tf_keras — never, the caller calls
+  `get_unscaled_gradients` (or `minimize`); Keras 3 — always, except gradients `get_unscaled_gradients` returned;
+* what is forwarded to the inner optimizer (`delegation.py`, `legacy_methods.py`);
+* the checkpoint layout (`checkpoint_layout.py`): tf_keras's for tf_keras optimizers, Keras 3's for Keras 3's.
 
 Dynamic scaling is bounded: the scale never drops below `MIN_LOSS_SCALE` (a warning is logged when the floor is
 hit) and never grows past `MAX_LOSS_SCALE`. Skipped steps, the scale and its recent changes are observable through
@@ -19,24 +19,21 @@ Errors are `LossScaleError` (a ValueError) and `LossScaleTypeError` (a TypeError
 messages. TensorFlow backend of Keras 3 only (the update is written in TF ops, for tf.distribute).
 """
 
-import inspect
-import logging
-import numbers
-
 import keras
 import tensorflow as tf
 
-from .legacy_methods import LEGACY_METHODS, LegacyWeights, legacy_method
+from .checkpoint_layout import TfKerasCheckpointLayout
+from .delegation import InnerDelegation
 from .dynamic_scale import UNSCALE_SCOPE, DynamicScaleUpdate, multiply  # noqa: F401  (UNSCALE_SCOPE re-exported)
+from .legacy_methods import LegacyWeights
+from .scaling_contract import aggregate_for_inner, apply_to_inner, warn_about_scaling, warn_unscaled_keras_step
 from .settings import (  # noqa: F401  (the bounds and is_loss_scale_optimizer are re-exported)
-    _BASE_ARGS, _KERAS, _TF_KERAS_V2, _TF_KERAS_V3, MAX_LOSS_SCALE, MIN_LOSS_SCALE, SCALE_HISTORY_SIZE, LossScaleError,
-    _check_inner, _check_settings, _check_strategy_supported, deserialize_inner, is_loss_scale_optimizer,
-    legacy_config)
+    _KERAS, _TF_KERAS_V2, _TF_KERAS_V3, MAX_LOSS_SCALE, MIN_LOSS_SCALE, SCALE_HISTORY_SIZE, LossScaleError,
+    _check_inner, _check_settings, _check_strategy_supported, _check_wrapper_kwargs, deserialize_inner,
+    is_loss_scale_optimizer, legacy_config)
 
 # AutoGraph would re-convert this module's Python on every trace (~3 s); none of it needs conversion.
 _no_autograph = tf.autograph.experimental.do_not_convert
-
-logger = logging.getLogger("mp_rewrite")
 
 
 class _Untracked:
@@ -47,7 +44,8 @@ class _Untracked:
 
 
 @keras.saving.register_keras_serializable(package="mp_rewrite")
-class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleUpdate, LegacyWeights,
+                         keras.optimizers.LossScaleOptimizer):
     """An optimizer wrapper that scales the loss to keep float16 gradients from underflowing.
 
     With `dynamic=True` the scale starts at `initial_scale`; after `dynamic_growth_steps` consecutive steps with
@@ -56,27 +54,32 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
     scale halves (at least to `MIN_LOSS_SCALE`) and the counter resets. With `dynamic=False` the scale is fixed
     and every step is applied. Create it under the `tf.distribute` strategy's scope, like its inner optimizer.
 
+    `apply_gradients` follows the inner optimizer's library: for a tf_keras optimizer it never unscales (call
+    `get_unscaled_gradients`, as with tf_keras); for a Keras 3 optimizer it unscales the gradients of the scaled
+    loss, except those `get_unscaled_gradients` returned (see `scaling_contract.py`).
+
     Args:
         inner_optimizer: a Keras 3 optimizer (`keras.optimizers.SGD(...)`, ...) or a tf_keras optimizer.
         dynamic: bool, dynamic (default) or fixed loss scale.
-        initial_scale: the first (or the fixed) scale, in [1, 2**64]; defaults to 2**15 when dynamic, and is
+        initial_scale: the first (or the fixed) scale, in (0, 2**64]; defaults to 2**15 when dynamic, and is
             required when not.
         dynamic_growth_steps: a positive int, default 2000; must be None when not dynamic.
         name: optional name.
+        **kwargs: Keras 3's base optimizer options at their defaults (what Keras 3 configs carry); other values
+            belong to the inner optimizer.
 
     Raises:
         TypeError: `dynamic` is not a bool, or `inner_optimizer` is not an optimizer or is a loss scale optimizer.
-        ValueError: invalid `initial_scale`/`dynamic_growth_steps`, an inner optimizer that is already wrapped, or
-            an unsupported distribution strategy (TPU, parameter server, central storage).
+        ValueError: invalid `initial_scale`/`dynamic_growth_steps`, an option of the inner optimizer, a tf_keras
+            optimizer that is already wrapped, or an unsupported distribution strategy (TPU, parameter server,
+            central storage).
     """
 
     def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None, name=None,
                  **kwargs):
-        if kwargs:  # Keras's error; clipping or EMA on the wrapper would silently do nothing
-            raise LossScaleError(f"Argument(s) not recognized: {kwargs}. Options of the update (clipnorm, clipvalue, "
-                                 "global_clipnorm, use_ema, ...) belong to the inner optimizer")
+        _check_wrapper_kwargs(kwargs)
         family = _check_inner(inner_optimizer)
-        initial_scale, dynamic_growth_steps = _check_settings(dynamic, initial_scale, dynamic_growth_steps)
+        initial_scale, dynamic_growth_steps = _check_settings(dynamic, initial_scale, dynamic_growth_steps, family)
         _check_strategy_supported()
         # Skip keras.optimizers.LossScaleOptimizer.__init__: it rejects dynamic=False. The subclassing is only there
         # so that Keras (compile(auto_scale_loss=True), MultiOptimizer, callbacks) recognises a loss scale optimizer.
@@ -85,7 +88,9 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
         self._dynamic = dynamic
         self._initial_scale = initial_scale
         self._growth_steps = dynamic_growth_steps
-        self._scaling_seen = False
+        self._loss_has_been_scaled = False
+        self._gradients_have_been_unscaled = False
+        self._warned_unscaled = False
         self.inner_optimizer = inner_optimizer
         inner_optimizer._is_wrapped_by_loss_scale_optimizer = True
         if family == _KERAS:
@@ -96,14 +101,18 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
         def scalar(name, dtype, init="zeros", shape=()):
             return self.add_variable(shape, initializer=init, dtype=dtype, aggregation="only_first_replica", name=name)
 
-        # Per replica (ON_READ): each replica records whether *its* gradients were unscaled already.
-        flag = tf.Variable(0.0, trainable=False, name="grads_unscaled",
-                           synchronization=tf.VariableSynchronization.ON_READ,
-                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self._grads_unscaled = _Untracked(flag)
-        if not self._dynamic:
-            return
-        self._create_dynamic_state(scalar)
+        # Per replica (ON_READ): how many gradient lists get_unscaled_gradients returned that no apply has taken.
+        pending = tf.Variable(0.0, trainable=False, name="pending_unscaled",
+                              synchronization=tf.VariableSynchronization.ON_READ,
+                              aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self._pending_unscaled = _Untracked(pending)
+        state = {}
+        if self._dynamic:
+            self._create_dynamic_state(scalar)
+            state = {"current_loss_scale": self.dynamic_scale, "good_steps": self.step_counter,
+                     "skipped_steps": self._skipped_steps, "scale_history_steps": self._history_steps,
+                     "scale_history_scales": self._history_scales, "scale_history_count": self._history_count}
+        self._create_layout_nodes(state)
 
     # -- properties ---------------------------------------------------------------------------------------------
 
@@ -129,78 +138,14 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
             return tf.convert_to_tensor(self.dynamic_scale)
         return tf.constant(self._initial_scale, tf.float32)
 
-    @property
-    def iterations(self):
-        """The inner optimizer's step counter (incremented on skipped steps too)."""
-        return self.inner_optimizer.iterations
-
-    @iterations.setter
-    def iterations(self, value):
-        if self._family == _KERAS:
-            self.inner_optimizer._iterations.assign(value)  # Keras 3 has no public setter
-        else:
-            self.inner_optimizer.iterations = value
-
-    @property
-    def learning_rate(self):
-        """The inner optimizer's learning rate (the same object)."""
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value):
-        self.inner_optimizer.learning_rate = value
-
-    @property
-    def variables(self):
-        """This optimizer's variables (loss scale state included), then the inner optimizer's."""
-        inner = self.inner_optimizer.variables
-        return list(self._variables) + list(inner() if callable(inner) else inner)
-
-    # -- hyperparameter delegation (tf_keras: hyperparameters yes, arbitrary attributes no) ----------------------
-
-    def _hyperparameter_names(self):
-        inner = self.__dict__.get("inner_optimizer")
-        if inner is None:
-            return set()
-        if self._family == _TF_KERAS_V2:
-            names = set(inner._hyper)
-            return names | {"lr"} if "learning_rate" in names else names
-        # Keras 3 has no hyperparameter registry: take the numeric constructor arguments (beta_1, momentum, ...).
-        names = {"learning_rate"}
-        for arg in inspect.signature(type(inner).__init__).parameters:
-            value = getattr(inner, arg, None) if arg not in _BASE_ARGS else None
-            if (isinstance(value, numbers.Real) and not isinstance(value, bool)) or isinstance(
-                    value, (tf.Variable, keras.Variable)):
-                names.add(arg)
-        return names
-
-    def __getattr__(self, name):
-        # Only reached when normal lookup fails.
-        if not name.startswith("_") and name in self._hyperparameter_names():
-            return getattr(self.inner_optimizer, name)
-        if name in LEGACY_METHODS and self.__dict__.get("_family") == _TF_KERAS_V2:
-            return legacy_method(self, name)
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-
-    def __setattr__(self, name, value):
-        if (not name.startswith("_") and name not in self.__dict__ and not hasattr(type(self), name)
-                and name in self._hyperparameter_names()):
-            setattr(self.inner_optimizer, name, value)
-            return
-        super().__setattr__(name, value)
-
-    def __dir__(self):
-        return sorted(set(super().__dir__()) | self._hyperparameter_names())
-
     # -- scaling --------------------------------------------------------------------------------------------------
-
-    def _expect_scaled_gradients(self):
-        self._scaling_seen = True
-        self._grads_unscaled.variable.assign(0.0)
 
     @_no_autograph
     def scale_loss(self, loss):
-        """Returns `loss * loss_scale` (what Keras 3's `fit` calls inside the tape).
+        """Returns `loss * loss_scale` (Keras 3's API, what `fit` calls inside the tape).
+
+        It starts a Keras 3 step: for a Keras 3 inner optimizer, the next apply unscales its gradients even if an
+        earlier `get_unscaled_gradients` result was never applied.
 
         Args:
             loss: a scalar Tensor (any float dtype).
@@ -208,7 +153,12 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
         Returns:
             The scaled loss, in the dtype of `loss`.
         """
-        self._expect_scaled_gradients()
+        if self._family == _KERAS:
+            self._pending_unscaled.variable.assign(0.0)
+        return self._scaled(loss)
+
+    def _scaled(self, loss):
+        self._loss_has_been_scaled = True
         loss = tf.convert_to_tensor(loss)
         return loss * tf.cast(self.loss_scale, loss.dtype)
 
@@ -222,14 +172,14 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
         Returns:
             `loss * loss_scale`, or for a callable a new callable returning that.
         """
+        self._loss_has_been_scaled = True
         if callable(loss):
-            self._scaling_seen = True
-            return lambda: self.scale_loss(loss())
-        return self.scale_loss(loss)
+            return lambda: self._scaled(loss())
+        return self._scaled(loss)
 
     @_no_autograph
     def get_unscaled_gradients(self, grads):
-        """Divides gradients by the loss scale (tf_keras API); the next apply then does not unscale them again.
+        """Divides gradients by the loss scale (tf_keras API); an apply does not unscale them again.
 
         Args:
             grads: a list of Tensors, IndexedSlices or None.
@@ -237,11 +187,15 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
         Returns:
             A list of the unscaled gradients; None stays None, IndexedSlices stay IndexedSlices.
         """
-        self._scaling_seen = True
-        reciprocal = tf.math.reciprocal(self.loss_scale)
-        unscaled = [multiply(g, reciprocal) for g in grads]
-        self._grads_unscaled.variable.assign(1.0)
+        unscaled = self._unscaled(grads)
+        if self._family == _KERAS:
+            self._pending_unscaled.variable.assign_add(1.0)
         return unscaled
+
+    def _unscaled(self, grads):
+        self._gradients_have_been_unscaled = True
+        reciprocal = tf.math.reciprocal(self.loss_scale)
+        return [multiply(g, reciprocal) for g in grads]
 
     # -- applying ------------------------------------------------------------------------------------------------
 
@@ -266,41 +220,55 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
             inner.build(var_list)
 
     @_no_autograph
-    def apply_gradients(self, grads_and_vars, *, grads_unscaled=None):
-        """Applies gradients, unscaling them unless they are unscaled already; see `apply`.
+    def apply_gradients(self, grads_and_vars, name=None, experimental_aggregate_gradients=True,
+                        skip_gradients_aggregation=False, *, grads_unscaled=None):
+        """Applies one step; see `apply`. Takes tf_keras's arguments (legacy and new) and Keras 3's.
 
         Args:
             grads_and_vars: (gradient, variable) pairs.
-            grads_unscaled: None (decide from `get_unscaled_gradients`), or a bool saying whether they are.
+            name: accepted for tf_keras's signature (the ops are not renamed).
+            experimental_aggregate_gradients: tf_keras legacy: aggregate across replicas first (the default).
+            skip_gradients_aggregation: tf_keras new optimizers: do not aggregate.
+            grads_unscaled: None (the inner optimizer's library decides, see the class doc), or a bool saying
+                whether the gradients are unscaled already.
 
         Returns:
             The `iterations` variable.
         """
-        grads_and_vars = list(grads_and_vars)
-        if grads_and_vars:
-            grads, variables = zip(*grads_and_vars)
-            self.apply(grads, variables, grads_unscaled=grads_unscaled)
+        pairs = list(grads_and_vars)
+        if pairs or self._family == _TF_KERAS_V2:  # tf_keras legacy raises "No gradients provided" on none
+            grads, variables = (list(x) for x in zip(*pairs)) if pairs else ([], [])
+            self._apply_step(grads, variables, grads_unscaled,
+                             experimental_aggregate_gradients and not skip_gradients_aggregation)
         return self.iterations
 
     @_no_autograph
     def apply(self, grads, trainable_variables=None, *, grads_unscaled=None):
-        """Applies one step: unscale, check finiteness on all replicas, apply or skip, update the scale.
+        """Applies one step: unscale (Keras 3), check finiteness on all replicas, apply or skip, update the scale.
 
         Args:
-            grads: gradients (None entries allowed), scaled unless `get_unscaled_gradients` produced them.
+            grads: gradients (None entries allowed); for a Keras 3 inner optimizer the gradients of the scaled loss
+                unless `get_unscaled_gradients` produced them, for a tf_keras one unscaled gradients.
             trainable_variables: the variables; may be omitted once the optimizer is built.
-            grads_unscaled: None (decide from `get_unscaled_gradients`), or a bool saying whether they are.
+            grads_unscaled: None (the inner optimizer's library decides), or a bool saying whether they are.
 
         Raises:
             ValueError: called in a cross-replica context, or without variables before the first build.
         """
         grads = list(grads)
-        if not grads:
-            return
+        if grads:
+            self._apply_step(grads, self._variables_for(trainable_variables), grads_unscaled, True)
+
+    def _apply_step(self, grads, variables, grads_unscaled, aggregate):
         if tf.distribute.in_cross_replica_context():
             raise LossScaleError("apply_gradients() must be called in a replica context.")
         _check_strategy_supported()
-        variables = self._variables_for(trainable_variables)
+        if self._family != _KERAS:
+            warn_about_scaling(self._loss_has_been_scaled, self._gradients_have_been_unscaled)
+            pairs = aggregate_for_inner(self._family, self.inner_optimizer, zip(grads, variables), aggregate)
+            grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        if not self.built:
+            self.build(variables)
         factor = self._unscale_factor(grads_unscaled)
         grads = [g if getattr(v, "overwrite_with_gradient", False) else multiply(g, factor)
                  for g, v in zip(grads, variables)]
@@ -316,32 +284,26 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
                     "When passing `grads` without `variables`, the optimizer must already be built on a "
                     "list of variables. Call `optimizer.build(trainable_variables)` first.")
             return list(self._trainable_variables)
-        variables = list(trainable_variables)
-        if not self.built:
-            self.build(variables)
-        return variables
+        return list(trainable_variables)
 
     def _unscale_factor(self, grads_unscaled):
-        """1 if the gradients are unscaled already, else 1/scale; consumes the `get_unscaled_gradients` flag."""
-        flag = self._grads_unscaled.variable
+        """The factor for the gradients: 1 if they are unscaled already, else 1/scale (see the class doc)."""
         reciprocal = tf.math.reciprocal(self.loss_scale)
-        if grads_unscaled is None:
-            if not self._scaling_seen and (self._dynamic or self._initial_scale != 1.0):
-                self._scaling_seen = True  # warn once
-                logger.warning("LossScaleOptimizer.apply_gradients() was called, but neither scale_loss(), "
-                               "get_scaled_loss() nor get_unscaled_gradients() was: the gradients are taken to be "
-                               "scaled and are divided by the loss scale.")
-            factor = tf.where(flag.read_value() > 0.5, tf.constant(1.0), reciprocal)
-        else:
-            factor = tf.constant(1.0) if grads_unscaled else reciprocal
-        flag.assign(0.0)
-        return factor
+        if grads_unscaled is not None:
+            return tf.constant(1.0) if grads_unscaled else reciprocal
+        if self._family != _KERAS:
+            return tf.constant(1.0)  # tf_keras's contract: the caller unscaled (or was warned)
+        if not (self._loss_has_been_scaled or self._gradients_have_been_unscaled or self._warned_unscaled) and (
+                self._dynamic or self._initial_scale != 1.0):
+            self._warned_unscaled = True
+            warn_unscaled_keras_step()
+        pending = self._pending_unscaled.variable
+        count = pending.read_value()
+        pending.assign(tf.maximum(count - 1.0, 0.0))
+        return tf.where(count > 0.5, tf.constant(1.0), reciprocal)
 
     def _inner_apply(self, grads, variables):
-        if self._family == _KERAS:
-            self.inner_optimizer.apply(grads, variables)
-        else:
-            self.inner_optimizer.apply_gradients(list(zip(grads, variables)))
+        apply_to_inner(self._family, self.inner_optimizer, grads, variables)
 
     @_no_autograph
     def minimize(self, loss, var_list, tape=None):
@@ -365,9 +327,9 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
         with tape:
             if callable(loss):
                 loss = loss()
-            scaled_loss = self.get_scaled_loss(loss)
+            scaled_loss = self._scaled(loss)
         var_list = list(var_list() if callable(var_list) else var_list)
-        grads = self.get_unscaled_gradients(tape.gradient(scaled_loss, var_list))
+        grads = self._unscaled(tape.gradient(scaled_loss, var_list))
         return self.apply_gradients(zip(grads, var_list), grads_unscaled=True)
 
     # -- serialization -------------------------------------------------------------------------------------------
@@ -383,10 +345,10 @@ class LossScaleOptimizer(DynamicScaleUpdate, LegacyWeights, keras.optimizers.Los
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        """Rebuilds an optimizer (without state) from `get_config()` output.
+        """Rebuilds an optimizer (without state) from `get_config()` output, Keras 3's or tf_keras's config.
 
         Args:
-            config: the dict from `get_config`.
+            config: the dict from `get_config` (also TF <= 2.3's and Keras 3's with base optimizer options).
             custom_objects: optional dict for deserializing a custom inner optimizer.
 
         Returns:

@@ -5,6 +5,7 @@ validated here, with TF's error messages; `loss_scale.py` holds the optimizer it
 """
 
 import importlib
+import importlib.util
 import math
 import numbers
 import sys
@@ -28,6 +29,10 @@ _BASE_ARGS = frozenset(
     "loss_scale_factor gradient_accumulation_steps jit_compile mesh".split()
 )
 _SETTINGS = ("dynamic", "initial_scale", "dynamic_growth_steps")
+# Keras 3's base optimizer options and their defaults: a Keras 3 LossScaleOptimizer config may carry them.
+_KERAS_BASE_DEFAULTS = {"weight_decay": None, "clipnorm": None, "global_clipnorm": None, "clipvalue": None,
+                        "use_ema": False, "ema_momentum": 0.99, "ema_overwrite_frequency": None,
+                        "loss_scale_factor": None, "gradient_accumulation_steps": None}
 # The update uses tf.cond/tf.where explicitly; letting AutoGraph rewrite this module costs seconds per trace.
 
 
@@ -86,13 +91,25 @@ def _check_strategy_supported():
                          "Try using a different Strategy, e.g. a MirroredStrategy")
 
 
-def _check_settings(dynamic, initial_scale, dynamic_growth_steps):
+def _check_wrapper_kwargs(kwargs):
+    """Keras 3's check: base optimizer options only at their defaults (configs carry them), with its messages."""
+    for arg, default in _KERAS_BASE_DEFAULTS.items():
+        if arg in kwargs and kwargs.pop(arg) != default:
+            raise LossScaleError(f"LossScaleOptimizer does not support `{arg}`. Instead, set `{arg}` on the "
+                                 "`inner_optimizer`.")
+    if kwargs:
+        raise LossScaleError(f"LossScaleOptimizer does not support arguments: {', '.join(f'`{k}`' for k in kwargs)}.")
+
+
+def _check_settings(dynamic, initial_scale, dynamic_growth_steps, family=None):
     """Validates the constructor settings (in tf_keras's order) and returns them with defaults filled in."""
     if not isinstance(dynamic, bool):
         raise LossScaleTypeError(
             f'"dynamic" argument to LossScaleOptimizer.__init__ must be a bool, but got: {dynamic!r}')
     if not dynamic and initial_scale is None:
-        raise LossScaleError('"initial_scale" must be specified if "dynamic" is False')
+        hint = (" (Keras 3's own LossScaleOptimizer has no fixed scale; there, set `loss_scale_factor` on the inner "
+                "optimizer instead)") if family == _KERAS else ""
+        raise LossScaleError(f'"initial_scale" must be specified if "dynamic" is False{hint}')
     if not dynamic and dynamic_growth_steps is not None:
         raise LossScaleError(
             f'"dynamic_growth_steps" must be None if "dynamic" is False, but got: {dynamic_growth_steps}')
@@ -128,9 +145,12 @@ def _check_inner(inner_optimizer):
     family = _optimizer_family(inner_optimizer)
     if family is None:
         raise LossScaleTypeError(
-            '"inner_optimizer" must be an instance of `keras.optimizers.Optimizer` (Keras 3) or of a '
-            f"tf_keras optimizer, but got: {inner_optimizer}.")
-    if getattr(inner_optimizer, "_is_wrapped_by_loss_scale_optimizer", False):
+            '"inner_optimizer" must be an instance of `tf.keras.optimizers.Optimizer` or '
+            f"`tf.keras.optimizers.experimental.Optimizer`, but got: {inner_optimizer}. (mp_rewrite wraps Keras 3 "
+            "optimizers and tf_keras optimizers, legacy and new.)")
+    # tf_keras refuses a second wrapper: both would claim the inner optimizer's checkpoint layout. Keras 3 nests
+    # the inner optimizer under its wrapper's checkpoint node and allows it.
+    if family != _KERAS and getattr(inner_optimizer, "_is_wrapped_by_loss_scale_optimizer", False):
         raise LossScaleError('"inner_optimizer" is already wrapped by a LossScaleOptimizer. An optimizer can only be '
                              "wrapped by a single LossScaleOptimizer")
     return family
@@ -170,8 +190,17 @@ def settings_from_loss_scale(loss_scale):
 
 
 def deserialize_inner(config, custom_objects):
-    """Rebuild the inner optimizer of a LossScaleOptimizer config (Keras 3 or tf_keras)."""
+    """Rebuild the inner optimizer of a LossScaleOptimizer config (Keras 3 or tf_keras).
+
+    A config without a "module" was written by tf.keras (Keras 2, or TF <= 2.3) and is rebuilt by tf_keras, as
+    tf_keras's LossScaleOptimizer does (a legacy optimizer when the config says so, or has the legacy "decay" key).
+    """
     module = config.get("module") or ""
+    if "module" not in config and "class_name" in config and importlib.util.find_spec("tf_keras") is not None:
+        optimizers = importlib.import_module("tf_keras.optimizers")
+        inner_config = config.get("config", {})
+        legacy = inner_config.get("is_legacy_optimizer", "decay" in inner_config)
+        return optimizers.deserialize(config, custom_objects=custom_objects, use_legacy_optimizer=legacy)
     if module.startswith("tf_keras"):
         # Keras 3's deserializer cannot locate tf_keras classes; they rebuild themselves from their own config.
         return getattr(importlib.import_module(module), config["class_name"]).from_config(config["config"])

@@ -547,9 +547,8 @@ def test_error_when_nesting_or_wrapping_twice_or_wrapping_non_optimizer():
         LossScaleOptimizer(opt)
     with pytest.raises(TypeError, match="cannot wrap another"):
         LossScaleOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()))
-    with pytest.raises(ValueError, match='"inner_optimizer" is already wrapped by a LossScaleOptimizer'):
-        LossScaleOptimizer(inner)
-    with pytest.raises(TypeError, match='"inner_optimizer" must be an instance of `keras.optimizers.Optimizer`'):
+    LossScaleOptimizer(inner)  # Keras 3 allows a second wrapper (its checkpoint nests the inner optimizer)
+    with pytest.raises(TypeError, match='"inner_optimizer" must be an instance of `tf.keras.optimizers.Optimizer`'):
         LossScaleOptimizer(1)
 
 
@@ -821,9 +820,12 @@ def test_mirrored_fit_overflow_on_one_replica_skips(mirrored_results):
 
 
 def test_unknown_or_update_options_on_the_wrapper_raise_like_keras():
-    for kwargs in ({"clipnorm": 1.0}, {"global_clipnorm": 1.0}, {"use_ema": True}, {"bogus": 1}):
-        with pytest.raises(ValueError, match="Argument\\(s\\) not recognized"):
+    for kwargs in ({"clipnorm": 1.0}, {"global_clipnorm": 1.0}, {"use_ema": True}):
+        with pytest.raises(ValueError, match="on the `inner_optimizer`"):
             LossScaleOptimizer(keras.optimizers.SGD(), **kwargs)
+    with pytest.raises(ValueError, match="does not support arguments: `bogus`"):
+        LossScaleOptimizer(keras.optimizers.SGD(), bogus=1)
+    LossScaleOptimizer(keras.optimizers.SGD(), clipnorm=None, use_ema=False)  # defaults, as Keras 3 configs carry
 
 
 def test_keras3_config_has_keras3_keys_and_round_trips_through_keras():
