@@ -84,7 +84,7 @@ class RewriteResult:
                          f"through {self.precision} (TF's CPU emulation; no attr is retyped)")
         rows = sorted(total, key=lambda op: (-per_op[op], -total[op], op))[:top]
         if rows:
-            lines.append(f"  {'op':<28}{'float32 attrs':>14}{'converted':>11}")
+            lines.append(f"  {'op':<28}{'float32 attrs':>14}{'emulated' if self.emulated else 'converted':>11}")
             lines += [f"  {op:<28}{total[op]:>14}{per_op[op]:>11}" for op in rows]
         return "\n".join(lines)
 
