@@ -23,7 +23,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from ..core.dtypes import target_dtype
 from ..errors import ModelError, MpRewriteError, OptionError
-from ..core.meta_graph import INTERNAL_PREFIX, functions_to_rewrite, signature_nodes
+from ..core.meta_graph import INTERNAL_PREFIX, functions_to_rewrite, nodes_to_preserve, signature_nodes
 from ..core.graph_view import parse_input
 from ..core.library import rewrite_library, skipped_functions
 from .model_dir import absolute_output, check_output, model_file, write_model_dir
@@ -150,14 +150,11 @@ def select_signatures(saved_model: saved_model_pb2.SavedModel, wanted=None) -> t
 
 
 def _preserved_main_nodes(meta_graph: meta_graph_pb2.MetaGraphDef) -> list[str]:
-    """Main-graph nodes a loader names directly (saver, collections, assets): they keep their dtypes."""
-    saver = meta_graph.saver_def
-    names = [saver.filename_tensor_name, saver.save_tensor_name, saver.restore_op_name]
-    for collection in meta_graph.collection_def.values():
-        names += list(collection.node_list.value)
-    names += [a.tensor_info.name for a in meta_graph.asset_file_def]
+    """Main-graph nodes that keep their dtypes: what Grappler preserves for a MetaGraphDef (saver, collections,
+    initializers, feeds and fetches), and the asset tensors a SavedModel loader feeds."""
     present = {n.name for n in meta_graph.graph_def.node}
-    return [n for n in dict.fromkeys(parse_input(t.lstrip("^"))[0] for t in names if t) if n in present]
+    assets = [parse_input(a.tensor_info.name)[0] for a in meta_graph.asset_file_def if a.tensor_info.name]
+    return list(dict.fromkeys([*nodes_to_preserve(meta_graph), *(n for n in assets if n in present)]))
 
 
 # --------------------------------------------------------------------------------------------- rewriting
