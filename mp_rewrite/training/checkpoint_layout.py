@@ -6,14 +6,24 @@
   plus `loss_scale/{current_loss_scale,good_steps}` for a dynamic scale and, for a legacy inner optimizer, an
   empty `base_optimizer` node (TF 2.2 checkpoints kept slots there). A bare tf_keras optimizer's checkpoint
   therefore restores into the wrapper and back, and tf_keras's wrapper and this one read each other's checkpoints.
-  This wrapper's diagnostics (`skipped_steps`, the scale history) are saved under `loss_scale/` as well.
 * Keras 3 inner optimizer: Keras 3's LossScaleOptimizer layout (`optimizer/inner_optimizer/...`,
-  `optimizer/dynamic_scale`, `optimizer/step_counter`): Keras's own attribute tracking, unchanged.
+  `optimizer/dynamic_scale`, `optimizer/step_counter`): Keras's own attribute tracking, except the wrapper's
+  `_variables` list, which is not saved (every variable in it is saved under its attribute name). Reading it back
+  from a Keras 3 LossScaleOptimizer checkpoint, its entries 0-3 (the wrapper's iterations and learning rate,
+  `step_counter`, `dynamic_scale`) are matched as Keras 3 matches them; any further entry means the checkpoint is
+  a bare Keras 3 optimizer's (its slots), which would otherwise be restored into the loss scale state by
+  position: that raises, as does Keras 3's wrapper (there with a dtype error), instead of corrupting the scale.
+
+Either way the layout is exactly the peer's: this wrapper's diagnostics (`skipped_steps`, the scale history) are
+not checkpointed, so that `assert_existing_objects_matched()` holds after restoring a peer's checkpoint; they
+start again from zero after a restore.
 """
+
+DIAGNOSTICS = ("_skipped_steps", "_history_steps", "_history_scales", "_history_count")
 
 import tensorflow as tf
 
-from .settings import _TF_KERAS_V2, _TF_KERAS_V3, LossScaleError
+from .settings import _KERAS, _TF_KERAS_V2, _TF_KERAS_V3, LossScaleError
 
 _Trackable = tf.__internal__.tracking.Trackable
 
@@ -43,6 +53,26 @@ class BaseOptimizerNode(_Trackable):
                                                                 **kwargs)
 
 
+class KerasVariablesGuard(_Trackable):
+    """Stands for the wrapper's `_variables` list when a checkpoint is read (see the module doc)."""
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self._optimizer = optimizer
+
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        opt = self._optimizer
+        keras_order = [opt._iterations, opt._learning_rate]
+        if opt.dynamic:
+            keras_order += [opt.step_counter, opt.dynamic_scale]
+        if name.isdigit() and int(name) < len(keras_order):
+            return keras_order[int(name)]
+        raise LossScaleError(
+            f"the checkpoint holds optimizer variable #{name} where a LossScaleOptimizer around a Keras 3 optimizer "
+            "has none: it looks like the checkpoint of a bare Keras 3 optimizer. Restore it into the inner "
+            "optimizer, e.g. tf.train.Checkpoint(optimizer=lso.inner_optimizer, ...), then save the wrapper.")
+
+
 class TfKerasCheckpointLayout:
     """Mixin of LossScaleOptimizer: checkpoints in tf_keras's layout when the inner optimizer is tf_keras's."""
 
@@ -60,7 +90,11 @@ class TfKerasCheckpointLayout:
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         if not self._delegates_tracking():
-            return super()._trackable_children(save_type, **kwargs)
+            children = super()._trackable_children(save_type, **kwargs)
+            if self.__dict__.get("_family") == _KERAS:
+                for name in ("_variables",) + DIAGNOSTICS:
+                    children.pop(name, None)
+            return children
         children = dict(self.inner_optimizer._trackable_children(save_type, **kwargs))
         clash = sorted(set(children) & set(self._layout_nodes))
         if clash:
@@ -71,6 +105,8 @@ class TfKerasCheckpointLayout:
 
     def _lookup_dependency(self, name, cached_dependencies=None):
         if not self._delegates_tracking():
+            if name == "_variables" and self.__dict__.get("_family") == _KERAS:
+                return KerasVariablesGuard(self)
             return super()._lookup_dependency(name, cached_dependencies)
         if name in self._layout_nodes:
             return self._layout_nodes[name]

@@ -109,9 +109,7 @@ class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleU
         state = {}
         if self._dynamic:
             self._create_dynamic_state(scalar)
-            state = {"current_loss_scale": self.dynamic_scale, "good_steps": self.step_counter,
-                     "skipped_steps": self._skipped_steps, "scale_history_steps": self._history_steps,
-                     "scale_history_scales": self._history_scales, "scale_history_count": self._history_count}
+            state = {"current_loss_scale": self.dynamic_scale, "good_steps": self.step_counter}
         self._create_layout_nodes(state)
 
     # -- properties ---------------------------------------------------------------------------------------------
