@@ -16,7 +16,7 @@ from .report.dump import dump_on_demand as _dump_on_demand
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "rewrite_graph_def": "core.rewrite", "RewriteResult": "core.body",
+    "rewrite_graph_def": "core.rewrite", "rewrite_meta_graph_def": "core.rewrite", "RewriteResult": "core.body",
     "OpLists": "core.oplists", "builtin_lists": "core.oplists", "load_lists": "core.oplists",
     "add_rewrite_observer": "core.observers", "remove_rewrite_observer": "core.observers",
     "MpRewriteError": "errors", "GraphError": "errors", "ListError": "errors", "ModelError": "errors",

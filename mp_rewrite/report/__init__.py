@@ -1,4 +1,5 @@
-"""Inspection reports of a RewriteResult: text, JSON, DOT/SVG, HTML, TensorBoard, and `explain` for one node.
+"""Inspection reports of a RewriteResult: text, JSON, DOT/SVG, HTML, TensorBoard, a Model Explorer overlay, and
+`explain` for one node.
 
 Every report renders the Decisions and Reasons the pass recorded; none works a decision out again.
 
@@ -7,7 +8,8 @@ Every report renders the Decisions and Reasons the pass recorded; none works a d
     print(report.explain(result, "dense_1/BiasAdd").text())
     open("report.html", "w").write(report.to_html(result))
 
-Names are imported lazily (the HTML and picture modules pull in networkx and graphviz).
+Names are imported lazily (the HTML and picture modules pull in networkx and graphviz; the Model Explorer overlay
+needs the `viz` extra).
 """
 
 import importlib
@@ -18,7 +20,7 @@ _EXPORTS = {
     "write_tensorboard": "tensorboard", "annotated_graph_def": "tensorboard",
     "explain": "explain", "explain_all": "explain", "Explanation": "explain",
     "load_model": "model_loader", "rewrite_model": "model_loader", "LoadedModel": "model_loader",
-    "build_tables": "node_table", "summarize": "stats",
+    "build_tables": "node_table", "summarize": "stats", "to_model_explorer": "model_explorer",
 }
 __all__ = sorted(_EXPORTS)
 
