@@ -25,6 +25,7 @@ POISON_STEP = 2
 POISON = 1e3
 LR = 0.1
 INITIAL_SCALE = 2.0 ** 15
+COLLECTIVE_TIMEOUT = 90  # seconds
 
 
 def make_strategy(single):
@@ -32,9 +33,12 @@ def make_strategy(single):
     if single:
         return tf.distribute.get_strategy()
     # Created first, before any op runs: the strategy configures the eager context's collective executor.
+    # A collective that one worker never joins (workers disagreeing on a skip) fails after COLLECTIVE_TIMEOUT
+    # instead of hanging the cluster.
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+            timeout_seconds=COLLECTIVE_TIMEOUT))
 
 
 def make_data():

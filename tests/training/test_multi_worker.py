@@ -11,13 +11,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 import multi_worker_script as script  # beside this file (pytest puts the test's folder on sys.path)
 
-TIMEOUT = 180  # seconds, per subprocess; a worker whose peer died waits for it until then
+TIMEOUT = 180  # seconds, for all subprocesses together; a worker whose peer died may wait for it until then
 SCRIPT = script.__file__
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(SCRIPT))))
 
@@ -46,16 +47,18 @@ def child_env(tf_config=None):
 
 
 def run_all(commands):
-    """Start every (label, argv, env) at once; wait for each at most TIMEOUT s; return {label: parsed RESULT}."""
+    """Start every (label, argv, env) at once, wait for all at most TIMEOUT s, kill what is left; return
+    {label: parsed RESULT}."""
     procs = {label: subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for label, argv, env in commands}
     outputs, problems = {}, []
+    deadline = time.monotonic() + TIMEOUT  # one deadline for all: a hung cluster costs TIMEOUT, not TIMEOUT each
     try:
         for label, proc in procs.items():
             try:
-                out, err = proc.communicate(timeout=TIMEOUT)
+                out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
+                proc.kill()  # SIGKILL: a worker blocked in a collective may not end on SIGTERM
                 out, err = proc.communicate()
                 problems.append(f"{label}: no result within {TIMEOUT} s\n{err[-2000:]}")
                 continue
