@@ -19,23 +19,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench_saved_model_report import chart, machine, report, table
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # the `tensorflow` wheel leaves oneDNN off (see tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "ours", "ours_freeze", "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")
-LABELS = {"fp32": "float32", "ours": "mp-rewrite bf16", "ours_freeze": "mp-rewrite bf16 --freeze",
-          "ours_tuned": "mp-rewrite --freeze --tune",
-          "tf_amp": "TF AMP (oneDNN bf16)", "keras_mixed": "Keras mixed_bfloat16",
-          "ours_mm": "mp-rewrite bf16, matmul/conv only"}
+VARIANTS = ("fp32", "ours", "ours_freeze", "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")  # + "inc" if asked
+TUNE_BATCH = 8
 # An extra variant, not Grappler's lists: only the allow ops (matmul/conv) in bf16, every elementwise op float32.
 MATMUL_CONV_ONLY = "[infer]\nops = []\n[clear]\nops = []\n"
 MODELS = {"resnet50": "Keras ResNet-50 (224x224)", "mobilenetv2": "Keras MobileNetV2 (224x224)",
@@ -56,6 +54,29 @@ def build_model(name: str):
         return keras.applications.MobileNetV2(weights=None)
     if name == "efficientnetb0":
         return keras.applications.EfficientNetB0(weights=None)
+    return _transformer()
+
+
+def with_statistics(model):
+    """Give every BatchNormalization and bias the values a trained model has: a freshly initialised one has zero
+    biases and identity normalizations, which Grappler folds away and which would flatter every frozen variant."""
+    import keras
+    import numpy as np
+    rng = np.random.default_rng(0)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            gamma, beta, mean, variance = layer.get_weights()
+            layer.set_weights([rng.uniform(0.5, 1.5, gamma.shape), rng.normal(0, 0.1, beta.shape),
+                               rng.normal(0, 0.1, mean.shape), rng.uniform(0.5, 2, variance.shape)])
+        elif getattr(layer, "use_bias", False) and len(layer.get_weights()) == 2:
+            kernel, bias = layer.get_weights()
+            layer.set_weights([kernel, rng.normal(0, 0.05, bias.shape)])
+    return model
+
+
+def _transformer():
+    """A Transformer encoder: 4 layers, d=256, 8 heads, sequence 128."""
+    import keras
     tokens = keras.Input((128,), dtype="int32", name="tokens")
     x = keras.layers.Embedding(8000, 256)(tokens)
     for _ in range(4):
@@ -67,7 +88,7 @@ def build_model(name: str):
     return keras.Model(tokens, keras.layers.Dense(10)(pooled))
 
 
-def prepare(name: str, workdir: Path) -> tuple[dict, dict]:
+def prepare(name: str, workdir: Path, inc_python: str | None) -> tuple[dict, dict]:
     """Export the float32 and the Keras mixed_bfloat16 SavedModels (same weights) and convert the float32 one.
 
     Returns:
@@ -81,7 +102,7 @@ def prepare(name: str, workdir: Path) -> tuple[dict, dict]:
              "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned"}
     paths["tf_amp"] = paths["fp32"]
     if not (paths["fp32"] / "saved_model.pb").exists() or not (paths["keras_mixed"] / "saved_model.pb").exists():
-        model = build_model(name)
+        model = with_statistics(build_model(name))
         model.export(str(paths["fp32"]), verbose=False)
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
         try:
@@ -101,17 +122,35 @@ def prepare(name: str, workdir: Path) -> tuple[dict, dict]:
         convert_saved_model(paths["fp32"], paths["ours_freeze"], "bfloat16", freeze=True, overwrite=True)
         freeze_times.append(time.perf_counter() - start)
     from mp_rewrite.savedmodel.tune import tune_saved_model
-    tuned = tune_saved_model(paths["fp32"], paths["ours_tuned"], "bfloat16", freeze=True, overwrite=True, rounds=3)
+    # Tuned at the first serving batch size measured (the tuner times on this machine, at this batch).
+    tuned = tune_saved_model(paths["fp32"], paths["ours_tuned"], "bfloat16", freeze=True, overwrite=True, rounds=3,
+                             batch_size=TUNE_BATCH)
     lists = workdir / "matmul_conv_only.toml"
     lists.write_text(MATMUL_CONV_ONLY)
     convert_saved_model(paths["fp32"], paths["ours_mm"], "bfloat16", lists_file=str(lists), overwrite=True)
+    inc = {}
+    if inc_python:
+        paths["inc"] = workdir / name / "inc_bf16"
+        inc = inc_convert(inc_python, paths["fp32"], paths["inc"], workdir)
     facts = {"convert_s": statistics.median(times), "freeze_s": statistics.median(freeze_times),
+             "inc_s": inc.get("seconds"),
              "tuned": tuned.chosen,
              "freeze_mb": sum(f.stat().st_size for f in paths["ours_freeze"].rglob("*") if f.is_file()) / 1e6,
              "flop_share": result.flops.share,
              "converted": result.converted_nodes, "casts": result.casts,
              "size_mb": sum(f.stat().st_size for f in paths["fp32"].rglob("*") if f.is_file()) / 1e6}
     return paths, facts
+
+
+def inc_convert(python: str, source: Path, output: Path, workdir: Path) -> dict:
+    """Intel Neural Compressor's bfloat16 conversion, run in its own environment (tools/inc_convert.py)."""
+    import shutil
+    shutil.rmtree(output, ignore_errors=True)
+    done = subprocess.run([python, str(ROOT / "tools" / "inc_convert.py"), str(source), str(output)], cwd=workdir,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"Intel Neural Compressor failed on {source}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def cli_convert_seconds(source: Path, output: Path, *options: str) -> float:
@@ -215,137 +254,31 @@ class Worker:
 def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, block_seconds: float) -> dict:
     """Median latency (ms) of every variant for one model and batch size, timed in interleaved blocks."""
     import numpy as np
+    variants = [v for v in VARIANTS + ("inc",) if v in paths]
     workers = {v: Worker(v, paths[v], batch, workdir / f"{name}_b{batch}_{v}.npz", workdir / "workers.log")
-               for v in VARIANTS}
+               for v in variants}
     try:
         infos = {v: w.ready() for v, w in workers.items()}
         calls = max(1, round(block_seconds / max(i["warm_s"] for i in infos.values())))
-        times, cpu = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}
+        times, cpu = {v: [] for v in variants}, {v: [] for v in variants}
         for r in range(rounds):
-            for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:
+            for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                 block = workers[v].run(calls)
                 times[v] += block["times"]
                 cpu[v] += block["cpu"]
     finally:
         for w in workers.values():
             w.close()
-    outputs = {v: np.load(workdir / f"{name}_b{batch}_{v}.npz") for v in VARIANTS}
-    diff = {v: max(float(np.abs(outputs[v][k] - outputs["fp32"][k]).max()) for k in outputs["fp32"].files)
-            for v in VARIANTS}
+    outputs = {v: np.load(workdir / f"{name}_b{batch}_{v}.npz") for v in variants}
+    # Intel Neural Compressor's output keys are its graph's tensor names; outputs are compared in key order.
+    diff = {v: max(float(np.abs(outputs[v][k] - outputs["fp32"][r]).max())
+                   for k, r in zip(sorted(outputs[v].files), sorted(outputs["fp32"].files))) for v in variants}
     return {"model": name, "batch": batch, "ms": {v: 1000 * statistics.median(t) for v, t in times.items()},
             "cpu_ms": {v: 1000 * statistics.median(t) for v, t in cpu.items()},
             "calls": {v: len(t) for v, t in times.items()}, "diff_vs_fp32": diff,
-            "kernels": {v: (infos[v]["bf16_kernels"], infos[v]["kernels"]) for v in VARIANTS},
+            "kernels": {v: (infos[v]["bf16_kernels"], infos[v]["kernels"]) for v in variants},
             "same_graph_as_tf_amp": infos["ours"]["census"] == infos["tf_amp"]["census"],
-            "casts": {v: sum(n for op, n in infos[v]["census"].items() if op.startswith("Cast ")) for v in VARIANTS}}
-
-
-# --------------------------------------------------------------------------------------------- reporting
-
-NOTES = """Notes:
-
-- "TF executes the same nodes" compares the census (op, dtype -> count) of the graphs TensorFlow ran for the
-  mp-rewrite model and for TF's own rewrite of the float32 model (eager run metadata). Where it says yes, the two
-  run the same kernels and any difference between their columns is measurement noise.
-- Keras 3 lowers BatchNormalization to Mul/AddV2 (not FusedBatchNormV3, which oneDNN would fuse into the
-  convolution). Grappler's bfloat16 lists put those ops (infer list) and Relu6 (clear list) in bfloat16 between
-  convolutions, and TensorFlow runs bfloat16 elementwise ops through Eigen, which on this CPU is slower than
-  float32 (a [8,56,56,144] Mul+Add: 2.9 ms float32, 4.4 ms bfloat16; Relu6 1.8 vs 3.5 ms; a depthwise conv 3.5 vs
-  2.0 ms). Models dominated by BatchNorm + activation (MobileNetV2) are therefore slower in bfloat16 with every
-  variant that follows Grappler's lists.
-- "matmul/conv only" is not Grappler's lists: the same conversion with a `--lists` file that empties the infer and
-  clear lists (`[infer] ops = []`, `[clear] ops = []`), so only MatMul/Conv/Einsum run in bfloat16 with casts
-  around them.
-- With random weights MobileNetV2's softmax output is uniform, so its output differences say little."""
-
-
-def machine() -> dict:
-    """Facts about this machine and the software."""
-    import keras
-    import tensorflow as tf
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    flags = open("/proc/cpuinfo").read()
-    features = [f for f in ("avx512_bf16", "amx_bf16", "avx512_fp16") if f in flags]
-    return {"cpu": cpu, "cores": os.cpu_count(), "features": features, "tensorflow": tf.__version__,
-            "keras": keras.__version__, "python": platform.python_version()}
-
-
-def table(rows: list[dict], key: str = "ms") -> list[str]:
-    """Markdown table: median ms per variant (wall latency, or CPU time with key="cpu_ms"), then every variant's
-    speed-up over float32 (float32 ms / its ms; > 1 is faster than float32)."""
-    others = [v for v in VARIANTS if v != "fp32"]
-    head = ("| model | batch | " + " | ".join(f"{LABELS[v]} ms" for v in VARIANTS) + " | " +
-            " | ".join(f"{LABELS[v]} vs float32" for v in others) + " | TF runs the same nodes for ours and TF AMP |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for row in rows:
-        ms = row[key]
-        lines.append(f"| {row['model']} | {row['batch']} | " + " | ".join(f"{ms[v]:.1f}" for v in VARIANTS) + " | " +
-                     " | ".join(f"{ms['fp32'] / ms[v]:.2f}x" for v in others) +
-                     f" | {'yes' if row['same_graph_as_tf_amp'] else 'no'} |")
-    return lines
-
-
-def chart(rows: list[dict], path: Path) -> str:
-    """A grouped bar chart of speed-up over float32 per model and batch; returns a note for the report."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed: no chart (pip install matplotlib)"
-    fig, axes = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
-    width = 0.8 / len(VARIANTS)
-    for ax, key, what in zip(axes, ("ms", "cpu_ms"), ("wall-clock latency", "CPU time per call")):
-        for i, v in enumerate(VARIANTS):
-            speedups = [row[key]["fp32"] / row[key][v] for row in rows]
-            offset = (i - (len(VARIANTS) - 1) / 2) * width
-            bars = ax.bar([x + offset for x in range(len(rows))], speedups, width, label=LABELS[v])
-            ax.bar_label(bars, fmt="%.2f", fontsize=6)
-        ax.set_ylabel("speed-up over float32")
-        ax.set_ylim(0, 1.3 * max(row[key]["fp32"] / row[key][v] for row in rows for v in VARIANTS))
-        ax.axhline(1.0, color="gray", linewidth=0.8)
-        ax.set_title(f"SavedModel inference, bfloat16 variants vs float32: {what} (median; higher is better)",
-                     fontsize=10)
-    axes[0].legend(fontsize=8, ncol=3)
-    axes[1].set_xticks(range(len(rows)), [f"{r['model']}\nbatch {r['batch']}" for r in rows])
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return f"chart: {path}"
-
-
-def report(rows, facts, cli_seconds, info, load, command, note) -> str:
-    """The markdown page."""
-    lines = ["# SavedModel conversion benchmark", "", f"Command: `{command}`", "",
-             f"Machine: {info['cpu']}, {info['cores']} cores, {', '.join(info['features']) or 'no bf16 ISA'}; "
-             f"TensorFlow {info['tensorflow']}, Keras {info['keras']}, Python {info['python']}. "
-             f"Load average before/after: {load[0]:.2f} / {load[1]:.2f} (a shared machine: the interleaved "
-             "blocks keep the comparison fair, absolute numbers vary).", "",
-             "Median wall-clock latency of one `serving_default` call (ms), and each variant's speed-up over float32 "
-             "(> 1 is faster than float32):", ""] + table(rows)
-    lines += ["", "Median CPU time of one call (ms, all threads of the worker process; less sensitive to other "
-              "processes on a shared machine):", ""] + table(rows, "cpu_ms")
-    lines += ["", "Conversion (`convert_saved_model`, bfloat16, in-process median of 3; CLI wall time includes "
-              "starting TensorFlow):", "", "| model | SavedModel MB | --freeze MB | convert s | --freeze s | CLI s "
-              "(--freeze) | --tune chose | nodes converted | casts | matmul/conv FLOPs in bf16 |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, f in facts.items():
-        cli = "{:.1f} ({:.1f})".format(*cli_seconds[name]) if name in cli_seconds else "-"
-        lines.append(f"| {name} | {f['size_mb']:.0f} | {f['freeze_mb']:.0f} | {f['convert_s']:.2f} | "
-                     f"{f['freeze_s']:.2f} | {cli} | {f['tuned']} | {f['converted']} | {f['casts']} | "
-                     f"{f['flop_share']:.1%} |")
-    lines += ["", "Cast nodes TensorFlow executed per call (from run metadata; a frozen conversion has folded the weight "
-              "casts):", ""]
-    for row in rows:
-        lines.append(f"- {row['model']} batch {row['batch']}: " +
-                     ", ".join(f"{LABELS[v]} {row['casts'][v]}" for v in VARIANTS))
-    lines += ["", "Max |output - float32 output| per variant (TF AMP must differ from float32, or its rewrite did "
-              "not take effect):", ""]
-    for row in rows:
-        lines.append(f"- {row['model']} batch {row['batch']}: " +
-                     ", ".join(f"{LABELS[v]} {row['diff_vs_fp32'][v]:.2e}" for v in VARIANTS[1:]))
-    return "\n".join(lines + ["", NOTES, "", note, ""])
+            "casts": {v: sum(n for op, n in infos[v]["census"].items() if op.startswith("Cast ")) for v in variants}}
 
 
 def main(argv=None) -> int:
@@ -358,12 +291,14 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default="/tmp/mp_rewrite_bench")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench_saved_model.png"))
     parser.add_argument("--markdown", default=str(ROOT / "docs" / "bench_saved_model.md"))
+    parser.add_argument("--inc-python", help="the Python of an environment with Intel Neural Compressor 3.7.1 "
+                        "(see tools/inc_convert.py); without it INC is not compared")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
     names, batches = args.models.split(","), [int(b) for b in args.batches.split(",")]
-    prepared = {name: prepare(name, workdir) for name in names}
+    prepared = {name: prepare(name, workdir, args.inc_python) for name in names}
     facts = {name: f for name, (_, f) in prepared.items()}
     cli_seconds = {}
     if "resnet50" in prepared:

@@ -1,0 +1,128 @@
+"""The page and chart of tools/bench_saved_model.py: tables of latency and speed-up per variant, conversion facts."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+LABELS = {"fp32": "float32", "ours": "mp-rewrite bf16", "ours_freeze": "mp-rewrite bf16 --freeze",
+          "ours_tuned": "mp-rewrite --freeze --tune",
+          "tf_amp": "TF AMP (oneDNN bf16)", "keras_mixed": "Keras mixed_bfloat16",
+          "ours_mm": "mp-rewrite bf16, matmul/conv only", "inc": "Intel Neural Compressor bf16"}
+
+
+def variants(row: dict) -> list:
+    """The variants measured in a row, in the order of LABELS."""
+    return [v for v in LABELS if v in row["ms"]]
+
+
+NOTES = """Notes:
+
+- "TF executes the same nodes" compares the census (op, dtype -> count) of the graphs TensorFlow ran for the
+  mp-rewrite model and for TF's own rewrite of the float32 model (eager run metadata). Where it says yes, the two
+  run the same kernels and any difference between their columns is measurement noise.
+- Keras 3 lowers BatchNormalization to Mul/AddV2 (not FusedBatchNormV3, which oneDNN would fuse into the
+  convolution). Grappler's bfloat16 lists put those ops (infer list) and Relu6 (clear list) in bfloat16 between
+  convolutions, and TensorFlow runs bfloat16 elementwise ops through Eigen, which on this CPU is slower than
+  float32 (a [8,56,56,144] Mul+Add: 2.9 ms float32, 4.4 ms bfloat16; Relu6 1.8 vs 3.5 ms; a depthwise conv 3.5 vs
+  2.0 ms). Models dominated by BatchNorm + activation (MobileNetV2) are therefore slower in bfloat16 with every
+  variant that follows Grappler's lists.
+- "matmul/conv only" is not Grappler's lists: the same conversion with a `--lists` file that empties the infer and
+  clear lists (`[infer] ops = []`, `[clear] ops = []`), so only MatMul/Conv/Einsum run in bfloat16 with casts
+  around them.
+- With random weights MobileNetV2's softmax output is uniform, so its output differences say little."""
+
+
+def machine() -> dict:
+    """Facts about this machine and the software."""
+    import keras
+    import tensorflow as tf
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    flags = open("/proc/cpuinfo").read()
+    features = [f for f in ("avx512_bf16", "amx_bf16", "avx512_fp16") if f in flags]
+    return {"cpu": cpu, "cores": os.cpu_count(), "features": features, "tensorflow": tf.__version__,
+            "keras": keras.__version__, "python": platform.python_version()}
+
+
+def table(rows: list[dict], key: str = "ms") -> list[str]:
+    """Markdown table: median ms per variant (wall latency, or CPU time with key="cpu_ms"), then every variant's
+    speed-up over float32 (float32 ms / its ms; > 1 is faster than float32)."""
+    measured = variants(rows[0])
+    others = [v for v in measured if v != "fp32"]
+    head = ("| model | batch | " + " | ".join(f"{LABELS[v]} ms" for v in measured) + " | " +
+            " | ".join(f"{LABELS[v]} vs float32" for v in others) + " | TF runs the same nodes for ours and TF AMP |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for row in rows:
+        ms = row[key]
+        lines.append(f"| {row['model']} | {row['batch']} | " + " | ".join(f"{ms[v]:.1f}" for v in measured) + " | " +
+                     " | ".join(f"{ms['fp32'] / ms[v]:.2f}x" for v in others) +
+                     f" | {'yes' if row['same_graph_as_tf_amp'] else 'no'} |")
+    return lines
+
+
+def chart(rows: list[dict], path: Path) -> str:
+    """A grouped bar chart of speed-up over float32 per model and batch; returns a note for the report."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no chart (pip install matplotlib)"
+    fig, axes = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+    measured = variants(rows[0])
+    width = 0.8 / len(measured)
+    for ax, key, what in zip(axes, ("ms", "cpu_ms"), ("wall-clock latency", "CPU time per call")):
+        for i, v in enumerate(measured):
+            speedups = [row[key]["fp32"] / row[key][v] for row in rows]
+            offset = (i - (len(measured) - 1) / 2) * width
+            bars = ax.bar([x + offset for x in range(len(rows))], speedups, width, label=LABELS[v])
+            ax.bar_label(bars, fmt="%.2f", fontsize=6)
+        ax.set_ylabel("speed-up over float32")
+        ax.set_ylim(0, 1.3 * max(row[key]["fp32"] / row[key][v] for row in rows for v in measured))
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_title(f"SavedModel inference, bfloat16 variants vs float32: {what} (median; higher is better)",
+                     fontsize=10)
+    axes[0].legend(fontsize=8, ncol=3)
+    axes[1].set_xticks(range(len(rows)), [f"{r['model']}\nbatch {r['batch']}" for r in rows])
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return f"chart: {path}"
+
+
+def report(rows, facts, cli_seconds, info, load, command, note) -> str:
+    """The markdown page."""
+    lines = ["# SavedModel conversion benchmark", "", f"Command: `{command}`", "",
+             f"Machine: {info['cpu']}, {info['cores']} cores, {', '.join(info['features']) or 'no bf16 ISA'}; "
+             f"TensorFlow {info['tensorflow']}, Keras {info['keras']}, Python {info['python']}. "
+             f"Load average before/after: {load[0]:.2f} / {load[1]:.2f} (a shared machine: the interleaved "
+             "blocks keep the comparison fair, absolute numbers vary).", "",
+             "Median wall-clock latency of one `serving_default` call (ms), and each variant's speed-up over float32 "
+             "(> 1 is faster than float32):", ""] + table(rows)
+    lines += ["", "Median CPU time of one call (ms, all threads of the worker process; less sensitive to other "
+              "processes on a shared machine):", ""] + table(rows, "cpu_ms")
+    lines += ["", "Conversion (`convert_saved_model`, bfloat16, in-process median of 3; CLI wall time includes "
+              "starting TensorFlow):", "", "| model | SavedModel MB | --freeze MB | convert s | --freeze s | CLI s "
+              "(--freeze) | INC s | --tune chose | nodes converted | casts | matmul/conv FLOPs in bf16 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, f in facts.items():
+        cli = "{:.1f} ({:.1f})".format(*cli_seconds[name]) if name in cli_seconds else "-"
+        lines.append(f"| {name} | {f['size_mb']:.0f} | {f['freeze_mb']:.0f} | {f['convert_s']:.2f} | "
+                     f"{f['freeze_s']:.2f} | {cli} | {'-' if f['inc_s'] is None else format(f['inc_s'], '.1f')} | "
+                     f"{f['tuned']} | {f['converted']} | {f['casts']} | "
+                     f"{f['flop_share']:.1%} |")
+    lines += ["", "Cast nodes TensorFlow executed per call (from run metadata; a frozen conversion has folded the weight "
+              "casts):", ""]
+    for row in rows:
+        lines.append(f"- {row['model']} batch {row['batch']}: " +
+                     ", ".join(f"{LABELS[v]} {row['casts'][v]}" for v in variants(row)))
+    lines += ["", "Max |output - float32 output| per variant (TF AMP must differ from float32, or its rewrite did "
+              "not take effect):", ""]
+    for row in rows:
+        lines.append(f"- {row['model']} batch {row['batch']}: " +
+                     ", ".join(f"{LABELS[v]} {row['diff_vs_fp32'][v]:.2e}" for v in variants(row)[1:]))
+    return "\n".join(lines + ["", NOTES, "", note, ""])
+
+
