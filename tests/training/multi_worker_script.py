@@ -63,7 +63,7 @@ def make_model():
 
 def half_matmul_functions():
     """Rewritten functions whose definition in the eager context (what runs) has a float16 MatMul, with their
-    collective ops (the cross-worker all-reduces compiled into the same body)."""
+    collective ops as "op:dtype" (the cross-worker all-reduces compiled into the same body)."""
     from tensorflow.python.eager import context
 
     from mp_rewrite.training import api as training
@@ -72,7 +72,8 @@ def half_matmul_functions():
     for name in training.rewritten_functions():
         fdef = context.context().get_function_def(name)
         if any(n.op == "MatMul" and n.attr["T"].type == tf.float16.as_datatype_enum for n in fdef.node_def):
-            found[name] = sorted({n.op for n in fdef.node_def if n.op.startswith("Collective")})
+            found[name] = sorted({f"{n.op}:{tf.dtypes.as_dtype(n.attr['T'].type).name}" for n in fdef.node_def
+                                  if n.op.startswith("Collective")})
     return found
 
 
