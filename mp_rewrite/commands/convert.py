@@ -46,7 +46,8 @@ def register(sub) -> None:
                    "float32 layers, a warning says how to load the converted functions) or drop (load_model refuses "
                    "the model; tf.saved_model.load runs it mixed precision)")
     p.add_argument("--tune", action="store_true",
-                   help="convert three candidates (TF's lists; matmul/conv only; float32), time them here, and keep "
+                   help="convert candidates (TF's lists; matmul/conv only; the same without depthwise convolutions, "
+                   "if the model has any; float32; with --freeze also the model as it is), time them here, and keep "
                    "the fastest that meets the verification tolerance (recorded in assets/mp_rewrite_tuning.json): "
                    "never slower than float32 on this machine. Tune where the model will be served")
     p.add_argument("--weights", default="keep", choices=("keep", "low"),

@@ -5,6 +5,9 @@ The candidates (each converted exactly as `convert` would, with --freeze when as
 - ``grappler``: TF's lists for the precision (the default conversion);
 - ``matmul-conv``: only the allow list (matmuls, convolutions) in low precision, every elementwise op float32 —
   on CPUs whose low-precision elementwise kernels are slower than float32 ones this is often faster;
+- ``no-depthwise`` (for models with depthwise convolutions): as ``matmul-conv``, with depthwise convolutions in
+  float32 too — memory-bound, they are slower in bfloat16 than in float32 on CPUs without bfloat16 units (a
+  [8,56,56,144] depthwise conv: 3.5 ms bfloat16, 2.0 ms float32 on an AVX2 CPU);
 - ``float32``: nothing in low precision (with --freeze: the frozen, folded float32 graph);
 - with --freeze, also ``float32-unfrozen``: the model as it is — the floor, so a tuned conversion is never slower
   than the original on the machine (and at the batch size, `--batch-size`) that tuned it.
@@ -31,7 +34,8 @@ from .convert import convert_saved_model, read_saved_model
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 
-CANDIDATES = ("grappler", "matmul-conv", "float32")
+CANDIDATES = ("grappler", "matmul-conv", "no-depthwise", "float32")
+DEPTHWISE = ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter")
 ORIGINAL = "float32-unfrozen"  # with --freeze: the model as it is, in case freezing makes it slower here
 TUNING_FILE = "mp_rewrite_tuning.json"
 
@@ -70,6 +74,9 @@ def _candidate_lists(name: str, precision: str, lists):
         return base
     if name == "matmul-conv":
         return base.with_changes(None, {"infer": base.infer, "clear": base.clear}, source="tune: matmul-conv")
+    if name == "no-depthwise":
+        removed = {"infer": base.infer, "clear": base.clear, "allow": base.allow & set(DEPTHWISE)}
+        return base.with_changes(None, removed, source="tune: no-depthwise")
     return base.with_changes(None, {"allow": base.allow}, source="tune: float32")
 
 
@@ -91,7 +98,9 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, freeze: boo
         ModelError: no candidate met the tolerance (nothing is written), or a conversion error.
     """
     check_output(source, output, overwrite)
-    candidates = {name: freeze for name in CANDIDATES} | ({ORIGINAL: False} if freeze else {})
+    depthwise = _has_ops(source, DEPTHWISE)
+    candidates = {name: freeze for name in CANDIDATES if name != "no-depthwise" or depthwise}
+    candidates |= {ORIGINAL: False} if freeze else {}
     with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work:
         converted = {}
         for name, frozen in candidates.items():
@@ -119,6 +128,16 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, freeze: boo
             write_model_dir(winner, target, read_saved_model(winner), overwrite)
     result.conversion.output = str(output)
     return result
+
+
+def _has_ops(source, ops) -> bool:
+    """Whether any graph or function of the SavedModel runs one of `ops`."""
+    saved_model = read_saved_model(Path(source))
+    for meta in saved_model.meta_graphs:
+        nodes = list(meta.graph_def.node) + [n for f in meta.graph_def.library.function for n in f.node_def]
+        if any(n.op in ops for n in nodes):
+            return True
+    return False
 
 
 def _verifies(original, converted, precision, inputs, seed, batch_size) -> bool:

@@ -9,14 +9,16 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import tensorflow as tf  # noqa: E402
 
-from mp_rewrite.savedmodel.tune import CANDIDATES, ORIGINAL, TUNING_FILE, tune_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.tune import CANDIDATES, ORIGINAL, TUNING_FILE, _candidate_lists, tune_saved_model  # noqa: E402,E501
 from mp_rewrite.testing import example_models  # noqa: E402
 
 
 def test_tune_writes_the_fastest_verified_candidate_and_records_why(tmp_path):
     example_models.cnn_bn(image_size=16).export(str(tmp_path / "cnn"), verbose=False)
     result = tune_saved_model(tmp_path / "cnn", tmp_path / "tuned", "bfloat16", freeze=True, rounds=3, calls=2)
-    assert set(result.milliseconds) == {*CANDIDATES, ORIGINAL} == set(result.passed)
+    # No depthwise convolution in this model, so no candidate that only differs there.
+    assert set(result.milliseconds) == {*CANDIDATES, ORIGINAL} - {"no-depthwise"} == set(result.passed)
     assert result.passed[result.chosen]
     fastest = min((n for n in result.milliseconds if result.passed[n]), key=result.milliseconds.get)
     assert result.chosen == fastest
@@ -27,3 +29,21 @@ def test_tune_writes_the_fastest_verified_candidate_and_records_why(tmp_path):
     assert set(loaded.signatures) == set(tf.saved_model.load(str(tmp_path / "cnn")).signatures)
     assert "chose '" in result.summary()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn", "tuned"]  # no candidate left behind
+
+
+def test_a_model_with_depthwise_convolutions_also_tries_them_in_float32(tmp_path):
+    import keras
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((12, 12, 8), name="image")
+    x = keras.layers.DepthwiseConv2D(3, padding="same")(keras.layers.Conv2D(8, 1)(inp))
+    keras.Model(inp, keras.layers.Conv2D(4, 1)(x)).export(str(tmp_path / "dw"), verbose=False)
+    result = tune_saved_model(tmp_path / "dw", tmp_path / "tuned", "bfloat16", rounds=1, calls=1)
+    assert set(result.milliseconds) == set(CANDIDATES)
+    # The candidate itself: convolutions in bfloat16, the depthwise convolution float32.
+    lists = _candidate_lists("no-depthwise", "bfloat16", None)
+    assert "Conv2D" in lists.allow and "DepthwiseConv2dNative" not in lists.allow and not lists.infer
+    convert_saved_model(tmp_path / "dw", tmp_path / "no_dw", "bfloat16", lists=lists)
+    ops = {(n.op, n.attr["T"].type) for f in tf.saved_model.load(str(tmp_path / "no_dw")).signatures[
+        "serving_default"].graph.as_graph_def().library.function for n in f.node_def}
+    assert ("DepthwiseConv2dNative", tf.float32.as_datatype_enum) in ops
+    assert ("Conv2D", tf.bfloat16.as_datatype_enum) in ops
