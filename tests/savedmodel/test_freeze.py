@@ -139,3 +139,33 @@ def test_weights_low_needs_freeze_and_works_with_it(exported, tmp_path):
     assert not (tmp_path / "out").exists()
     convert_saved_model(source, tmp_path / "out", "bfloat16", weights="low", freeze=True)
     assert tf.saved_model.load(str(tmp_path / "out")).signatures
+
+
+def _executed(function, feeds) -> dict:
+    """{op: how many nodes of it TensorFlow executed} in one call (eager run metadata: the partition graphs TF ran,
+    after its own runtime optimizations)."""
+    from tensorflow.python.eager import context
+    context.enable_run_metadata()
+    try:
+        function(**feeds)
+        metadata = context.export_run_metadata()
+    finally:
+        context.disable_run_metadata()
+    counts: dict = {}
+    for graph in metadata.function_graphs:
+        for partition in graph.partition_graphs:
+            for node in partition.node:
+                counts[node.op] = counts.get(node.op, 0) + 1
+    return counts
+
+
+def test_no_weight_is_read_or_cast_when_the_frozen_model_runs(exported, tmp_path):
+    source = exported("cnn_bn")
+    convert_saved_model(source, tmp_path / "frozen", "bfloat16", freeze=True)
+    convert_saved_model(source, tmp_path / "unfrozen", "bfloat16")
+    feeds = {"image": tf.constant(np.random.default_rng(0).normal(size=(2, 16, 16, 3)).astype(np.float32))}
+    frozen = _executed(tf.saved_model.load(str(tmp_path / "frozen")).signatures["serving_default"], feeds)
+    unfrozen = _executed(tf.saved_model.load(str(tmp_path / "unfrozen")).signatures["serving_default"], feeds)
+    assert unfrozen.get("ReadVariableOp", 0) > 0 and "ReadVariableOp" not in frozen
+    # Left to run: the Casts of activations at the float32 boundaries (the input and the output), not of weights.
+    assert frozen.get("Cast", 0) <= 2 < unfrozen.get("Cast", 0), (frozen.get("Cast"), unfrozen.get("Cast"))
