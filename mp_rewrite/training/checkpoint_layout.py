@@ -14,12 +14,15 @@
   a bare Keras 3 optimizer's (its slots), which would otherwise be restored into the loss scale state by
   position: that raises, as does Keras 3's wrapper (there with a dtype error), instead of corrupting the scale.
 
-Either way the layout is exactly the peer's: this wrapper's diagnostics (`skipped_steps`, the scale history) are
-not checkpointed, so that `assert_existing_objects_matched()` holds after restoring a peer's checkpoint; they
-start again from zero after a restore.
+Either way the nodes are exactly the peer's. This wrapper's diagnostics (`skipped_steps`, the scale history) are
+saved as tensors of the optimizer node itself, not as nodes of their own: a peer's checkpoint restores into this
+wrapper with `assert_existing_objects_matched()` holding (the diagnostics then start from zero), and a peer
+reading this wrapper's checkpoint finds only values it does not use.
 """
 
-DIAGNOSTICS = ("_skipped_steps", "_history_steps", "_history_scales", "_history_count")
+# checkpoint name -> attribute of the optimizer
+DIAGNOSTICS = {"skipped_steps": "_skipped_steps", "scale_history_steps": "_history_steps",
+               "scale_history_scales": "_history_scales", "scale_history_count": "_history_count"}
 
 import tensorflow as tf
 
@@ -92,7 +95,7 @@ class TfKerasCheckpointLayout:
         if not self._delegates_tracking():
             children = super()._trackable_children(save_type, **kwargs)
             if self.__dict__.get("_family") == _KERAS:
-                for name in ("_variables",) + DIAGNOSTICS:
+                for name in ("_variables", *DIAGNOSTICS.values()):
                     children.pop(name, None)
             return children
         children = dict(self.inner_optimizer._trackable_children(save_type, **kwargs))
@@ -123,3 +126,12 @@ class TfKerasCheckpointLayout:
         if self._delegates_tracking():
             return  # the wrapper's own attributes are not in tf_keras's layout; nothing waits for them
         super()._handle_deferred_dependencies(name, trackable)
+
+    def _serialize_to_tensors(self):
+        if not self.__dict__.get("_dynamic"):
+            return {}
+        return {name: tf.convert_to_tensor(getattr(self, attribute)) for name, attribute in DIAGNOSTICS.items()}
+
+    def _restore_from_tensors(self, restored_tensors):
+        for name, tensor in restored_tensors.items():
+            getattr(self, DIAGNOSTICS[name]).assign(tensor)

@@ -33,6 +33,10 @@ def checkpoint_names(path):
             if "_CHECKPOINTABLE_OBJECT_GRAPH" not in name}
 
 
+DIAGNOSTICS = {f"optimizer/.ATTRIBUTES/{name}" for name in ("skipped_steps", "scale_history_steps",
+                                                             "scale_history_scales", "scale_history_count")}
+
+
 def train_tf_keras(opt, var, steps=3):
     for _ in range(steps):
         opt.minimize(lambda: tf.reduce_sum(var * var), [var])
@@ -55,7 +59,7 @@ def test_tf_keras_inner_optimizer_checkpoints_in_tf_keras_layout(tmp_path, famil
         opt = tf_keras_lso(family, ours)
         train_tf_keras(opt, var, steps=1)
         names[ours] = checkpoint_names(save(tmp_path / str(ours), opt, var))
-    assert names[True] == names[False]
+    assert names[True] == names[False] | DIAGNOSTICS  # the same nodes; the diagnostics are the node's own values
     if family == "legacy":
         assert {"optimizer/iter", "optimizer/loss_scale/current_loss_scale", "optimizer/loss_scale/good_steps",
                 "var/.OPTIMIZER_SLOT/optimizer/momentum"} <= names[True]
@@ -98,7 +102,7 @@ def test_keras3_inner_optimizer_checkpoints_in_keras3_layout(tmp_path):
         opt = keras3_lso(ours)
         train_keras3(opt, var, steps=1)
         names[ours] = checkpoint_names(save(tmp_path / str(ours), opt, var))
-    assert names[True] == names[False]
+    assert names[True] == names[False] | DIAGNOSTICS
     assert {"optimizer/dynamic_scale", "optimizer/step_counter", "optimizer/inner_optimizer/_iterations"} <= names[True]
 
 
