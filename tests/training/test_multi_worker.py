@@ -46,44 +46,69 @@ def child_env(tf_config=None):
     return env
 
 
-def run_all(commands):
-    """Start every (label, argv, env) at once, wait for all at most TIMEOUT s, kill what is left; return
-    {label: parsed RESULT}."""
-    procs = {label: subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for label, argv, env in commands}
-    outputs, problems = {}, []
-    deadline = time.monotonic() + TIMEOUT  # one deadline for all: a hung cluster costs TIMEOUT, not TIMEOUT each
+def run_all(commands, folder):
+    """Start every (label, argv, env) at once; return {label: (exit code or None if killed, stdout, stderr)}.
+
+    All share one deadline (a hung cluster costs TIMEOUT, not TIMEOUT each). When one process fails, the others are
+    killed at once: a worker whose peer is gone would only wait for it. Output goes to files (no pipe to fill up).
+    """
+    procs, files = {}, {}
+    for label, argv, env in commands:
+        files[label] = tuple(open(os.path.join(folder, f"{label}.{kind}"), "w+") for kind in ("out", "err"))
+        procs[label] = subprocess.Popen(argv, env=env, stdout=files[label][0], stderr=files[label][1], text=True)
+    deadline = time.monotonic() + TIMEOUT
     try:
-        for label, proc in procs.items():
-            try:
-                out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()  # SIGKILL: a worker blocked in a collective may not end on SIGTERM
-                out, err = proc.communicate()
-                problems.append(f"{label}: no result within {TIMEOUT} s\n{err[-2000:]}")
-                continue
-            lines = [line for line in out.splitlines() if line.startswith("RESULT")]
-            if proc.returncode != 0 or not lines:
-                problems.append(f"{label}: exit {proc.returncode}\n{err[-3000:]}")
-            else:
-                outputs[label] = json.loads(lines[-1][len("RESULT"):])
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+            if any(p.poll() not in (None, 0) for p in procs.values()):
+                break
+            time.sleep(0.2)
     finally:
-        for proc in procs.values():
+        killed = set()
+        for label, proc in procs.items():
             if proc.poll() is None:
-                proc.kill()
+                proc.kill()  # SIGKILL: TensorFlow's preemption handler catches SIGTERM in a worker
                 proc.wait()
+                killed.add(label)
+    results = {}
+    for label, (out, err) in files.items():
+        out.seek(0), err.seek(0)
+        results[label] = (None if label in killed else procs[label].returncode, out.read(), err.read())
+        out.close(), err.close()
+    return results
+
+
+def parsed(results):
+    """{label: RESULT dict}, or a failed assertion with the end of every failed process's stderr."""
+    outputs, problems = {}, []
+    for label, (code, out, err) in results.items():
+        lines = [line for line in out.splitlines() if line.startswith("RESULT")]
+        if code == 0 and lines:
+            outputs[label] = json.loads(lines[-1][len("RESULT"):])
+        else:
+            state = f"killed after at most {TIMEOUT} s" if code is None else f"exit {code}"
+            err = "\n".join(line for line in err.splitlines() if not line.startswith("I0000"))  # TF's INFO lines
+            problems.append(f"{label}: {state}\n{err[-3000:]}")
     assert not problems, "\n\n".join(problems)
     return outputs
 
 
+def port_taken(results):
+    """Whether a worker could not listen on its port (taken by another process between picking and binding)."""
+    return any("Could not start gRPC server" in err for _, _, err in results.values())
+
+
 @pytest.fixture(scope="module")
-def runs():
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
-    commands = [(f"worker{i}", [sys.executable, SCRIPT],
-                 child_env({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}))
-                for i in range(2)]
-    commands.append(("single", [sys.executable, SCRIPT, "--single"], child_env()))
-    return run_all(commands)
+def runs(tmp_path_factory):
+    for attempt in range(2):  # the ports are free when picked, but another process may take one before TF binds it
+        workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+        commands = [(f"worker{i}", [sys.executable, SCRIPT],
+                     child_env({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}))
+                    for i in range(2)]
+        commands.append(("single", [sys.executable, SCRIPT, "--single"], child_env()))
+        results = run_all(commands, tmp_path_factory.mktemp("multi_worker"))
+        if not port_taken(results):
+            break
+    return parsed(results)
 
 
 def flat(weights):
