@@ -299,8 +299,10 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
         lists_file: a TOML file of list changes (see mp_rewrite.oplists.changes_from_file).
         allow, infer, deny, clear: op names moved into that list.
         keep_fp32, force_low, level: as for rewrite_graph_def (node-name patterns match nodes of function bodies).
-        weights: "keep" stores variables as they are; "low" (variables in low precision) needs freeze=True, which
-            stores every weight consumed only in low precision in low precision.
+        weights: "keep" stores variables as they are (with freeze=True: every weight consumed only in low precision
+            in low precision, one read in both precisions in both); "low" needs freeze=True and refuses a weight
+            that is also read in float32 (ModelError naming it), so every weight read in low precision is stored
+            in low precision only.
         keras_metadata: "keep" copies a tf_keras model's keras_metadata.pb (tf_keras.models.load_model then runs
             float32 layers: result.notes says so), "drop" leaves it out (load_model then refuses the model).
         freeze: an inference artifact (mp_rewrite.savedmodel.freeze): variables folded into constants, Grappler's
@@ -335,7 +337,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, signature
         if freeze:
             from .freeze import convert_frozen
             return convert_frozen(source, output, source_dir, output_dir, saved_model, keys, opts, overwrite,
-                                   flops, progress, start)
+                                   flops, progress, start, weights)
         new, graphs, skipped = rewrite_saved_model(saved_model, opts, keys, progress)
         names = node_names(new, {name for result in graphs.values() for name in result.functions})
         for option in ("keep_fp32", "force_low"):

@@ -44,7 +44,7 @@ DROPPED = ("variables (the model can no longer be trained or fine-tuned)", "the 
            "function or attribute of the object graph other than the signatures")
 
 
-def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[str, dict]:
+def freeze_signatures(source_dir, keys, opts: Options, progress=None, weights: str = "keep") -> tuple[str, dict]:
     """Freeze, fold and rewrite every signature of a SavedModel and save them as a new SavedModel.
 
     Args:
@@ -52,6 +52,8 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[s
         keys: the signature keys to keep; None keeps every signature.
         opts: the rewrite options (core.body.make_options).
         progress: optional callable (done, total, signature key).
+        weights: "keep" stores a weight read in low precision and in float32 in both; "low" refuses it
+            (check_weights_low).
 
     Returns:
         (a temporary directory holding the new SavedModel, which the caller removes with remove_tree;
@@ -78,7 +80,7 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[s
             functions[key] = functions[same]
             results[f"signature {key} (frozen)"] = results[f"signature {same} (frozen)"]
         else:
-            function, result, identity = _frozen_signature(signature, key, opts)
+            function, result, identity = _frozen_signature(signature, key, opts, weights)
             functions[key] = seen.setdefault(identity, function)
             results[f"signature {key} (frozen)"] = result
         if progress is not None:
@@ -96,7 +98,7 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None) -> tuple[s
     return directory, results
 
 
-def _frozen_signature(signature, key: str, opts: Options):
+def _frozen_signature(signature, key: str, opts: Options, weights: str = "keep"):
     """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult, a key
     equal for signatures whose frozen graphs and interfaces are the same)."""
     import tensorflow as tf
@@ -113,6 +115,8 @@ def _frozen_signature(signature, key: str, opts: Options):
     folded = prune(folded, fetches)
     result = rewrite_graph_def(folded, opts.precision, fetches, device=opts.device, lists=opts.lists,
                                keep_fp32=opts.keep_fp32, force_low=opts.force_low)
+    if weights == "low":
+        check_weights_low(result.graph_def, key)
     result.graph_def = _compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)
     identity = (result.graph_def.SerializeToString(deterministic=True), repr(inputs), repr(sorted(outputs.items())))
     return _as_function(result.graph_def, inputs, outputs), result, identity
@@ -168,6 +172,43 @@ def check_stateless(graph_def, key: str) -> None:
                 where = f" in function '{function}'" if function else ""
                 raise ModelError(f"signature '{key}' cannot be frozen: node '{node.name}' ({node.op}){where} changes "
                                  "state, which a frozen graph cannot do; convert without --freeze")
+
+
+def check_weights_low(graph_def, key: str) -> None:
+    """Refuse a weight (a float32 constant of more than one value) that is read both in low precision (through a
+    Cast) and in float32: it cannot be stored in low precision only. Freezing makes one constant per read of a
+    variable, so the constants of one weight are found by their equal values.
+
+    Raises:
+        ModelError: naming the weight and its float32 reader.
+    """
+    import hashlib
+
+    weight_of = {}
+    for node in graph_def.node:
+        tensor = node.attr["value"].tensor if node.op == "Const" else None
+        if tensor is not None and tensor.dtype == types_pb2.DT_FLOAT and _elements(tensor.tensor_shape) > 1:
+            weight_of[node.name] = hashlib.sha1(tensor.SerializeToString(deterministic=True)).digest()
+    low, other, names = {}, {}, {}
+    for node in graph_def.node:
+        for name in node.input:
+            weight = weight_of.get(name.split(":")[0]) if not name.startswith("^") else None
+            if weight is not None:
+                names.setdefault(weight, name.split(":")[0])
+                is_low = node.op == "Cast" and node.attr["DstT"].type in LOW_DTYPES
+                (low if is_low else other).setdefault(weight, node)
+    for weight, reader in other.items():
+        if weight in low:
+            raise ModelError(f"--weights low: weight '{names[weight]}' of signature '{key}' is read in low precision "
+                             f"and in float32 (by '{reader.name}', {reader.op}), so it cannot be stored in low "
+                             "precision only; convert without --weights low (--freeze then stores it in both)")
+
+
+def _elements(shape) -> int:
+    count = 1
+    for dim in shape.dim:
+        count *= max(dim.size, 0)
+    return count
 
 
 def optimize_graph(graph_def, fetches, optimizers) -> object:
@@ -294,12 +335,12 @@ def remove_tree(directory) -> None:
 
 
 def convert_frozen(source, output, source_dir, output_dir, saved_model, keys, opts, overwrite, flops, progress,
-                    start):
+                    start, weights="keep"):
     """The freeze=True path of convert_saved_model, called holding the output lock after the source checks."""
     from .convert import ConversionResult, estimate_flops, read_saved_model, signature_keys
     from .model_dir import write_model_dir
     from .source_check import check_written
-    staging, graphs = freeze_signatures(source_dir, keys, opts, progress)
+    staging, graphs = freeze_signatures(source_dir, keys, opts, progress, weights)
     try:
         new = read_saved_model(staging)
         share, per_function, per_graph = estimate_flops(graphs) if flops else (None, {}, {})

@@ -169,3 +169,29 @@ def test_no_weight_is_read_or_cast_when_the_frozen_model_runs(exported, tmp_path
     assert unfrozen.get("ReadVariableOp", 0) > 0 and "ReadVariableOp" not in frozen
     # Left to run: the Casts of activations at the float32 boundaries (the input and the output), not of weights.
     assert frozen.get("Cast", 0) <= 2 < unfrozen.get("Cast", 0), (frozen.get("Cast"), unfrozen.get("Cast"))
+
+
+class Tied(tf.Module):
+    """One weight read by a MatMul (bfloat16) and by a Mul that feeds an Exp (deny list: float32), like a tied
+    embedding."""
+
+    def __init__(self):
+        self.w = tf.Variable(np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec((None, 4), tf.float32, name="x")])
+    def __call__(self, x):
+        return {"y": tf.matmul(x, self.w) + tf.reduce_sum(tf.exp(self.w * x[:1, :1]))}
+
+
+def test_weights_low_refuses_a_weight_also_read_in_float32(tmp_path):
+    module = Tied()
+    tf.saved_model.save(module, str(tmp_path / "tied"), signatures=module.__call__)
+    with pytest.raises(ModelError, match=r"--weights low: weight '.*' of signature 'serving_default' is read in low "
+                                         r"precision and in float32 \(by '.*', Mul\)"):
+        convert_saved_model(tmp_path / "tied", tmp_path / "out", "bfloat16", freeze=True, weights="low")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tied"]
+    convert_saved_model(tmp_path / "tied", tmp_path / "out", "bfloat16", freeze=True)  # stored in both
+    x = tf.constant(np.eye(4, dtype=np.float32))
+    want = module(x)["y"].numpy()
+    got = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](x=x)["y"].numpy()
+    np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2)
