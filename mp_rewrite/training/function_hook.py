@@ -195,7 +195,7 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
             body = function_to_graph(fdef, signatures)
             result = rewrite_body(body.graph_def, options, body.retvals, body.preserved(), signatures,
                                   preserve_stateful=True, label=name)
-            if not result.retyped:
+            if not result.retyped and not result.emulated:  # an emulated body retypes nothing but has Casts
                 _remember_checked(name)
                 return None
             new = graph_to_function(result.graph_def, fdef, signatures)

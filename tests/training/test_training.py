@@ -621,3 +621,18 @@ def test_rewrites_made_inside_training_are_dumped(monkeypatch, tmp_path):
     step(x, y)
     name = cf_name(step, x, y)
     assert any(name.strip("_") in f for f in os.listdir(tmp_path)), os.listdir(tmp_path)
+
+
+def test_tf_cpu_emulation_variable_gives_an_emulated_step(monkeypatch):
+    # TF's auto_mixed_precision_cpu reads this variable: matmuls stay float32 between float16 round-trip Casts.
+    monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16", "1")
+    model = make_model("mlp")
+    opt = enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), **ENABLE["float16"])
+    step = make_train_step(model, opt)
+    x, y = sum_sign_data(64, SHAPES["mlp"], 0)
+    assert np.isfinite(step(x, y).numpy())
+    name = cf_name(step, x, y)
+    fdef = executed(name)
+    assert name in rewritten_functions() and rewritten_functions()[name].emulated
+    assert "MatMul" in ops_in(fdef, FLOAT) and not ops_in(fdef, HALF) - {"Cast"}
+    assert any(n.op == "Cast" and n.attr["DstT"].type == HALF for n in fdef.node_def)
