@@ -1,7 +1,8 @@
 """Folding an inference-time normalization into the convolution or matmul before it, in a frozen graph.
 
 Keras 3's BatchNormalization (and any per-channel scale and shift) freezes to `y = conv(x, W) [+ b] * s [+ t]`
-with constant `s` and `t`; Grappler's constant folding leaves the Mul and Add in place (its Mul push-down needs the
+with constant `s` and `t`; tf_keras' (and TF's fused_batch_norm) to an inference FusedBatchNorm of constant
+parameters, which is the same `s = gamma / sqrt(variance + epsilon)`, `t = beta - mean * s`; Grappler's constant folding leaves the Mul and Add in place (its Mul push-down needs the
 Mul right after the convolution, and Keras puts a BiasAdd between). Rewritten as `y = conv(x, W * s) + (b * s + t)`
 the graph is one convolution and one BiasAdd, which TensorFlow's remapper fuses with the activation after it: two
 elementwise passes over every activation disappear, and in low precision so do their Casts. The fold is exact in
@@ -22,13 +23,14 @@ CONTRACTIONS = ("Conv2D", "DepthwiseConv2dNative", "MatMul")
 # What may sit between the contraction and the scale: its bias, or the Identity Grappler leaves for an all-zero one.
 BETWEEN = ("BiasAdd", "Identity")
 SHIFTS = ("Add", "AddV2")
+FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 FLOAT = 1  # types_pb2.DT_FLOAT: the fold is done in float32 only
 LOW_TYPES = (19, 14)  # types_pb2.DT_HALF, DT_BFLOAT16
 
 
 @dataclasses.dataclass
 class _Chain:
-    """One foldable `contraction [-> BiasAdd|Identity ...] -> Mul [-> Add]` (or `... -> Add`)."""
+    """One foldable `contraction [-> BiasAdd|Identity ...] -> Mul [-> Add]` (or `... -> Add`, `... -> FusedBatchNorm`)."""
 
     contraction: object
     bias: np.ndarray | None
@@ -55,7 +57,7 @@ def fold_batch_norms(graph_def, fetches) -> tuple[object, list[str]]:
     folded = []
     for node in list(out.node):
         # A Mul's chain takes the Add after it; an Add reached first finds no contraction behind its Mul.
-        if node.op in ("Mul",) + SHIFTS and node.name not in kept:
+        if node.op in ("Mul",) + SHIFTS + FUSED_NORMS and node.name not in kept:
             chain = _chain(node, nodes, consumers, kept)
             if chain is not None:
                 _rewrite(out, chain, nodes)
@@ -64,13 +66,16 @@ def fold_batch_norms(graph_def, fetches) -> tuple[object, list[str]]:
 
 
 def _data_consumers(graph_def) -> dict:
-    """node name -> how many data inputs (of any node) read it."""
+    """node name -> how many data inputs (of any node) read it; also "name:port" -> how many read that output, for
+    every output but the first."""
     counts: dict = {}
     for node in graph_def.node:
         for name in node.input:
             if not name.startswith("^"):
-                producer = name.split(":")[0]
+                producer, _, port = name.partition(":")
                 counts[producer] = counts.get(producer, 0) + 1
+                if port not in ("", "0"):
+                    counts[name] = counts.get(name, 0) + 1
     return counts
 
 
@@ -97,6 +102,8 @@ def _only_output(name: str, consumers: dict, kept: set) -> bool:
 def _chain(end, nodes: dict, consumers: dict, kept: set) -> _Chain | None:
     """The foldable chain that ends at `end` (a Mul or an Add), or just after it when `end` is a Mul whose only
     reader adds a constant; None if there is none."""
+    if end.op in FUSED_NORMS:
+        return _norm_chain(end, nodes, consumers, kept)
     if end.attr["T"].type != FLOAT or len([i for i in end.input if not i.startswith("^")]) != 2:
         return None
     for data, other in ((end.input[0], end.input[1]), (end.input[1], end.input[0])):
@@ -113,6 +120,25 @@ def _chain(end, nodes: dict, consumers: dict, kept: set) -> _Chain | None:
         last, shift = _shift_after(end, nodes, consumers, kept, channels, rank) or (end, None)
         return _Chain(contraction, bias, value, shift, last)
     return None
+
+
+def _norm_chain(norm, nodes: dict, consumers: dict, kept: set) -> _Chain | None:
+    """The chain that ends at an inference FusedBatchNorm of constant float32 parameters whose batch statistics
+    (outputs 1 to 5) nobody reads, as a scale and a shift; None if there is none."""
+    if (norm.attr["is_training"].b or norm.attr["T"].type != FLOAT or norm.attr["data_format"].s not in (b"", b"NHWC")
+            or any(f"{norm.name}:{port}" in consumers for port in range(1, 6))):
+        return None
+    params = [_constant(name, nodes) for name in norm.input[1:5]]
+    found = _contraction_before(_producer(norm.input[0], nodes), nodes, consumers, kept)
+    if found is None or any(p is None for p in params):
+        return None
+    contraction, bias = found
+    channels = _output_channels(contraction, nodes)
+    gamma, beta, mean, variance = (p.astype(np.float64) for p in params)
+    if any(p.shape != (channels,) for p in (gamma, beta, mean, variance)):
+        return None
+    scale = gamma / np.sqrt(variance + norm.attr["epsilon"].f)
+    return _Chain(contraction, bias, scale.astype(np.float32), (beta - mean * scale).astype(np.float32), norm)
 
 
 def _contraction_before(node, nodes: dict, consumers: dict, kept: set):

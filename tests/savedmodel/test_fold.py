@@ -18,11 +18,11 @@ from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 CONTRACTIONS = {"Conv2D", "DepthwiseConv2dNative", "MatMul"}
 
 
-def _with_statistics(model):
+def _with_statistics(model, layers=keras.layers):
     """Give every BatchNormalization and bias values a trained model has (random init makes most of them no-ops)."""
     rng = np.random.default_rng(0)
     for layer in model.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
+        if isinstance(layer, layers.BatchNormalization):
             gamma, beta, mean, variance = layer.get_weights()
             layer.set_weights([rng.uniform(0.5, 2, gamma.shape), rng.normal(0, 0.5, beta.shape),
                                rng.normal(0, 0.5, mean.shape), rng.uniform(0.2, 3, variance.shape)])
@@ -140,3 +140,32 @@ def test_frozen_conversion_folds_and_matches_float32(cnn, tmp_path, precision):
         reference = value.numpy()
         scale = np.abs(reference).max()
         assert np.abs(got[key].numpy().astype(np.float32) - reference).max() < 0.05 * scale
+
+
+def _tf_keras_cnn(path):
+    """tf_keras' BatchNormalization runs FusedBatchNormV3 (Keras 3's lowers to Mul/Add): after a conv with a bias,
+    a depthwise conv and a conv without one."""
+    import tf_keras
+    layers = tf_keras.layers
+    tf_keras.utils.set_random_seed(0)
+    inp = tf_keras.Input((12, 12, 3), name="image")
+    x = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(8, 3, padding="same")(inp)))
+    x = layers.BatchNormalization()(layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2, use_bias=False)(x))
+    x = layers.BatchNormalization()(layers.Conv2D(8, 1, use_bias=False)(layers.ReLU(6.0)(x)))
+    model = _with_statistics(tf_keras.Model(inp, layers.GlobalAveragePooling2D()(x)), tf_keras.layers)
+    tf.saved_model.save(model, str(path))
+
+
+def test_tf_keras_fused_batch_norm_is_folded(tmp_path):
+    _tf_keras_cnn(tmp_path / "cnn")
+    convert_saved_model(tmp_path / "cnn", tmp_path / "out", "bfloat16", freeze=True)
+    signature = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    graph_def = signature.graph.as_graph_def()
+    ops = [n.op for f in graph_def.library.function for n in f.node_def]
+    assert not [op for op in ops if op.startswith("FusedBatchNorm")] and ops.count("BiasAdd") == 3, ops
+    x = tf.constant(np.random.default_rng(2).normal(size=(2, 12, 12, 3)).astype(np.float32))
+    want = tf.saved_model.load(str(tmp_path / "cnn")).signatures["serving_default"](image=x)
+    for key, value in signature(image=x).items():
+        reference = want[key].numpy()
+        assert np.abs(reference).max() > 0.1
+        np.testing.assert_allclose(value.numpy(), reference, atol=0.03 * np.abs(reference).max())
