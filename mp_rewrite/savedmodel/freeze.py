@@ -9,7 +9,8 @@ Casts it puts after constants are folded, so a weight consumed only in low preci
 names, output keys, dtypes and shapes, as a `tf.function` of a module that holds no variables.
 
 What freezing drops, by design (an inference artifact): variables (and so training and fine-tuning), the restored
-Keras objects and any other function or attribute of the original object graph; only the signatures remain.
+Keras objects and any other function or attribute of the original object graph; only the signatures remain, with
+the lookup tables they read (not constants: the frozen functions capture the restored tables, saved with them).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None, weights: s
         raise ModelError(f"'{source_dir}' has no signatures to freeze; export the model with signatures "
                          "(model.export(path) or tf.saved_model.save(obj, path, signatures=...))")
     module, results = tf.Module(), {}
-    functions, seen, traced = {}, {}, {}
+    functions, seen, traced, module.resources = {}, {}, {}, []
     for done, key in enumerate(chosen, 1):
         signature = loaded.signatures[key]
         # Signatures of one function (Keras exports "serve" and "serving_default") are frozen once and share one
@@ -80,7 +81,7 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None, weights: s
             functions[key] = functions[same]
             results[f"signature {key} (frozen)"] = results[f"signature {same} (frozen)"]
         else:
-            function, result, identity = _frozen_signature(signature, key, opts, weights)
+            function, result, identity = _frozen_signature(signature, key, opts, weights, loaded, module.resources)
             functions[key] = seen.setdefault(identity, function)
             results[f"signature {key} (frozen)"] = result
         if progress is not None:
@@ -98,13 +99,16 @@ def freeze_signatures(source_dir, keys, opts: Options, progress=None, weights: s
     return directory, results
 
 
-def _frozen_signature(signature, key: str, opts: Options, weights: str = "keep"):
+def _frozen_signature(signature, key: str, opts: Options, weights: str, loaded, resources: list):
     """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult, a key
-    equal for signatures whose frozen graphs and interfaces are the same)."""
+    equal for signatures whose frozen graphs and interfaces are the same). The resources (tables) it captures are
+    appended to `resources`, which the saved module tracks."""
     import tensorflow as tf
 
     check_stateless(signature.graph.as_graph_def(), key)
     graph_def, feeds = frozen_graph_def(signature, key)
+    captured = captured_resources(signature, key, feeds, loaded)
+    resources.extend(owner for _, owner in captured if all(owner is not r for r in resources))
     check_stateless(graph_def, key)
     # A signature returns a dict; its tensors are the function's outputs in tf.nest order (sorted keys).
     outputs = {name: tensor.name for name, tensor in zip(sorted(signature.structured_outputs), signature.outputs)}
@@ -119,7 +123,8 @@ def _frozen_signature(signature, key: str, opts: Options, weights: str = "keep")
         check_weights_low(result.graph_def, key)
     result.graph_def = _compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)
     identity = (result.graph_def.SerializeToString(deterministic=True), repr(inputs), repr(sorted(outputs.items())))
-    return _as_function(result.graph_def, inputs, outputs), result, identity
+    identity += tuple(id(owner) for _, owner in captured)
+    return _as_function(result.graph_def, inputs, outputs, captured), result, identity
 
 
 def frozen_graph_def(signature, key: str):
@@ -130,8 +135,11 @@ def frozen_graph_def(signature, key: str):
     (10 of 11 s on ResNet-50), which is thrown away here: the graph is rewritten and imported again. So its two
     steps are called without the last one.
 
+    The feeds are the arguments' placeholders, then those of the captures that are not variables (tables; see
+    captured_resources).
+
     Raises:
-        ModelError: the signature cannot be frozen (it captures a resource that is not a variable, e.g. a table).
+        ModelError: the signature cannot be frozen (TensorFlow's folding refuses it).
     """
     from tensorflow.python.framework import convert_to_constants as freezing
 
@@ -144,13 +152,35 @@ def frozen_graph_def(signature, key: str):
         raise ModelError(f"signature '{key}' cannot be frozen: {e}") from None
     captures = signature.graph.internal_captures
     folded = {id(captures[index]) for index in converted}
-    feeds = [t.name for t in signature.inputs if id(t) not in folded]
-    arguments = len(signature.inputs) - len(captures)
-    if len(feeds) != arguments:
-        left = [t.name for t in signature.inputs[arguments:] if id(t) not in folded]
-        raise ModelError(f"signature '{key}' cannot be frozen: it captures {', '.join(left)}, which is not a "
-                         "variable (a table or another resource); convert without --freeze")
-    return graph_def, feeds
+    return graph_def, [t.name for t in signature.inputs if id(t) not in folded]
+
+
+def captured_resources(signature, key: str, feeds: list, loaded) -> list:
+    """[(placeholder name, the restored object owning the resource)] for the captures freezing left (lookup tables,
+    whose contents are not constants): the frozen function captures the same object, which is saved with it.
+
+    Raises:
+        ModelError: a capture that no object of the loaded model owns (it could not be saved), naming its reader.
+    """
+    from tensorflow.python.checkpoint import graph_view
+
+    arguments = len(signature.inputs) - len(signature.graph.internal_captures)
+    left = feeds[arguments:]
+    if not left:
+        return []
+    owners = {}
+    for obj in graph_view.ObjectGraphView(loaded).breadth_first_traversal()[0]:
+        handle = getattr(obj, "resource_handle", None)
+        owners.setdefault(id(handle), obj)
+    external = {internal.name: capture for capture, internal in signature.graph.captures}
+    found = [(name, owners.get(id(external.get(name)))) for name in left]
+    for name, owner in found:
+        if owner is None:
+            readers = [n.name for n in signature.graph.as_graph_def().node if name.split(":")[0] in n.input]
+            raise ModelError(f"signature '{key}' cannot be frozen: it captures {name} (read by "
+                             f"{', '.join(readers) or 'nothing'}), a resource no object of the model owns; "
+                             "convert without --freeze")
+    return found
 
 
 def _traced_identity(signature) -> tuple:
@@ -295,8 +325,9 @@ def _renamed_functions(graph_def, suffix: str):
     return out
 
 
-def _as_function(graph_def, inputs, outputs: dict):
-    """A tf.function with the signature's input names and specs that runs `graph_def` and returns `outputs`."""
+def _as_function(graph_def, inputs, outputs: dict, captured=()):
+    """A tf.function with the signature's input names and specs that runs `graph_def` and returns `outputs`, its
+    `captured` placeholders fed with the resource handles of their owners."""
     import tensorflow as tf
 
     feeds = [name for _, name in inputs]
@@ -306,7 +337,9 @@ def _as_function(graph_def, inputs, outputs: dict):
 
     @tf.function(autograph=False)
     def body(*args):
-        return tf.graph_util.import_graph_def(graph_def, input_map=dict(zip(feeds, args)),
+        # tf.identity captures the handle (import_graph_def takes graph tensors only).
+        handles = {name: tf.identity(owner.resource_handle) for name, owner in captured}
+        return tf.graph_util.import_graph_def(graph_def, input_map={**dict(zip(feeds, args)), **handles},
                                               return_elements=[outputs[k] for k in fetch_keys], name="frozen")
 
     # The graph is imported once, into one concrete function; `run` only calls it, so that saving (which traces

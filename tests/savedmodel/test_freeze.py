@@ -195,3 +195,39 @@ def test_weights_low_refuses_a_weight_also_read_in_float32(tmp_path):
     want = module(x)["y"].numpy()
     got = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](x=x)["y"].numpy()
     np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2)
+
+
+class Lookup(tf.Module):
+    """String input: a static table (constant initializer) and a mutable one (its contents checkpointed) map words to
+    ids, an embedding and a matmul follow."""
+
+    def __init__(self):
+        self.static = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+            tf.constant(["a", "b", "c"]), tf.constant([1, 2, 3], tf.int64)), default_value=0)
+        self.mutable = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=0)
+        self.mutable.insert(tf.constant(["b", "c"]), tf.constant([2, 1], tf.int64))
+        rng = np.random.default_rng(0)
+        self.embedding = tf.Variable(rng.normal(size=(4, 8)).astype(np.float32))
+        self.w = tf.Variable(rng.normal(size=(8, 3)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec((None,), tf.string, name="words")])
+    def __call__(self, words):
+        ids = tf.stack([self.static.lookup(words), self.mutable.lookup(words)], axis=1)
+        return {"y": tf.matmul(tf.reduce_sum(tf.gather(self.embedding, ids), axis=1), self.w)}
+
+
+def test_lookup_tables_are_kept_and_looked_up_in_the_frozen_model(tmp_path):
+    module = Lookup()
+    tf.saved_model.save(module, str(tmp_path / "lookup"), signatures=module.__call__)
+    convert_saved_model(tmp_path / "lookup", tmp_path / "out", "bfloat16", freeze=True)
+    del module  # the frozen model must hold the tables itself
+    frozen = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    assert not frozen.graph.variables
+    words = tf.constant(["a", "b", "c", "zz", "b"])
+    want = tf.saved_model.load(str(tmp_path / "lookup")).signatures["serving_default"](words=words)["y"].numpy()
+    got = frozen(words=words)["y"].numpy()
+    assert len({tuple(row) for row in want.round(3)}) == 4  # every table entry and the default give another row
+    np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2 * np.abs(want).max())
+    report = verify_saved_models(tmp_path / "lookup", tmp_path / "out",
+                                 inputs={"words": np.array([b"c", b"a", b"q"])}, precision="bfloat16")
+    assert report.passed, report
