@@ -83,3 +83,23 @@ def test_the_verdict_cannot_be_fooled():
     softmax = np.exp(ref) / np.exp(ref).sum(axis=1, keepdims=True)
     flat = compare_arrays(softmax, np.full_like(softmax, 1 / 256), rtol=1e-2, atol=1e-2)
     assert not flat.passed and "collapsed" in flat.problem  # a uniform softmax is within atol of any softmax
+
+
+@pytest.mark.parametrize("name", ["bert", "tf_keras_lstm"])
+def test_frozen_converts_verifies_and_runs_without_variables(zoo, tmp_path, name):
+    """--freeze on a keras-hub transformer (two signatures of one function, int inputs and a mask) and a tf_keras
+    LSTM (a while loop): every signature kept, no variable left, no weight Cast, within the tolerance."""
+    out = tmp_path / name
+    result = convert_saved_model(zoo / name, out, "bfloat16", freeze=True)
+    assert result.frozen and result.converted_nodes > 0
+    report = verify_saved_models(zoo / name, out, precision="bfloat16")
+    assert report.passed, [(c.signature, c.output, c.problem) for c in report.failures]
+    loaded = tf.saved_model.load(str(out))
+    assert set(loaded.signatures) == set(tf.saved_model.load(str(zoo / name)).signatures)
+    for key, function in loaded.signatures.items():
+        graph_def = function.graph.as_graph_def()
+        assert not function.graph.variables, key
+        bodies = [graph_def.node] + [f.node_def for f in graph_def.library.function]
+        for nodes in bodies:
+            consts = {n.name for n in nodes if n.op == "Const"}
+            assert not [n.name for n in nodes if n.op == "Cast" and n.input[0].split(":")[0] in consts], key
