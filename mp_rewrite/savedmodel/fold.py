@@ -1,15 +1,19 @@
 """Folding an inference-time normalization into the convolution or matmul before it, in a frozen graph.
 
 Keras 3's BatchNormalization (and any per-channel scale and shift) freezes to `y = conv(x, W) [+ b] * s [+ t]`
-with constant `s` and `t`; tf_keras' (and TF's fused_batch_norm) to an inference FusedBatchNorm of constant
-parameters, which is the same `s = gamma / sqrt(variance + epsilon)`, `t = beta - mean * s`; Grappler's constant folding leaves the Mul and Add in place (its Mul push-down needs the
-Mul right after the convolution, and Keras puts a BiasAdd between). Rewritten as `y = conv(x, W * s) + (b * s + t)`
-the graph is one convolution and one BiasAdd, which TensorFlow's remapper fuses with the activation after it: two
-elementwise passes over every activation disappear, and in low precision so do their Casts. The fold is exact in
-real arithmetic and rounds like float32 arithmetic (W * s is one float32 multiply per weight).
+with constant `s` and `t`, tf_keras' (and tf.nn.fused_batch_norm's) to an inference FusedBatchNorm of constant
+parameters, which is the same with `s = gamma / sqrt(variance + epsilon)`, `t = beta - mean * s`. Grappler's
+constant folding leaves the Mul and Add in place (its Mul push-down needs the Mul right after the convolution, and
+Keras puts a BiasAdd between). Rewritten as `y = conv(x, W * s) + (b * s + t)` the graph is one convolution and one
+BiasAdd, which TensorFlow's remapper fuses with the activation after it: two elementwise passes over every
+activation disappear, and in low precision so do their Casts. The fold is exact in real arithmetic and rounds like
+float32 arithmetic (W * s is one float32 multiply per weight).
 
 Only what is certainly per output channel is folded: a constant `s` (and `t`) of one value or one value per output
 channel, a contraction whose filter is a constant, NHWC convolutions, nothing preserved or shared along the chain.
+
+After the rewrite, the Casts of constants are folded too (fold_constant_casts), and `--weights low` checks that no
+weight is read in both precisions (check_weights_low).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ LOW_TYPES = (19, 14)  # types_pb2.DT_HALF, DT_BFLOAT16
 
 @dataclasses.dataclass
 class _Chain:
-    """One foldable `contraction [-> BiasAdd|Identity ...] -> Mul [-> Add]` (or `... -> Add`, `... -> FusedBatchNorm`)."""
+    """One foldable `contraction [-> BiasAdd|Identity ...] -> Mul [-> Add]` (or `... -> Add`, `-> FusedBatchNorm`)."""
 
     contraction: object
     bias: np.ndarray | None
@@ -275,3 +279,42 @@ def fold_constant_casts(graph_def, fetches) -> tuple[object, int]:
         node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, dtype=target))
         count += 1
     return out, count
+
+
+def check_weights_low(graph_def, key: str) -> None:
+    """Refuse a weight (a float32 constant of more than one value) that is read both in low precision (through a
+    Cast) and in float32: it cannot be stored in low precision only. Freezing makes one constant per read of a
+    variable, so the constants of one weight are found by their equal values.
+
+    Raises:
+        ModelError: naming the weight and its float32 reader.
+    """
+    import hashlib
+
+    from ..errors import ModelError
+
+    weight_of = {}
+    for node in graph_def.node:
+        tensor = node.attr["value"].tensor if node.op == "Const" else None
+        if tensor is not None and tensor.dtype == FLOAT and _elements(tensor.tensor_shape) > 1:
+            weight_of[node.name] = hashlib.sha1(tensor.SerializeToString(deterministic=True)).digest()
+    low, other, names = {}, {}, {}
+    for node in graph_def.node:
+        for name in node.input:
+            weight = weight_of.get(name.split(":")[0]) if not name.startswith("^") else None
+            if weight is not None:
+                names.setdefault(weight, name.split(":")[0])
+                is_low = node.op == "Cast" and node.attr["DstT"].type in LOW_TYPES
+                (low if is_low else other).setdefault(weight, node)
+    for weight, reader in other.items():
+        if weight in low:
+            raise ModelError(f"--weights low: weight '{names[weight]}' of signature '{key}' is read in low precision "
+                             f"and in float32 (by '{reader.name}', {reader.op}), so it cannot be stored in low "
+                             "precision only; convert without --weights low (--freeze then stores it in both)")
+
+
+def _elements(shape) -> int:
+    count = 1
+    for dim in shape.dim:
+        count *= max(dim.size, 0)
+    return count

@@ -14,6 +14,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from mp_rewrite.errors import ModelError, OptionError  # noqa: E402
+from mp_rewrite.savedmodel import freeze  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.verify import verify_saved_models  # noqa: E402
 from mp_rewrite.testing import example_models  # noqa: E402
@@ -231,3 +232,46 @@ def test_lookup_tables_are_kept_and_looked_up_in_the_frozen_model(tmp_path):
     report = verify_saved_models(tmp_path / "lookup", tmp_path / "out",
                                  inputs={"words": np.array([b"c", b"a", b"q"])}, precision="bfloat16")
     assert report.passed, report
+
+
+def _functions(directory) -> list[str]:
+    from tensorflow.core.protobuf import saved_model_pb2
+    model = saved_model_pb2.SavedModel.FromString((Path(directory) / "saved_model.pb").read_bytes())
+    return [f.signature.name for f in model.meta_graphs[0].graph_def.library.function]
+
+
+class Vocabulary(tf.Module):
+    """A table read from a vocabulary file: an asset of the SavedModel."""
+
+    def __init__(self, path):
+        self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+            str(path), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER),
+            default_value=-1)
+        self.w = tf.Variable(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec((None,), tf.string, name="words")])
+    def __call__(self, words):
+        return {"y": tf.matmul(tf.one_hot(self.table.lookup(words) + 1, 4), self.w)}
+
+
+def test_the_source_is_loaded_without_its_saver_functions_and_its_assets_are_kept(tmp_path, monkeypatch):
+    import tempfile
+    (tmp_path / "vocab.txt").write_text("a\nb\nc\n")
+    module = Vocabulary(tmp_path / "vocab.txt")
+    tf.saved_model.save(module, str(tmp_path / "vocab"), signatures=module.__call__)
+    (tmp_path / "vocab.txt").unlink()
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "vocab").rglob("*"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    copy = freeze._loadable_copy(tmp_path / "vocab")
+    saver = [name for name in _functions(tmp_path / "vocab") if "traced_save" in name or "traced_restore" in name]
+    assert len(saver) == 2 and not set(saver) & set(_functions(copy)) and _functions(copy)
+    assert tf.saved_model.load(copy).signatures["serving_default"](words=tf.constant(["b"]))["y"].shape == (1, 3)
+    freeze.remove_tree(copy)
+    convert_saved_model(tmp_path / "vocab", tmp_path / "out", "bfloat16", freeze=True)
+    assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "vocab").rglob("*")) == before
+    assert list((tmp_path / "scratch").iterdir()) == []  # the loading copy is gone, not the source it linked to
+    assert (tmp_path / "out" / "assets" / "vocab.txt").read_text() == "a\nb\nc\n"
+    got = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](words=tf.constant(["c", "a", "q"]))
+    want = module(tf.constant(["c", "a", "q"]))["y"].numpy()
+    np.testing.assert_allclose(got["y"].numpy(), want, rtol=3e-2, atol=3e-2)
