@@ -196,7 +196,8 @@ def print_result(result) -> None:
         flops = _flops(share.total) if share and share.total else "-"
         low = f"{share.share:.1%}" if share and share.share is not None else "-"
         table.add_row(name, str(r.num_nodes), str(len(r.converted_nodes)), str(len(r.casts)), flops, low)
-    console.print(table)
+    if rows:  # a table with no row (nothing converted, e.g. a tuned float32 model) says nothing
+        console.print(table)
     listed = {name for name, _, _ in rows[:TOP_ROWS]}
     more = len(rows) - min(len(rows), TOP_ROWS)
     unchanged = sum(1 for name in result.functions if name not in {n for n, _, _ in rows})

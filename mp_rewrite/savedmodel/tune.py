@@ -127,6 +127,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, freeze: boo
             check_output(source, output, overwrite)
             write_model_dir(winner, target, read_saved_model(winner), overwrite)
     result.conversion.output = str(output)
+    # The chosen candidate was converted into a temporary directory; its notes name the output instead.
+    result.conversion.notes = [n.replace(str(Path(work) / chosen), str(output)) for n in result.conversion.notes]
     return result
 
 

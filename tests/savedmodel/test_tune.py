@@ -28,6 +28,8 @@ def test_tune_writes_the_fastest_verified_candidate_and_records_why(tmp_path):
     loaded = tf.saved_model.load(str(tmp_path / "tuned"))
     assert set(loaded.signatures) == set(tf.saved_model.load(str(tmp_path / "cnn")).signatures)
     assert "chose '" in result.summary()
+    assert result.conversion.output == str(tmp_path / "tuned")
+    assert not any("mp_rewrite-tune-" in note for note in result.conversion.notes), result.conversion.notes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn", "tuned"]  # no candidate left behind
 
 
