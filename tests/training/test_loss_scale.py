@@ -67,21 +67,6 @@ STEP_STYLES = [keras_style_step, tf_keras_style_step, minimize_step]
 # -- TensorFlow's documented examples ------------------------------------------------------------------------------
 
 
-def test_documented_example_minimize_then_manual_step():
-    opt = LossScaleOptimizer(keras.optimizers.SGD(0.25))
-    var = tf.Variable(1.0)
-    loss_fn = lambda: var**2  # noqa: E731
-    opt.minimize(loss_fn, [var])
-    assert var.numpy() == 0.5
-    with tf.GradientTape() as tape:
-        loss = loss_fn()
-        scaled_loss = opt.get_scaled_loss(loss)
-    scaled_grad = tape.gradient(scaled_loss, var)
-    (grad,) = opt.get_unscaled_gradients([scaled_grad])
-    opt.apply_gradients([(grad, var)])
-    assert var.numpy() == 0.25
-
-
 def test_is_a_keras_loss_scale_optimizer():
     # Keras checks this class before wrapping again (compile(auto_scale_loss=True)) and in MultiOptimizer.
     opt = LossScaleOptimizer(keras.optimizers.SGD())
