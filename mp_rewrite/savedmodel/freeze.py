@@ -115,9 +115,9 @@ def _loadable_copy(source_dir) -> str | None:
     try:
         model.ParseFromString((path / "saved_model.pb").read_bytes())
     except (OSError, ValueError):
-        return None
-    if not all(m.HasField("object_graph_def") for m in model.meta_graphs):  # TF1: loaded through graph and saver
-        return None
+        return None  # a saved_model.pbtxt: the loader reads it
+    if not all(m.HasField("object_graph_def") for m in model.meta_graphs):
+        return None  # TF1: loaded through its graph and saver
     for meta in model.meta_graphs:
         library = meta.graph_def.library
         used = _called(library, [*meta.object_graph_def.concrete_functions, *(g.gradient_func for g in
@@ -225,9 +225,8 @@ def captured_resources(signature, key: str, feeds: list, loaded) -> list:
     left = feeds[arguments:]
     if not left:
         return []
-    owners = {}
-    for obj in graph_view.ObjectGraphView(loaded).breadth_first_traversal()[0]:
-        owners.setdefault(id(getattr(obj, "resource_handle", None)), obj)
+    objects = graph_view.ObjectGraphView(loaded).breadth_first_traversal()[0]
+    owners = {id(getattr(obj, "resource_handle", None)): obj for obj in reversed(objects)}  # the first owner wins
     external = {internal.name: capture for capture, internal in signature.graph.captures}
     found = [(name, owners.get(id(external.get(name)))) for name in left]
     for name, owner in found:
