@@ -109,8 +109,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, freeze: boo
                                                   lists=lists_of, **options)
         passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size)
                   for name in candidates}
-        milliseconds = _time_candidates({n: Path(work) / n for n in candidates}, inputs, seed, batch_size, rounds,
-                                        calls)
+        milliseconds = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size,
+                                        rounds, calls, precision)
         fine = [name for name in candidates if passed[name]]
         if not fine:
             raise ModelError("no candidate of --tune meets the verification tolerance, not even float32; check the "
@@ -148,28 +148,33 @@ def _verifies(original, converted, precision, inputs, seed, batch_size) -> bool:
                                batch_size=batch_size).passed
 
 
-def _time_candidates(paths: dict, inputs, seed: int, batch_size: int, rounds: int, calls: int) -> dict:
-    """Median CPU ms of one call of every signature, per candidate, timed in rotated interleaved rounds."""
+def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, rounds: int, calls: int,
+                     precision: str) -> dict:
+    """Median CPU ms of one call of every signature, per candidate, timed in rotated interleaved rounds, on the
+    inputs verify makes (ids inside the tables they index, learned on the original)."""
     import tensorflow as tf
 
-    from .inputs import load_inputs, signature_inputs
+    from .inputs import load_inputs
+    from .verify import signature_feeds
     given = load_inputs(inputs) if inputs else {}
+    original = tf.saved_model.load(str(source))
+    feeds = {key: {k: tf.constant(v) for k, v in signature_feeds(function, key, given, batch_size, seed,
+                                                                    precision).items()}
+             for key, function in original.signatures.items()}
     runs = {}
     for name, path in paths.items():
         loaded = tf.saved_model.load(str(path))
         for key, function in loaded.signatures.items():
-            arrays, _ = signature_inputs(key, function.structured_input_signature[1], given, batch_size, seed)
-            feeds = {k: tf.constant(v) for k, v in arrays.items()}
-            function(**feeds)  # the first call builds and optimizes the graph
-            runs.setdefault(name, []).append((function, feeds))
+            function(**feeds[key])  # the first call builds and optimizes the graph
+            runs.setdefault(name, []).append((function, feeds[key]))
     samples = {name: [] for name in paths}
     names = list(paths)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.process_time()
             for _ in range(calls):
-                for function, feeds in runs[name]:
-                    for value in function(**feeds).values():
+                for function, arrays in runs[name]:
+                    for value in function(**arrays).values():
                         value.numpy()
             samples[name].append((time.process_time() - start) * 1000 / calls)
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -207,6 +207,18 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
                         time.perf_counter() - start)
 
 
+def signature_feeds(function, key: str, given: dict, batch_size: int, seed: int, precision: str) -> dict:
+    """The inputs a signature runs on (as verify makes them): given, else made up, with integer ids inside the
+    tables they index (learned by running `function`, the original model's signature).
+
+    Raises:
+        ModelError: an input cannot be made up, or the original fails on every try.
+    """
+    specs = function.structured_input_signature[1]
+    made = lambda limit: signature_inputs(key, specs, given, batch_size, seed, id_limit=limit)  # noqa: E731
+    return _run_learning_id_range(function, made, key, precision)[0]
+
+
 def _run_learning_id_range(function, made, key: str, precision: str, tries: int = 4):
     """Run the original on made-up inputs; when an id indexes past a table ("... is not in [0, N)"), draw the ids
     below N and run again. Returns (arrays, how they were made, outputs)."""

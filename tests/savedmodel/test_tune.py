@@ -49,3 +49,14 @@ def test_a_model_with_depthwise_convolutions_also_tries_them_in_float32(tmp_path
         "serving_default"].graph.as_graph_def().library.function for n in f.node_def}
     assert ("DepthwiseConv2dNative", tf.float32.as_datatype_enum) in ops
     assert ("Conv2D", tf.bfloat16.as_datatype_enum) in ops
+
+
+def test_ids_are_drawn_inside_a_small_vocabulary(tmp_path):
+    # Made-up ids default to < 1000; a 50-token table must be learned (as verify does) before timing, or TF fails.
+    import keras
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((6,), dtype="int32", name="tokens")
+    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 8)(tokens))
+    keras.Model(tokens, keras.layers.Dense(4)(x)).export(str(tmp_path / "emb"), verbose=False)
+    result = tune_saved_model(tmp_path / "emb", tmp_path / "tuned", "bfloat16", rounds=1, calls=1)
+    assert result.passed[result.chosen] and all(ms > 0 for ms in result.milliseconds.values())
