@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-# contraction op -> how its filter's output channels are laid out (see _scaled_filter)
+# Contractions whose constant filter can take a per-output-channel scale (how, per op: _scaled_filter).
 CONTRACTIONS = ("Conv2D", "DepthwiseConv2dNative", "MatMul")
 # What may sit between the contraction and the scale: its bias, or the Identity Grappler leaves for an all-zero one.
 BETWEEN = ("BiasAdd", "Identity")
