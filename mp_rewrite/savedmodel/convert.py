@@ -266,8 +266,12 @@ def estimate_flops(graphs: dict) -> tuple:
     {MetaGraph tags: FlopShare of the main graph})."""
     from ..analysis.flops import FlopShare, low_precision_flop_share, result_flops
     low = total = unknown = nodes = 0
-    per_function, per_graph = {}, {}
+    per_function, per_graph, seen = {}, {}, {}
     for tags, result in graphs.items():
+        if id(result) in seen:  # a graph frozen for two signatures (Keras' serve, serving_default) counts once
+            per_graph[tags] = per_graph[seen[id(result)]]
+            continue
+        seen[id(result)] = tags
         flops = result_flops(result)
         share = low_precision_flop_share(result, flops)
         low, total, unknown, nodes = low + share.low, total + share.total, unknown + share.unknown, nodes + share.nodes

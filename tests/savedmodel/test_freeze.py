@@ -275,3 +275,11 @@ def test_the_source_is_loaded_without_its_saver_functions_and_its_assets_are_kep
     got = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](words=tf.constant(["c", "a", "q"]))
     want = module(tf.constant(["c", "a", "q"]))["y"].numpy()
     np.testing.assert_allclose(got["y"].numpy(), want, rtol=3e-2, atol=3e-2)
+
+
+def test_a_graph_frozen_for_two_signatures_counts_its_flops_once(exported, tmp_path):
+    source = exported("cnn_bn")  # Keras exports "serve" and "serving_default", one function
+    frozen = convert_saved_model(source, tmp_path / "frozen", "bfloat16", freeze=True)
+    plain = convert_saved_model(source, tmp_path / "plain", "bfloat16")
+    assert len(frozen.graphs) == 2 and frozen.flops.total > 0
+    assert frozen.flops.total == plain.flops.total, (frozen.flops.total, plain.flops.total)
