@@ -81,6 +81,7 @@ def main(argv=None) -> int:
         precheck = getattr(args, "precheck", None)
         if precheck is not None:
             precheck(args)
+        keep_freed_memory()
         _import_tensorflow_keeping_sigterm(previous is not None, args.verbose)
         return int(args.func(args) or 0)
     except MpRewriteError as e:
@@ -98,6 +99,25 @@ def main(argv=None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory for reuse rather than hand it back to the system at once.
+
+    A conversion copies protos holding every weight several times (Grappler's calls, the rewrite, the save); with
+    glibc's defaults each large block is unmapped when freed and faulted in again when the next one is made, which
+    cost ResNet-50's `convert --freeze` 0.7 s of system time in 10 s. Freed memory then stays with the process
+    until it exits, which a command-line run does soon. A no-op where the C library is not glibc.
+    """
+    import ctypes
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's malloc.h
+    libc.mallopt(m_mmap_threshold, 32 << 20)  # the largest glibc accepts on 64-bit systems
+    libc.mallopt(m_trim_threshold, 1 << 30)
+    libc.mallopt(m_top_pad, 256 << 20)
 
 
 def _import_tensorflow_keeping_sigterm(handled: bool, verbose: bool) -> None:
