@@ -118,13 +118,18 @@ def _cast_namer(view):
     The pass makes at most one Cast per output port, so its own names never collide; only a graph that already
     holds such names (a second rewrite) needs the search, which costs a lookup in a big dict per Cast.
     """
-    if not any("AutoMixedPrecision" in name for name in view.names):
-        return lambda src, port, kind: f"{src}-{port}-{kind}-0-AutoMixedPrecision"
+    if not any(CAST_SUFFIX in name for name in view.names):
+        return lambda src, port, kind: f"{src}-{port}-{kind}-0-{CAST_SUFFIX}"
+    return cast_name_search(view)
+
+
+def cast_name_search(view):
+    """Return (src name, port, kind) -> the smallest id not taken by the graph or an earlier call of this namer."""
     taken = set()
 
     def search(src: str, port: int, kind: str) -> str:
         n = 0
-        while (name := f"{src}-{port}-{kind}-{n}-AutoMixedPrecision") in view.node_index or name in taken:
+        while (name := f"{src}-{port}-{kind}-{n}-{CAST_SUFFIX}") in view.node_index or name in taken:
             n += 1
         taken.add(name)
         return name
@@ -196,6 +201,7 @@ def _cast_template(from_dtype: str, to_dtype: str, device: str) -> bytes:
     return node.SerializeToString(deterministic=True)
 
 
+CAST_SUFFIX = "AutoMixedPrecision"
 _DTYPE_NAMES = {d: dtypes.name(d) for d in (dtypes.FLOAT, dtypes.HALF, dtypes.BFLOAT16)}
 _NAME = node_def_pb2.NodeDef.DESCRIPTOR.fields_by_name["name"].number
 _INPUT = node_def_pb2.NodeDef.DESCRIPTOR.fields_by_name["input"].number

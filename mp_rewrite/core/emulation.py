@@ -28,11 +28,9 @@ import itertools
 from tensorflow.core.framework import graph_pb2
 
 from . import dtypes
-from .apply import _DTYPE_NAMES, Applied, CastRecord, _append_casts, _write_edits
+from .apply import _DTYPE_NAMES, Applied, CastRecord, _append_casts, _write_edits, cast_name_search
 from .coloring import Paint
 from .pass_context import PassContext
-
-SUFFIX = "AutoMixedPrecision"
 
 
 def apply_emulated(graph_def: graph_pb2.GraphDef, ctx: PassContext, paint: Paint) -> Applied:
@@ -86,7 +84,8 @@ class _CastBuilder:
     def __init__(self, ctx: PassContext):
         self.view, self.target = ctx.view, ctx.target
         self.casts, self.devices, self.rewires = [], [], {}  # rewires: node index -> [(input port, cast name)]
-        self._taken = set()
+        # Several Casts per output port here (one per emulated input), so every name needs the id search.
+        self._name = cast_name_search(self.view)
 
     def add_tensor(self, src_vertex: int, src_port: int, edges: list, is_allow: bytearray) -> None:
         """Add the Casts of one float32 output, named in Grappler's order: the float16 Cast, the float32 Cast the
@@ -125,11 +124,3 @@ class _CastBuilder:
         self.casts.append(CastRecord(name, src, port, _DTYPE_NAMES[from_dtype], _DTYPE_NAMES[to_dtype],
                                      tuple(consumers)))
         self.devices.append(device)
-
-    def _name(self, src: str, port: int, kind: str) -> str:
-        """TF 2.21's name: the smallest free id in "<src>-<port>-<kind>-<id>-AutoMixedPrecision"."""
-        n = 0
-        while (name := f"{src}-{port}-{kind}-{n}-{SUFFIX}") in self.view.node_index or name in self._taken:
-            n += 1
-        self._taken.add(name)
-        return name
