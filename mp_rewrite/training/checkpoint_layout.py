@@ -20,15 +20,14 @@ wrapper with `assert_existing_objects_matched()` holding (the diagnostics then s
 reading this wrapper's checkpoint finds only values it does not use.
 """
 
-# checkpoint name -> attribute of the optimizer
-DIAGNOSTICS = {"skipped_steps": "_skipped_steps", "scale_history_steps": "_history_steps",
-               "scale_history_scales": "_history_scales", "scale_history_count": "_history_count"}
-
 import tensorflow as tf
 
 from .settings import _KERAS, _TF_KERAS_V2, _TF_KERAS_V3, LossScaleError
 
 _Trackable = tf.__internal__.tracking.Trackable
+# checkpoint name -> attribute of the optimizer
+DIAGNOSTICS = {"skipped_steps": "_skipped_steps", "scale_history_steps": "_history_steps",
+               "scale_history_scales": "_history_scales", "scale_history_count": "_history_count"}
 
 
 class LossScaleNode(_Trackable):
