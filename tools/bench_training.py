@@ -40,7 +40,8 @@ from mp_rewrite.training import api as training  # noqa: E402
 from mp_rewrite.core.functions import function_to_graph, graph_to_function  # noqa: E402
 from mp_rewrite.training.api import wrap_optimizer  # noqa: E402
 from mp_rewrite.core.op_support import Signatures  # noqa: E402
-from mp_rewrite.core.body import make_options, rewrite_body  # noqa: E402
+from mp_rewrite.core.body import rewrite_body  # noqa: E402
+from mp_rewrite.core.options import make_options  # noqa: E402
 
 # name -> (rewrite precision or None, loss_scale for the LSO or "none" for the plain optimizer, keras policy)
 VARIANTS = {

@@ -19,7 +19,7 @@ from google.protobuf import text_format
 import mp_rewrite.testing.examples as ex
 from mp_rewrite.commands.cli import main as cli_main
 from mp_rewrite.report.model_explorer import is_installed
-from mp_rewrite.report.model_loader import load_model, rewrite_model
+from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.report.node_table import build_tables
 from mp_rewrite.report.palette import FILL
 
