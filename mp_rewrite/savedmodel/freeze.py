@@ -36,6 +36,9 @@ from .result import Rewritten
 
 DROPPED = ("variables (the model can no longer be trained or fine-tuned)", "the restored Keras objects and every "
            "function or attribute of the object graph other than the signatures")
+# protobuf refuses to serialize a message over 2 GB, and the frozen float32 graph goes through Grappler (serialized)
+# before its weights are halved: weights above this size cannot be frozen into graph constants.
+GRAPH_LIMIT = 2**31 - 2**26
 # What the saver writes for the frozen module; everything else of the source's directory is copied over.
 WRITTEN = ("saved_model.pb", "saved_model.pbtxt", "variables", "assets", "fingerprint.pb", "keras_metadata.pb")
 
@@ -53,6 +56,7 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
 
     _, meta_graph = single_meta_graph(saved_model, tag_set, "--freeze")
     tags = load_tags(meta_graph)
+    check_freezable_size(source_dir)
     staging = loadable_copy(source_dir, saved_model)
     try:  # kept until saved: the assets of a restored table are copied from where it was loaded
         loaded = load_saved_model(staging or source_dir, "source", tags)
@@ -73,6 +77,20 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
             f"tf.saved_model.load('{output}'{f', tags={tags}' if tags and tags != ['serve'] else ''})")
     return Rewritten(new, pathlib.Path(directory), graphs, {}, names, tuple(functions), notes=[note],
                      staging=directory)
+
+
+def check_freezable_size(source_dir, limit: int | None = None) -> None:
+    """Refuse, before any work, weights too large to be frozen into one graph (protobuf's 2 GB limit).
+
+    Raises:
+        ModelError: naming the size and what to do instead.
+    """
+    data = pathlib.Path(source_dir) / "variables"
+    size = sum(f.stat().st_size for f in data.glob("variables.data-*")) if data.is_dir() else 0
+    if size > (GRAPH_LIMIT if limit is None else limit):
+        raise ModelError(f"--freeze cannot hold this model's {size / 1e9:.1f} GB of weights as graph constants "
+                         "(protobuf's 2 GB limit on one graph); convert without --freeze, which keeps the weights "
+                         "as variables; nothing was written")
 
 
 def _with_source_files(directory: str, source_dir, tags) -> object:
@@ -131,7 +149,10 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     folded, _ = fold_batch_norms(optimize_graph(frozen.graph_def, fetches, FOLDING), fetches)
     folded = prune(folded, fetches)
     names.update(node.name for node in folded.node)
-    result = rewrite_graph_def(folded, fetches=fetches, options=options)
+    # The placeholders the signature's arguments (and captured tables) feed keep their dtypes, like Grappler's feeds.
+    fed = {name.split(":")[0]: "fed by the signature" for name in [*(n for _, n in frozen.inputs),
+                                                                   *(n for n, _ in frozen.captured)]}
+    result = rewrite_graph_def(folded, fetches=fetches, preserve=fed, options=options)
     if weights == "low":
         check_weights_low(result.graph_def, key)
     result.graph_def = compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)

@@ -133,8 +133,12 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
     """
     start = time.perf_counter()
     _, meta_graph = single_meta_graph(read_saved_model(original), parse_tag_set(tag_set), "verifying")
-    read_saved_model(converted)
     tags = load_tags(meta_graph)
+    converted_graphs = read_saved_model(converted).meta_graphs
+    if len(converted_graphs) == 1:  # a frozen conversion keeps one MetaGraph, with the tags it was made from
+        converted_tags = load_tags(converted_graphs[0])
+    else:
+        converted_tags = tags
     shapes = input_shapes if isinstance(input_shapes, dict) else parse_input_shapes(input_shapes)
     check_input_options(seed=seed, batch_size=batch_size, dim=dim, rtol=rtol, atol=atol)
     precision = precision or detect_precision(converted)
@@ -143,7 +147,7 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
     rtol, atol = (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
     given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
     given = dict(given or {})
-    models = load_saved_model(original, "original", tags), load_saved_model(converted, "converted", tags)
+    models = load_saved_model(original, "original", tags), load_saved_model(converted, "converted", converted_tags)
     keys = check_signature_keys(signatures, models[0].signatures.keys(), "the original SavedModel") or \
         require_signatures(list(models[0].signatures.keys()), original)
     specs = {k: models[0].signatures[k].structured_input_signature[1] for k in keys}
