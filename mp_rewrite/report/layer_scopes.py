@@ -44,7 +44,10 @@ class Grouping:
             last = key.rstrip("/").split("/")[-1]
             return TRACE_SUFFIX.sub("", last) if self.strip_suffix else last
         rest = key[len(self.root):] if key.startswith(self.root) else key
-        return "/".join(rest.split("/")[-2:])
+        parts = rest.split("/")[-2:]
+        if self.strip_suffix and len(parts) == 2:
+            parts[0] = TRACE_SUFFIX.sub("", parts[0])
+        return "/".join(parts)
 
 
 def model_scope(names) -> str:

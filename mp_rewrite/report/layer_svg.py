@@ -17,6 +17,9 @@ FONT = "Helvetica,Arial,sans-serif"
 CHAR, SMALL_CHAR, LINE, PAD = 6.6, 5.5, 14.0, 7.0
 MIN_WIDTH, MAX_CHARS, MARGIN, HEADER = 120.0, 34, 16.0, 74.0
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "half": "f16", "float": "f32"}
+# Ops named first in a box: what the layer is (a Dense layer's Tensordot also gathers shapes with GatherV2).
+PRIMARY_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMulV2", "BatchMatMulV3",
+                         "Einsum", "_FusedConv2D", "_FusedMatMul", "While", "StatelessWhile", "Softmax"})
 KEPT = {"deny": "f32 deny", "infer-kept": "f32 infer", "clear-kept": "f32 clear", "allow-kept": "f32 allow-list",
         "untouched": "other"}
 
@@ -42,7 +45,7 @@ def box_lines(layer, precision: str) -> list:
     if layer.kind in ("input", "output"):
         return [_clip(f"{layer.kind}: {layer.label}")]
     from .network import WEIGHT_OPS
-    ops = sorted(layer.ops, key=lambda op: (op not in WEIGHT_OPS, -layer.ops[op]))
+    ops = sorted(layer.ops, key=lambda op: (op not in PRIMARY_OPS, op not in WEIGHT_OPS, -layer.ops[op]))
     shown = ", ".join(f"{op}×{layer.ops[op]}" if layer.ops[op] > 1 else op for op in ops[:2])
     more = f" +{len(ops) - 2}" if len(ops) > 2 else ""
     low = SHORT.get(precision, precision)
