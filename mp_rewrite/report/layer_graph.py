@@ -166,12 +166,46 @@ def trace_input(rows: dict, role: dict, src: str, port: int) -> tuple:
     return "drop", src, tuple(casts)
 
 
-def build_layer_graph(table, budget: int = 150) -> LayerGraph:
+def called_functions(node) -> list:
+    """The functions a NodeDef runs: a call's `f`, a While's `cond`/`body`, an If's branches."""
+    return [v.func.name for _, v in sorted(node.attr.items()) if v.HasField("func") and v.func.name]
+
+
+def callee_ops(name: str, tables: dict, seen: frozenset = frozenset()) -> list:
+    """The NodeRows of the ops a function computes, through the functions it calls in turn (no parameters, casts
+    or identities): what a call node inside a layer stands for."""
+    table = tables.get(name)
+    if table is None or name in seen:
+        return []
+    role, _ = node_roles(table)
+    protos = {n.name: n for n in table.result.graph_def.node}
+    out = []
+    for node_name, row in table.rows.items():
+        if role[node_name] == "op":
+            out.append(row)
+            for inner in called_functions(protos[node_name]):
+                out += callee_ops(inner, tables, seen | {name})
+    return out
+
+
+def _count_callees(layers: dict, box_of: dict, table, tables: dict) -> None:
+    """Count the ops of the functions a box's call nodes run (an LSTM's While body) into the box."""
+    protos = {n.name: n for n in table.result.graph_def.node}
+    for name, key in box_of.items():
+        for function in called_functions(protos[name]) if name in protos else ():
+            for row in callee_ops(function, tables, frozenset({table.name})):
+                layers[key].classes[row.node_class] += 1
+                layers[key].ops[row.op] += 1
+
+
+def build_layer_graph(table, budget: int = 150, tables: dict | None = None) -> LayerGraph:
     """The LayerGraph of one GraphTable.
 
     Args:
         table: a GraphTable (node_table.graph_table), e.g. network.network_table(tables).
         budget: the most boxes a deeper level of scopes may bring the picture to (layer_scopes.group_ops).
+        tables: function name -> GraphTable; when given, a box counts the ops of the functions its call nodes run
+            (drawn through the call: an LSTM layer's While body is counted in the LSTM's box).
     """
     rows = table.rows
     role, variables = node_roles(table)
@@ -189,6 +223,8 @@ def build_layer_graph(table, budget: int = 150) -> LayerGraph:
         layer.members.append(name)
         layer.classes[rows[name].node_class] += 1
         layer.ops[rows[name].op] += 1
+    if tables:
+        _count_callees(layers, {n: k for n, k in box_of.items() if role[n] == "op"}, table, tables)
     op_edges, edges = [], {}
     for name, key in box_of.items():
         for src, port in rows[name].drawn_inputs:

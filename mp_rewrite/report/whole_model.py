@@ -36,7 +36,7 @@ def layer_picture(result, function: str | None = None, max_nodes: int = 150, tab
     else:
         table = network_table(tables)
         how = "the graph that holds the network" + (" (the function the signatures call)" if table.name else "")
-    graph = build_layer_graph(table, max_nodes)
+    graph = build_layer_graph(table, max_nodes, {t.name: t for t in tables})
     layers = sum(1 for layer in graph.layers.values() if layer.kind in ("layer", "op"))
     title = f"{table.label}: {layers} layers, {len(graph.box_of)} ops ({result.precision})"
     hidden = ", ".join(f"{n} {HIDDEN_WORDS.get(role, role)}" for role, n in graph.hidden.most_common() if role)
