@@ -1,6 +1,6 @@
 """The package's layout stays true: imports point one way, modules stay small, `import mp_rewrite` stays light.
 
-    commands/  ->  savedmodel/, training/, guard/, report/  ->  analysis/  ->  core/  (and errors)
+    commands/  ->  savedmodel/, training/, guard/, report/  ->  analysis/, rules/  ->  core/  (and errors)
 
 Every import is read from the source (module-level and inside functions, relative and absolute), so a lazy import
 that breaks the direction is caught as surely as a top-level one.
@@ -25,12 +25,13 @@ ALLOWED = {
     "errors": set(),
     "core": set(),
     "analysis": {"core"},
-    "savedmodel": {"analysis", "core"},
-    "training": {"analysis", "core"},
+    "rules": {"core"},
+    "savedmodel": {"rules", "analysis", "core"},
+    "training": {"rules", "analysis", "core"},
     "report": {"analysis", "core"},
-    "guard": {"savedmodel", "analysis", "core"},
-    "commands": {"savedmodel", "training", "guard", "report", "analysis", "core"},
-    "testing": {"savedmodel", "training", "guard", "report", "analysis", "core"},
+    "guard": {"savedmodel", "rules", "analysis", "core"},
+    "commands": {"savedmodel", "training", "guard", "report", "rules", "analysis", "core"},
+    "testing": {"savedmodel", "training", "guard", "report", "rules", "analysis", "core"},
     # The package root wires the dump on demand (report) to the core's observers and exports the public names.
     "__init__": {"core", "report"},
     "__main__": {"commands"},

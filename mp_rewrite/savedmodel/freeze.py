@@ -25,7 +25,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config
 from ..core.body import Options
 from ..core.rewrite import rewrite_graph_def
 from ..errors import ModelError
-from .fold import check_weights_low, fold_batch_norms, fold_constant_casts
+from ..rules import check_weights_low, fold_batch_norms, fold_constant_casts
 
 # Ops that change state: a signature running one cannot be frozen (its effect would be lost or wrong).
 MUTATING_OPS = frozenset({

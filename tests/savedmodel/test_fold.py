@@ -1,4 +1,4 @@
-"""Folding Keras BatchNormalization into the convolution or matmul before it, in frozen graphs (savedmodel/fold.py),
+"""Folding Keras BatchNormalization into the convolution or matmul before it, in frozen graphs (rules/batchnorm.py),
 and folding the Casts of constants: on real Keras models with trained-looking normalization statistics."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from mp_rewrite.savedmodel import fold, freeze  # noqa: E402
+from mp_rewrite.rules import batchnorm as fold, constants  # noqa: E402
+from mp_rewrite.savedmodel import freeze  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 
 CONTRACTIONS = {"Conv2D", "DepthwiseConv2dNative", "MatMul"}
@@ -101,7 +102,7 @@ def test_the_input_graph_is_not_modified(cnn):
     graph_def, _, fetches = _frozen_folded(cnn)
     snapshot = graph_def.SerializeToString(deterministic=True)
     fold.fold_batch_norms(graph_def, fetches)
-    fold.fold_constant_casts(graph_def, fetches)
+    constants.fold_constant_casts(graph_def, fetches)
     assert graph_def.SerializeToString(deterministic=True) == snapshot
 
 
