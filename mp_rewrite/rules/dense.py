@@ -68,17 +68,17 @@ def _bias_tensor(graph: EditableGraph, reshape, bias, channels: int):
     value = graph.constant(other)
     if value is None:
         return None, f"'{bias.name}' adds a tensor that is not a constant"
+    shape = list(value.shape)
+    while shape and shape[0] == 1:
+        shape.pop(0)
+    if value.size != 1 and int(np.prod(shape)) != channels:
+        return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, not one value per channel " \
+               f"of the {channels} MatMul columns"
     target = graph.constant(reshape.input[1])
     if value.ndim > (target.size if target is not None else 1):
         return None, f"'{bias.name}' adds a constant of rank {value.ndim}, which may raise the output's rank"
     if value.size == 1:  # one value for every channel
         return np.full(channels, value.reshape(-1)[0], value.dtype), None
-    shape = list(value.shape)
-    while shape and shape[0] == 1:
-        shape.pop(0)
-    if int(np.prod(shape)) != channels:
-        return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, not one value per channel " \
-               f"of the {channels} MatMul columns"
     if len(shape) > 1 and not _trailing_dims(graph, reshape, shape):
         return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, and the Reshape's target shape " \
                "is not a constant that shows it splits the channels that way"
