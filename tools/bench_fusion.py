@@ -93,6 +93,7 @@ def executed(function, inputs) -> dict:
     """{fused, casts, nodes}: what TF executed for one call (run metadata of the function's partitions)."""
     from tensorflow.python.eager import context
     context.enable_run_metadata()
+    context.export_run_metadata()  # drops what earlier calls left behind
     function(*inputs)
     metadata = context.export_run_metadata()
     context.disable_run_metadata()
@@ -171,14 +172,15 @@ def main(argv=None) -> int:
             reference = functions["f32"](*inputs)[0].numpy()
             times = measure(functions, inputs, args.rounds, args.block_seconds)
             print(f"-- batch {batch} (median of {args.rounds} interleaved rounds)")
-            print(f"{'variant':<11} {'CPU ms':>8} {'wall ms':>8} {'x f32 (wall)':>12} {'max|diff|':>10}  executed")
+            print(f"{'variant':<11} {'CPU ms':>8} {'x f32':>6} {'wall ms':>8} {'x f32':>6} {'max|diff|':>10}  executed")
             for variant in VARIANTS:
                 cpu, wall = times[variant]
                 diff = np.abs(functions[variant](*inputs)[0].numpy().astype(np.float32) - reference).max()
                 # A fresh instance: run metadata holds a function's graphs only from its first (optimizing) call.
                 ran = executed(callable_of(graphs[variant], feeds, fetches), inputs)
                 kinds = {k: ran["fused"].count(k) for k in dict.fromkeys(ran["fused"])}
-                print(f"{variant:<11} {cpu:8.2f} {wall:8.2f} {times['f32'][1] / wall:11.2f}x {diff:10.2g}  "
+                print(f"{variant:<11} {cpu:8.2f} {times['f32'][0] / cpu:5.2f}x {wall:8.2f} {times['f32'][1] / wall:5.2f}x "
+                      f"{diff:10.2g}  "
                       f"{ran['nodes']} nodes, {ran['casts']} Casts, bf16 contractions {ran['bf16 contractions']}, "
                       f"fused {kinds}")
     print(f"\nload average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")

@@ -18,7 +18,8 @@ from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activ
 from .gelu import match_gelu, rewrite_gelu
 from .graph import EditableGraph
 from .record import APPLIED, DECLINED, Match, Record
-from .reshape import match_batch_matmul, match_reshape_pair, rewrite_batch_matmul, rewrite_reshape_pair
+from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, rewrite_batch_matmul, rewrite_einsum,
+                      rewrite_reshape_pair)
 
 MAX_ROUNDS = 8
 
@@ -49,6 +50,7 @@ def _contraction_fusion(match: Match) -> str:
 RULES = (
     Rule("batch_matmul", ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"), match_batch_matmul, rewrite_batch_matmul,
          lambda m: "MatMul (the remapper fuses no BatchMatMul with a bias)"),
+    Rule("einsum", ("Einsum",), match_einsum, rewrite_einsum, lambda m: "MatMul (the remapper fuses no Einsum)"),
     Rule("reshape_pair", ("Reshape",), match_reshape_pair, rewrite_reshape_pair),
     Rule("bias_add", ("Add", "AddV2"), match_bias_add, rewrite_bias_add, _contraction_fusion),
     Rule("dense_bias", ("Reshape",), match_dense_bias, rewrite_dense_bias, lambda m: "MatMul + BiasAdd"),

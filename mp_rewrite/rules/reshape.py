@@ -62,7 +62,7 @@ def rewrite_batch_matmul(graph: EditableGraph, match: Match) -> str:
     matmul = graph.add_node(f"{node.name}/matmul", "MatMul", [flat.name, weight], device)
     _types(matmul, T=dtype)
     matmul.attr["transpose_b"].b = node.attr["adj_y"].b
-    shape = _output_shape(graph, node, x, columns)
+    shape = _output_shape(graph, node, x, -1, [columns])
     node.op = "Reshape"
     node.attr.clear()
     _types(node, T=dtype, Tshape=3)
@@ -70,23 +70,79 @@ def rewrite_batch_matmul(graph: EditableGraph, match: Match) -> str:
     return f"'{node.name}' is now Reshape -> MatMul -> Reshape"
 
 
-def _output_shape(graph: EditableGraph, node, x: str, columns: int) -> str:
-    """A tensor holding x's shape with its last dimension `columns`: a constant when x's shape is known up to one
-    dimension (a Placeholder's shape, a Reshape's constant target), else computed from Shape(x)."""
+def _output_shape(graph: EditableGraph, node, x: str, leading: int, tail: list) -> str:
+    """A tensor holding x's first `leading` dimensions (all but the last when -1) followed by `tail`: a constant
+    when x's shape is known up to one dimension (a Placeholder's shape, a Reshape's constant target), else computed
+    from Shape(x)."""
     known = _static_shape(graph, x)
-    if known is not None and sum(d < 0 for d in known) <= 1:
-        return graph.add_constant(f"{node.name}/shape", np.array(known[:-1] + [columns], np.int32), node.device).name
+    if known is not None and sum(d < 0 for d in known[:leading]) <= 1:
+        value = np.array(known[:leading] + list(tail), np.int32)
+        return graph.add_constant(f"{node.name}/shape", value, node.device).name
     device = node.device
     shape = graph.add_node(f"{node.name}/input_shape", "Shape", [x], device)
     _types(shape, T=graph.nodes[node.name].attr["T"].type, out_type=3)
     consts = [graph.add_constant(f"{node.name}/{n}", np.array(v, np.int32), device).name
-              for n, v in (("begin", [0]), ("end", [-1]), ("stride", [1]), ("last", [columns]), ("axis", 0))]
-    leading = graph.add_node(f"{node.name}/leading_dims", "StridedSlice", [shape.name, *consts[:3]], device)
-    _types(leading, T=3, Index=3)
-    joined = graph.add_node(f"{node.name}/output_shape", "ConcatV2", [leading.name, consts[3], consts[4]], device)
+              for n, v in (("begin", [0]), ("end", [leading]), ("stride", [1]), ("tail", list(tail)), ("axis", 0))]
+    first = graph.add_node(f"{node.name}/leading_dims", "StridedSlice", [shape.name, *consts[:3]], device)
+    _types(first, T=3, Index=3)
+    joined = graph.add_node(f"{node.name}/output_shape", "ConcatV2", [first.name, consts[3], consts[4]], device)
     _types(joined, T=3, Tidx=3)
     joined.attr["N"].i = 2
     return joined.name
+
+
+def match_einsum(graph: EditableGraph, node) -> Match | None:
+    """An Einsum of a tensor and a constant weight that is a plain dense contraction: `FK,KO->FO` (tf_keras'
+    EinsumDense, MultiHeadAttention's projections)."""
+    weight = graph.constant(node.input[1]) if len(graph.data_inputs(node)) == 2 else None
+    if weight is None:
+        return None
+    equation = node.attr["equation"].s.decode().replace(" ", "")
+    split = _dense_equation(equation)
+    if split is None:
+        return Match().fail(f"equation '{equation}' is not a dense contraction of the input's last axes "
+                            "with the weight's first axes")
+    if node.attr["T"].type not in FLOAT_TYPES or graph.is_kept(node):
+        return Match().fail("not a float32 or bfloat16 Einsum, or fetched")
+    free, contracted, out = split
+    if weight.ndim != len(contracted) + len(out):
+        return Match().fail(f"the weight has rank {weight.ndim}, the equation says {len(contracted) + len(out)}")
+    rows = int(np.prod(weight.shape[:len(contracted)]))
+    return Match(nodes={"einsum": node}, values={"free": len(free), "rows": rows, "tail": list(weight.shape[
+        len(contracted):]), "matrix": weight.reshape(rows, -1)})
+
+
+def _dense_equation(equation: str):
+    """(free, contracted, output letters) of 'FK,KO->FO' with distinct letters, or None."""
+    if "..." in equation or "->" not in equation or equation.count(",") != 1:
+        return None
+    inputs, out = equation.split("->")
+    lhs, rhs = inputs.split(",")
+    contracted = [c for c in lhs if c in rhs and c not in out]
+    free, tail = lhs[:len(lhs) - len(contracted)], rhs[len(contracted):]
+    letters = lhs + tail
+    if (lhs != free + "".join(contracted) or rhs != "".join(contracted) + tail or out != free + tail
+            or len(set(letters)) != len(letters) or not contracted or not tail):
+        return None
+    return free, contracted, tail
+
+
+def rewrite_einsum(graph: EditableGraph, match: Match) -> str:
+    """`Reshape(x, [-1, K]) -> MatMul(weight as a K x O matrix) -> Reshape(F + O dims)`, the last keeping the name."""
+    node = match.nodes["einsum"]
+    x, dtype, device = node.input[0], node.attr["T"].type, node.device
+    matrix = graph.add_constant(f"{node.name}/matrix", match.values["matrix"], device)
+    rows = graph.add_constant(f"{node.name}/rows_shape", np.array([-1, match.values["rows"]], np.int32), device)
+    flat = graph.add_node(f"{node.name}/rows", "Reshape", [x, rows.name], device)
+    _types(flat, T=dtype, Tshape=3)
+    matmul = graph.add_node(f"{node.name}/matmul", "MatMul", [flat.name, matrix.name], device)
+    _types(matmul, T=dtype)
+    shape = _output_shape(graph, node, x, match.values["free"], match.values["tail"])
+    node.op = "Reshape"
+    node.attr.clear()
+    _types(node, T=dtype, Tshape=3)
+    graph.set_inputs(node, [matmul.name, shape])
+    return f"'{node.name}' is now Reshape -> MatMul -> Reshape"
 
 
 def _static_shape(graph: EditableGraph, tensor: str) -> list | None:

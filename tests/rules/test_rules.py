@@ -143,3 +143,17 @@ def test_a_dense_bias_that_differs_per_position_declines():
     [record] = [r for r in records if r.rule == "dense_bias"]
     assert not record.applied and "not one value per channel" in record.reason
     assert str(record).startswith("dense_bias declined at ")
+
+
+def test_tf_keras_multi_head_attention_einsums_become_fused_matmuls():
+    import tf_keras
+    tf_keras.utils.set_random_seed(0)
+    inp = tf_keras.Input((16, 32))
+    model = tf_keras.Model(inp, tf_keras.layers.MultiHeadAttention(4, 8)(inp, inp))
+    for weight in model.weights:
+        if "bias" in weight.name:
+            weight.assign(RNG.normal(0, 0.3, weight.shape))
+    before, after, records, fetches = _canonical(model, X3)
+    assert _applied(records).count("einsum") == 4 and _applied(records).count("dense_bias") == 4
+    assert fused(runtime_graph(before, fetches)) == []
+    assert fused(runtime_graph(after, fetches)) == [("_FusedMatMul", ["BiasAdd"])] * 4
