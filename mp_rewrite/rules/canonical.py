@@ -60,7 +60,8 @@ RULES = (
 )
 
 
-def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = True) -> tuple[object, list]:
+def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = True,
+                 shapes=None) -> tuple[object, list]:
     """Rewrite a graph so that TensorFlow's remapper can fuse its contractions with their bias and activation.
 
     Args:
@@ -69,6 +70,8 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
         rules: the rules to run (RULES by default).
         fold_batch_norms: first fold per-channel scales and shifts (BatchNormalization) into the contraction
             before them (batchnorm.py); this needs a frozen, constant-folded graph.
+        shapes: {node name: shape} of weights that are not constants (a traced training step's variables, keyed
+            by their resource placeholder or ReadVariableOp), for the rules that need a channel count.
 
     Returns:
         (a new GraphDef, [Record]): every rule applied and every rule declined where its pattern was found, with
@@ -77,7 +80,7 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
     records, needed = [], _reachable(graph_def, fetches)
     if fold_batch_norms:
         graph_def, records = fold_batch_norms_recorded(graph_def, fetches)
-    graph = EditableGraph(graph_def, fetches)
+    graph = EditableGraph(graph_def, fetches, shapes)
     declined = {}
     for _ in range(MAX_ROUNDS):
         applied = _run_round(graph, rules, records, declined)

@@ -24,11 +24,11 @@ BIAS_OPS = ("BiasAdd", "Add", "AddV2")
 
 
 def matmul_channels(graph: EditableGraph, matmul) -> int | None:
-    """How many output columns a MatMul has, when its weight is a constant."""
-    weight = graph.constant(matmul.input[1]) if len(matmul.input) > 1 else None
-    if weight is None or weight.ndim != 2:
+    """How many output columns a MatMul has, when its weight's shape is known (a constant, or given)."""
+    shape = graph.weight_shape(matmul.input[1]) if len(matmul.input) > 1 else None
+    if shape is None or len(shape) != 2:
         return None
-    return weight.shape[0] if matmul.attr["transpose_b"].b else weight.shape[1]
+    return shape[0] if matmul.attr["transpose_b"].b else shape[1]
 
 
 def match_dense_bias(graph: EditableGraph, reshape) -> Match | None:
@@ -48,7 +48,8 @@ def match_dense_bias(graph: EditableGraph, reshape) -> Match | None:
         return Match().fail(f"MatMul '{matmul.name}' or its Reshape is read elsewhere or fetched")
     channels = matmul_channels(graph, matmul)
     if channels is None:
-        return Match().fail("the MatMul's weight is not a constant matrix, so its channel count is unknown")
+        return Match().fail("the MatMul's weight is not a constant matrix (nor given a shape), so its channel count "
+                            "is unknown")
     found, reason = _bias_tensor(graph, reshape, bias, channels)
     if reason is not None:
         return Match().fail(reason)

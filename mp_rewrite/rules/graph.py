@@ -24,13 +24,15 @@ def is_first_output(tensor: str) -> bool:
 class EditableGraph:
     """A copy of a GraphDef with lookups by name and the consumers of each node, kept current across edits."""
 
-    def __init__(self, graph_def, fetches=()):
+    def __init__(self, graph_def, fetches=(), shapes=None):
         """Args: graph_def, copied (never modified); fetches: tensor or node names whose nodes keep their name,
-        op and output."""
+        op and output; shapes: {node name: shape} of tensors the graph does not state, e.g. the variables a
+        traced training step reads (keyed by the resource placeholder or the ReadVariableOp)."""
         self.graph_def = type(graph_def)()
         self.graph_def.CopyFrom(graph_def)
         self.nodes = {node.name: node for node in self.graph_def.node}
         self.kept = {node_name(f) for f in fetches}
+        self.shapes = {name: tuple(shape) for name, shape in (shapes or {}).items()}
         self._readers = None
 
     def readers(self, name: str) -> list:
@@ -59,6 +61,18 @@ class EditableGraph:
         if node is None or node.op != "Const":
             return None
         return tf.make_ndarray(node.attr["value"].tensor)
+
+    def weight_shape(self, tensor: str) -> tuple | None:
+        """The shape of a weight: a Const's, or one given in `shapes` (for a ReadVariableOp, its variable's)."""
+        value = self.constant(tensor)
+        if value is not None:
+            return value.shape
+        node = self.producer(tensor)
+        if node is None:
+            return None
+        if node.name not in self.shapes and node.op == "ReadVariableOp":
+            return self.shapes.get(node_name(node.input[0]))
+        return self.shapes.get(node.name)
 
     def data_inputs(self, node) -> list:
         """The node's data inputs (control inputs left out)."""
