@@ -45,6 +45,8 @@ class RewriteResult:
         functions: function name -> RewriteResult of its body, for every library function rewritten.
         skipped: function name -> why it was reached but not rewritten (parametrised, tf.data).
         meta_graph_def: for a MetaGraph rewrite (rewrite_meta_graph_def), the new MetaGraphDef.
+        rules: for a frozen graph, the rules/ Records of the rewrites made before the pass (fusions enabled, and
+            those declined with why).
     """
 
     graph_def: graph_pb2.GraphDef
@@ -59,6 +61,7 @@ class RewriteResult:
     emulated: list = dataclasses.field(default_factory=list)
     skipped: dict = dataclasses.field(default_factory=dict)
     meta_graph_def: object = None
+    rules: list = dataclasses.field(default_factory=list)
 
     @property
     def converted_nodes(self) -> list[str]:

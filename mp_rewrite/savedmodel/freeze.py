@@ -3,7 +3,8 @@ mixed precision graphs.
 
 For each signature (frozen_signature.py): TensorFlow's variable folding turns the variables it reads into
 constants; Grappler's constant folding and arithmetic optimizer fold what that makes foldable; per-channel scales
-and shifts after a convolution or matmul (BatchNormalization) are folded into its filter and bias (fold.py); the
+and shifts after a convolution or matmul (BatchNormalization) are folded into its filter and bias, and the patterns
+TensorFlow's remapper fuses (MatMul/Conv + BiasAdd + activation, GELU) are written the way it sees them (rules/); the
 pass rewrites the frozen graph with the conversion's Options (patterns widened to the inlined names); the Casts it
 puts after constants are folded, so a weight consumed only in low precision is stored in low precision (cast
 offline, not at every run; the file is about half the size). Each signature is written back with its name, input
@@ -28,7 +29,7 @@ from ..errors import ModelError
 from ..model.files import read_saved_model
 from ..model.runtime import load_saved_model
 from ..model.tags import load_tags, single_meta_graph
-from .fold import check_weights_low, fold_batch_norms, fold_constant_casts
+from ..rules import canonicalize, check_weights_low, fold_constant_casts
 from .frozen_function import as_function, compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
 from .loadable_copy import loadable_copy
@@ -146,13 +147,15 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     frozen = freeze_signature(loaded, key)
     resources.extend(owner for _, owner in frozen.captured if all(owner is not r for r in resources))
     fetches = frozen.fetches
-    folded, _ = fold_batch_norms(optimize_graph(frozen.graph_def, fetches, FOLDING), fetches)
+    # BatchNorms folded into their convolutions, and the patterns TF's remapper fuses written the way it sees them.
+    folded, records = canonicalize(optimize_graph(frozen.graph_def, fetches, FOLDING), fetches)
     folded = prune(folded, fetches)
     names.update(node.name for node in folded.node)
     # The placeholders the signature's arguments (and captured tables) feed keep their dtypes, like Grappler's feeds.
     fed = {name.split(":")[0]: "fed by the signature" for name in [*(n for _, n in frozen.inputs),
                                                                    *(n for n, _ in frozen.captured)]}
     result = rewrite_graph_def(folded, fetches=fetches, preserve=fed, options=options)
+    result.rules = records
     if weights == "low":
         check_weights_low(result.graph_def, key)
     result.graph_def = compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)

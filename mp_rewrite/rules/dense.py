@@ -1,0 +1,166 @@
+"""A Keras Dense on a rank > 2 input, written so TensorFlow's remapper fuses its MatMul, bias and activation.
+
+Keras writes `Reshape -> MatMul -> Reshape -> BiasAdd (or AddV2 of the bias) -> activation`; the remapper fuses
+`MatMul + BiasAdd + activation` only when they are adjacent. Two rules move the Reshape back to the end:
+
+- `dense_bias`: `MatMul -> Reshape -> (BiasAdd | Add of a per-channel constant)` becomes `MatMul -> BiasAdd ->
+  Reshape`. Exact: the reshape keeps the channel axis last (the bias is per channel), so each value gets the same
+  bias before or after it.
+- `dense_activation`: `BiasAdd(MatMul) -> Reshape -> elementwise activation` becomes `BiasAdd -> activation ->
+  Reshape`. Exact: elementwise ops of scalar constants do not depend on shape.
+
+Both keep the name of the last node, so whatever read it reads the same tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .activation import activation_name, activation_region
+from .graph import FLOAT_TYPES, EditableGraph
+from .record import Match
+
+BIAS_OPS = ("BiasAdd", "Add", "AddV2")
+
+
+def matmul_channels(graph: EditableGraph, matmul) -> int | None:
+    """How many output columns a MatMul has, when its weight's shape is known (a constant, or given)."""
+    shape = graph.weight_shape(matmul.input[1]) if len(matmul.input) > 1 else None
+    if shape is None or len(shape) != 2:
+        return None
+    return shape[0] if matmul.attr["transpose_b"].b else shape[1]
+
+
+def match_dense_bias(graph: EditableGraph, reshape) -> Match | None:
+    """`MatMul -> Reshape -> bias` whose bias is per output channel; None when the pattern is not there."""
+    matmul, bias = graph.producer(reshape.input[0]), graph.only_reader(reshape.name)
+    if matmul is None or matmul.op != "MatMul":
+        return None
+    if bias is None or bias.op not in BIAS_OPS:
+        if any(r.op in BIAS_OPS for r in graph.readers(reshape.name)):
+            return Match().fail(f"the reshaped MatMul output is read by {len(graph.readers(reshape.name))} nodes")
+        return None
+    if bias.op == "BiasAdd" and bias.attr["data_format"].s not in (b"", b"NHWC"):
+        return Match().fail(f"BiasAdd '{bias.name}' is {bias.attr['data_format'].s.decode()}")
+    if matmul.attr["T"].type not in FLOAT_TYPES:
+        return Match().fail("the MatMul is not float32 or bfloat16 (the CPU remapper fuses only those)")
+    if len(graph.readers(matmul.name)) != 1 or graph.is_kept(matmul) or graph.is_kept(reshape):
+        return Match().fail(f"MatMul '{matmul.name}' or its Reshape is read elsewhere or fetched")
+    channels = matmul_channels(graph, matmul)
+    if channels is None:
+        return Match().fail("the MatMul's weight is not a constant matrix (nor given a shape), so its channel count "
+                            "is unknown")
+    found, reason = _bias_tensor(graph, reshape, bias, channels)
+    if reason is not None:
+        return Match().fail(reason)
+    return Match(nodes={"matmul": matmul, "reshape": reshape, "bias": bias}, values={"bias": found})
+
+
+def _bias_tensor(graph: EditableGraph, reshape, bias, channels: int):
+    """(the bias as an input name (BiasAdd) or a 1-D array of `channels` values (Add), None), or (None, why not)."""
+    if bias.op == "BiasAdd":
+        value = graph.constant(bias.input[1])
+        size = value.size if value is not None else _last_dim(graph, reshape)
+        if size != channels:
+            return None, f"the bias has {size} values for {channels} MatMul columns: the Reshape splits the channels"
+        return bias.input[1], None
+    inputs = graph.data_inputs(bias)
+    other = inputs[1] if graph.producer(inputs[0]) is reshape else inputs[0]
+    value = graph.constant(other)
+    if value is None:
+        return None, f"'{bias.name}' adds a tensor that is not a constant"
+    shape = list(value.shape)
+    while shape and shape[0] == 1:
+        shape.pop(0)
+    if value.size != 1 and int(np.prod(shape)) != channels:
+        return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, not one value per channel " \
+               f"of the {channels} MatMul columns"
+    target = graph.constant(reshape.input[1])
+    if value.ndim > (target.size if target is not None else 1):
+        return None, f"'{bias.name}' adds a constant of rank {value.ndim}, which may raise the output's rank"
+    if value.size == 1:  # one value for every channel
+        return np.full(channels, value.reshape(-1)[0], value.dtype), None
+    if len(shape) > 1 and not _trailing_dims(graph, reshape, shape):
+        return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, and the Reshape's target shape " \
+               "is not a constant that shows it splits the channels that way"
+    return value.reshape(-1), None
+
+
+def _last_dim(graph: EditableGraph, reshape) -> int | None:
+    shape = graph.constant(reshape.input[1])
+    return int(shape[-1]) if shape is not None and shape.size else None
+
+
+def _trailing_dims(graph: EditableGraph, reshape, dims: list) -> bool:
+    """Whether the Reshape's constant target shape ends in `dims`."""
+    shape = graph.constant(reshape.input[1])
+    return shape is not None and shape.size >= len(dims) and list(shape[-len(dims):]) == list(dims)
+
+
+def rewrite_dense_bias(graph: EditableGraph, match: Match) -> str:
+    """The Reshape becomes the BiasAdd of the MatMul, the bias node becomes the Reshape (it keeps its name)."""
+    matmul, reshape, bias = match.nodes["matmul"], match.nodes["reshape"], match.nodes["bias"]
+    tensor = match.values["bias"]
+    if not isinstance(tensor, str):
+        tensor = graph.add_constant(f"{bias.name}/per_channel", tensor.astype(_numpy_type(bias)), bias.device).name
+    shape_input, tshape = reshape.input[1], reshape.attr["Tshape"].type
+    reshape.op = "BiasAdd"
+    graph.set_inputs(reshape, [matmul.name, tensor])
+    _set_attrs(reshape, T=bias.attr["T"].type, data_format=b"NHWC")
+    bias.op = "Reshape"
+    graph.set_inputs(bias, [reshape.name, shape_input])
+    _set_attrs(bias, T=bias.attr["T"].type, Tshape=tshape)
+    return f"moved Reshape '{bias.name}' after the bias"
+
+
+def match_dense_activation(graph: EditableGraph, reshape) -> Match | None:
+    """`MatMul -> BiasAdd -> Reshape -> elementwise activation`; None when the pattern is not there."""
+    bias = graph.producer(reshape.input[0])
+    matmul = graph.producer(bias.input[0]) if bias is not None and bias.op == "BiasAdd" else None
+    if matmul is None or matmul.op != "MatMul":
+        return None
+    found = activation_region(graph, reshape)
+    if found is None or not found.ok:
+        return found
+    if len(graph.readers(bias.name)) != 1 or graph.is_kept(bias) or graph.is_kept(reshape):
+        return Match().fail(f"BiasAdd '{bias.name}' is read by more than its Reshape or fetched")
+    found.nodes.update(matmul=matmul, bias=bias, reshape=reshape)
+    found.values["activation"] = activation_name(found.values["region"])
+    return found
+
+
+def rewrite_dense_activation(graph: EditableGraph, match: Match) -> str:
+    """The region reads the BiasAdd; its exit is renamed and a Reshape with the exit's old name follows it."""
+    bias, reshape, exit_node = match.nodes["bias"], match.nodes["reshape"], match.nodes["exit"]
+    region = match.values["region"]
+    old = exit_node.name
+    new = graph.fresh_name(f"{old}/before_reshape")
+    for node in region:
+        graph.set_inputs(node, [_renamed(t, reshape.name, bias.name, old, new) for t in graph.data_inputs(node)])
+    del graph.nodes[old]
+    exit_node.name = new
+    graph.nodes[new] = exit_node
+    graph.add_node(old, "Reshape", [new, reshape.input[1]], exit_node.device)
+    _set_attrs(graph.nodes[old], T=exit_node.attr["T"].type, Tshape=reshape.attr["Tshape"].type)
+    graph.remove([reshape.name])
+    return f"moved Reshape '{reshape.name}' after the {match.values['activation']} activation"
+
+
+def _renamed(tensor: str, reshape: str, bias: str, old: str, new: str) -> str:
+    name = tensor.split(":")[0]
+    return bias if name == reshape else new if name == old else tensor
+
+
+def _numpy_type(node):
+    import tensorflow as tf
+    return tf.dtypes.as_dtype(node.attr["T"].type).as_numpy_dtype
+
+
+def _set_attrs(node, **attrs) -> None:
+    """Replace the node's attributes by `attrs` (ints are types, bytes are strings)."""
+    node.attr.clear()
+    for key, value in attrs.items():
+        if isinstance(value, bytes):
+            node.attr[key].s = value
+        else:
+            node.attr[key].type = value

@@ -1,0 +1,107 @@
+"""`fusion_groups`: the sets of nodes TensorFlow's CPU remapper (oneDNN build, TF 2.21) would fuse into one kernel.
+
+A precision pass that puts a Cast inside a group (between a MatMul and its BiasAdd or activation) breaks the
+fusion, and the standalone elementwise ops it leaves are the slow ones in bfloat16; so each group should take one
+precision. The groups are plain data (node names), for a stage of the core to read without importing this package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .activation import activation_region, activation_name
+from .graph import FLOAT_TYPES, EditableGraph
+
+CONTRACTIONS = {"MatMul": "_FusedMatMul", "Conv2D": "_FusedConv2D",
+                "DepthwiseConv2dNative": "_FusedDepthwiseConv2dNative", "Conv3D": "_FusedConv3D"}
+ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
+REGION_ACTIVATIONS = ("GeluExact", "GeluApproximate")  # MatMul only, several nodes each
+FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionGroup:
+    """Nodes the remapper fuses into one op.
+
+    Attributes:
+        root: the contraction (or FusedBatchNorm, or Sigmoid of a swish).
+        op: the fused op TensorFlow makes ("_FusedMatMul", "_FusedConv2D", "_FusedBatchNormEx", "_MklSwish").
+        fused_ops: its `fused_ops` attribute, e.g. ("BiasAdd", "GeluExact").
+        nodes: every node of the group, root included.
+    """
+
+    root: str
+    op: str
+    fused_ops: tuple
+    nodes: frozenset
+
+
+def fusion_groups(graph_def, fetches=()) -> list[FusionGroup]:
+    """The groups of nodes the remapper would fuse, in graph order.
+
+    Args:
+        graph_def: a GraphDef; not modified.
+        fetches: tensor or node names that are preserved (the remapper does not fuse a preserved inner node).
+
+    Returns:
+        [FusionGroup]; a node is in at most one group.
+    """
+    graph = EditableGraph(graph_def, fetches)
+    groups = []
+    for node in graph.graph_def.node:
+        if node.op in CONTRACTIONS:
+            group = _contraction_group(graph, node)
+        elif node.op in FUSED_NORMS:
+            group = _norm_group(graph, node)
+        elif node.op == "Sigmoid":
+            group = _swish_group(graph, node)
+        else:
+            group = None
+        if group is not None:
+            groups.append(group)
+    return groups
+
+
+def _sole_reader(graph: EditableGraph, node, ops):
+    """The node's only reader when its op is one of `ops` and the node is not preserved, else None."""
+    reader = graph.only_reader(node.name)
+    return reader if reader is not None and reader.op in ops and not graph.is_kept(node) else None
+
+
+def _contraction_group(graph: EditableGraph, node) -> FusionGroup | None:
+    bias = _sole_reader(graph, node, ("BiasAdd",))
+    if bias is None or node.attr["T"].type not in FLOAT_TYPES or graph.producer(bias.input[0]) is not node:
+        return None
+    members, fused = [node, bias], ["BiasAdd"]
+    activation = _sole_reader(graph, bias, ACTIVATIONS)
+    add = _sole_reader(graph, bias, ("Add", "AddV2")) if node.op != "MatMul" else None
+    if activation is not None:
+        members.append(activation)
+        fused.append(activation.op)
+    elif add is not None:
+        members.append(add)
+        fused.append("Add")
+        after = _sole_reader(graph, add, ("Relu", "Relu6", "Elu", "LeakyRelu"))
+        if after is not None:
+            members.append(after)
+            fused.append(after.op)
+    elif node.op == "MatMul" and not graph.is_kept(bias):
+        found = activation_region(graph, bias)
+        if found is not None and found.ok and activation_name(found.values["region"]) in REGION_ACTIVATIONS:
+            members += found.values["region"]
+            fused.append(activation_name(found.values["region"]))
+    return FusionGroup(node.name, CONTRACTIONS[node.op], tuple(fused), frozenset(n.name for n in members))
+
+
+def _norm_group(graph: EditableGraph, node) -> FusionGroup | None:
+    relu = _sole_reader(graph, node, ("Relu",))
+    if relu is None or any(":" in t and not t.endswith(":0") for r in [relu] for t in r.input):
+        return None
+    return FusionGroup(node.name, "_FusedBatchNormEx", ("Relu",), frozenset({node.name, relu.name}))
+
+
+def _swish_group(graph: EditableGraph, node) -> FusionGroup | None:
+    mul = _sole_reader(graph, node, ("Mul",))
+    if mul is None or node.input[0].split(":")[0] not in {t.split(":")[0] for t in mul.input}:
+        return None
+    return FusionGroup(node.name, "_MklSwish", (), frozenset({node.name, mul.name}))
