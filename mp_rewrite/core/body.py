@@ -12,6 +12,7 @@ import os
 from tensorflow.core.framework import graph_pb2
 
 from . import dtypes, stages, tensor_lists
+from .assignment import ASSIGN_MODES, CostTable, assign_by_cost
 from .apply import Applied, apply_coloring
 from .emulation import apply_emulated
 from .coloring import ALLOW, Coloring, Paint, Reason
@@ -55,6 +56,7 @@ class RewriteResult:
     num_nodes: int
     functions: dict = dataclasses.field(default_factory=dict)
     emulated: list = dataclasses.field(default_factory=list)
+    assignment: object = None  # with assign="cost": the core.assignment.Assignment of this graph
 
     @property
     def converted_nodes(self) -> list[str]:
@@ -101,14 +103,19 @@ class Options:
     force_low: tuple = ()
     force_all: bool = False
     emulate: bool = False
+    assign: str = "lists"
+    costs: CostTable | None = None
 
 
 EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"
 
 
 def make_options(precision="float16", device=None, lists=None, keep_fp32=(), force_low=(), level=None,
-                 emulate=None) -> Options:
+                 emulate=None, assign="lists", costs=None) -> Options:
     """Validate rewrite options (see rewrite_graph_def) into an Options.
+
+    `assign` is "lists" (Grappler's coloring) or "cost" (then `costs` is a core.assignment.CostTable for
+    `precision`: the minimum cut moves allow nodes to float32 where that is cheaper, see core.assignment).
 
     Raises:
         OptionError, ListError: a bad precision, device, level, pattern or lists.
@@ -121,8 +128,26 @@ def make_options(precision="float16", device=None, lists=None, keep_fp32=(), for
     for option, patterns in (("keep_fp32", keep_fp32), ("force_low", force_low)):
         compile_patterns(patterns, option)
     as_tuple = lambda p: (p,) if isinstance(p, str) else tuple(p or ())  # noqa: E731
+    emulate = _emulate(emulate, precision, device)
+    _check_assign(assign, costs, precision, emulate)
     return Options(precision, target, device, lists, as_tuple(keep_fp32), as_tuple(force_low),
-                   level == "UNSAFE_FORCE_ALL", _emulate(emulate, precision, device))
+                   level == "UNSAFE_FORCE_ALL", emulate, assign, costs if assign == "cost" else None)
+
+
+def _check_assign(assign, costs, precision: str, emulate: bool) -> None:
+    if assign not in ASSIGN_MODES:
+        raise OptionError(f"unknown assign mode {assign!r}: use 'lists' (Grappler's op lists) or 'cost' (a minimum "
+                          "cut over measured op costs)")
+    if assign != "cost":
+        return
+    if not isinstance(costs, CostTable):
+        raise OptionError("assign='cost' needs costs: a cost table (mp_rewrite.analysis.op_costs.measure_costs, "
+                          f"or load_costs(FILE)); got {type(costs).__name__}")
+    if costs.precision != precision:
+        raise OptionError(f"the cost table was measured for {costs.precision}, not {precision}; measure it for "
+                          f"{precision} (mp-rewrite costs MODEL --precision {precision})")
+    if emulate:
+        raise OptionError("assign='cost' and emulate exclude each other: emulation computes in float32")
 
 
 def _emulate(emulate, precision: str, device: str) -> bool:
@@ -173,7 +198,7 @@ def rewrite_body(graph_def: graph_pb2.GraphDef, opts: Options, fetches=(), prese
         label: what is rewritten (a function name), passed on to the observers.
     """
     with gc_paused():
-        result = _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful)
+        result = _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful, label)
     notify_rewrite(result, graph_def, label)
     return result
 
@@ -197,7 +222,7 @@ def _check_fetch_ports(view: GraphView, fetches: tuple) -> None:
                              f"output{'' if outputs == 1 else 's'}; fetch '{name}'{ports}")
 
 
-def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful) -> RewriteResult:
+def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful, label) -> RewriteResult:
     why_preserved = dict(preserve) if isinstance(preserve, dict) else {}
     fetches, preserve = _names(fetches, "fetches"), _names(tuple(preserve), "preserve")
     preserved = {parse_input(f.lstrip("^"))[0]: "fetched (graph outputs keep their dtypes)" for f in fetches}
@@ -218,17 +243,24 @@ def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_state
                 preserved.setdefault(view.names[i], "stateful op in a function body (Grappler preserves it)")
     ctx = PassContext(view, opts.lists, opts.target, opts.device, preserved, opts.keep_fp32, opts.force_low,
                       opts.force_all)
-    paint = run_stages(ctx)
+    assigned = []
+    paint = run_stages(ctx, opts.costs, label, assigned.append)
     applied = (apply_emulated if opts.emulate else apply_coloring)(graph_def, ctx, paint)
     # The result keeps the view for its Decisions, which need no edges. Freeing them now is cheaper than the
     # garbage collector's scan of a list per vertex; freeing them before apply was slower still: apply then
     # page-faults fresh memory in where the lists were given back.
     view.release_edges()
-    return _result(applied, ctx, paint, opts)
+    result = _result(applied, ctx, paint, opts)
+    result.assignment = assigned[0] if assigned else None
+    return result
 
 
-def run_stages(ctx: PassContext) -> Paint:
-    """Run every coloring stage in Grappler's order and return the final Paint."""
+def run_stages(ctx: PassContext, costs: CostTable | None = None, label: str = "graph", on_assignment=None) -> Paint:
+    """Run every coloring stage in Grappler's order and return the final Paint.
+
+    With a cost table, the minimum-cut assignment (core.assignment) runs after Grappler's stages and before the
+    final ones; `on_assignment` (if given) receives its Assignment summary.
+    """
     paint = Paint()
     clusters = tensor_lists.find_clusters(ctx, paint)
     for cluster in clusters:
@@ -241,6 +273,10 @@ def run_stages(ctx: PassContext) -> Paint:
     for stage in STAGES_AFTER_LISTS:
         stage(ctx, paint)
     tensor_lists.match_cluster_colors(ctx, paint, clusters)
+    if costs is not None:
+        assignment = assign_by_cost(ctx, paint, clusters, costs, label)
+        if on_assignment is not None:
+            on_assignment(assignment)
     for stage in FINAL_STAGES:
         stage(ctx, paint)
     return paint
