@@ -36,8 +36,20 @@ class NodeSpec:
     measurable: bool
 
 
+_CANDIDATES = {}  # the last graph's candidates: measuring and then assigning read the same graph twice
+
+
 def graph_candidates(graph_def, precision: str, fetches=(), batch: int | None = None):
     """(specs, output shapes per label, original graphs per label) of the lists' candidates of a graph."""
+    fetches = (fetches,) if isinstance(fetches, str) else tuple(fetches or ())
+    key = (id(graph_def), graph_def.ByteSize(), precision, fetches, batch)
+    if key not in _CANDIDATES:  # the graph is kept with its answer, so its id cannot name another graph meanwhile
+        _CANDIDATES.clear()
+        _CANDIDATES[key] = (graph_def, _find_candidates(graph_def, precision, fetches, batch))
+    return _CANDIDATES[key][1]
+
+
+def _find_candidates(graph_def, precision: str, fetches, batch):
     from ..core.rewrite import rewrite_graph_def
     from ..core.functions import function_to_graph
     from ..core.op_support import Signatures

@@ -67,6 +67,7 @@ class MachineCosts:
         ops: op signature key -> [float32 ms, low ms], or None when the op could not be measured.
         casts: [(elements, ms to low, ms to float32)] by size.
         source: where the table came from (a file, the cache, "measured").
+        batch: the batch size an unknown leading input dimension was measured at (None: 1); for_graph's default.
     """
 
     precision: str
@@ -74,6 +75,7 @@ class MachineCosts:
     ops: dict = dataclasses.field(default_factory=dict)
     casts: list = dataclasses.field(default_factory=list)
     source: str = "measured"
+    batch: int | None = None
 
     @property
     def low_units(self) -> bool:
@@ -111,12 +113,13 @@ class MachineCosts:
         if precision is not None and precision != self.precision:
             raise CostTableError(f"the cost table ({self.source}) was measured for {self.precision}, not "
                                  f"{precision}; measure it with: mp-rewrite costs MODEL --precision {precision}")
-        return cost_table(self, graph_def, fetches, batch)
+        return cost_table(self, graph_def, fetches, self.batch if batch is None else batch)
 
     def to_json(self) -> str:
         """The table as JSON text (the format load_costs reads)."""
         return json.dumps({"format": FORMAT, "version": VERSION, "precision": self.precision,
-                           "machine": self.machine, "casts": self.casts, "ops": dict(sorted(self.ops.items()))},
+                           "machine": self.machine, "batch": self.batch, "casts": self.casts,
+                           "ops": dict(sorted(self.ops.items()))},
                           indent=1)
 
     def save(self, path: str) -> None:
@@ -166,7 +169,10 @@ def _parse(data: dict, path: str, fix: str) -> MachineCosts:
     ok = ok and all(isinstance(c, list) and len(c) == 3 and all(_time(x) for x in c) for c in casts)
     if not ok:
         raise CostTableError(f"the cost table '{path}' is malformed (precision, machine, ops or casts); {fix}")
-    return MachineCosts(precision, machine, ops, [tuple(c) for c in casts], source=path)
+    batch = data.get("batch")
+    if batch is not None and (not isinstance(batch, int) or batch < 1):
+        raise CostTableError(f"the cost table '{path}' has batch {batch!r}, not a positive integer; {fix}")
+    return MachineCosts(precision, machine, ops, [tuple(c) for c in casts], source=path, batch=batch)
 
 
 def _time(x) -> bool:
@@ -208,11 +214,13 @@ def measure_costs(graph_def, precision: str = "bfloat16", fetches=(), batch: int
     """
     from .graph_costs import measure_missing
     table = cached_costs(precision) if cache else MachineCosts(precision, machine_facts())
+    table.batch = batch
     if not table.low_units:
         return table
     if measure_missing(table, graph_def, fetches, batch, progress) and cache:
         os.makedirs(cache_dir(), exist_ok=True)
         source, table.source = table.source, "measured"
+        table.batch = None  # the cache holds every batch size's signatures
         table.save(cache_path(precision, table.machine))
-        table.source = source if source != "measured" else "measured (cached)"
+        table.source, table.batch = (source if source != "measured" else "measured (cached)"), batch
     return table

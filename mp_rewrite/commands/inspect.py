@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import ModelError, OptionError
-from .list_options import add_list_options, lists_from_args
+from .list_options import add_assign_options, add_list_options, assign_from_args, lists_from_args, say_assignment
 
 FORMATS = ("text", "json", "dot", "svg", "html", "tensorboard", "model-explorer")
 
@@ -25,6 +25,7 @@ def add_model_options(p) -> None:
     p.add_argument("--force-low", action="append", default=[], metavar="PATTERN",
                    help="node names, scopes or globs to force to low precision")
     add_list_options(p)
+    add_assign_options(p)
 
 
 def register(sub) -> None:
@@ -70,8 +71,10 @@ def load_and_rewrite(args):
     from ..report.model_loader import load_model, rewrite_model
     model = load_model(args.model)
     lists = lists_from_args(args)
+    assign = assign_from_args(args, model.graph_def, model.fetches if args.fetch is None else args.fetch)
     result = rewrite_model(model, args.precision, args.fetch, device=args.device, lists=lists,
-                           keep_fp32=args.keep_fp32, force_low=args.force_low)
+                           keep_fp32=args.keep_fp32, force_low=args.force_low, **assign)
+    say_assignment(result)
     return model, result
 
 
