@@ -42,7 +42,7 @@ _CANDIDATES = {}  # the last graph's candidates: measuring and then assigning re
 def graph_candidates(graph_def, precision: str, fetches=(), batch: int | None = None):
     """(specs, output shapes per label, original graphs per label) of the lists' candidates of a graph."""
     fetches = (fetches,) if isinstance(fetches, str) else tuple(fetches or ())
-    key = (id(graph_def), graph_def.ByteSize(), precision, fetches, batch)
+    key = (id(graph_def), len(graph_def.node), precision, fetches, batch)
     if key not in _CANDIDATES:  # the graph is kept with its answer, so its id cannot name another graph meanwhile
         _CANDIDATES.clear()
         _CANDIDATES[key] = (graph_def, _find_candidates(graph_def, precision, fetches, batch))
@@ -71,31 +71,62 @@ def _find_candidates(graph_def, precision: str, fetches, batch):
         label_shapes = shapes.get("" if label == MAIN else label, {})
         for name in sub.converted_nodes:
             if name in before and name in nodes:
-                specs.append(_spec(label, before[name], nodes[name], nodes, label_shapes))
+                specs.append(_spec(label, before[name], nodes[name], before, nodes, label_shapes))
     return specs, {label: shapes.get("" if label == MAIN else label, {}) for label in rewritten}, originals
 
 
-def _spec(label, fp32_node, low_node, nodes, shapes) -> NodeSpec:
+def _spec(label, fp32_node, low_node, before, nodes, shapes) -> NodeSpec:
+    """Both variants of one candidate. Constant inputs stay constants (embedded when timing): oneDNN reorders a
+    constant filter once and keeps it, so feeding weights as arguments would time a reorder per call. A float
+    constant the rewrite casts to low precision is embedded as that Cast of the constant, which TF folds, as it
+    does in the frozen graph."""
     from .op_timing import input_dtypes
+    data32 = [parse_input(t) for t in fp32_node.input if not t.startswith("^")]
     data = [parse_input(t) for t in low_node.input if not t.startswith("^")]
     fp32_types, low_types = input_dtypes(fp32_node), input_dtypes(low_node)
-    fp32_inputs, low_inputs, consts, measurable = [], [], [], len(data) == len(fp32_types) == len(low_types)
-    for (src, port), t32, tlow in zip(data, fp32_types, low_types):
+    fp32_inputs, low_inputs, consts = [], [], []
+    measurable = len(data) == len(data32) == len(fp32_types) == len(low_types)
+    for (src32, _), (src, port), t32, tlow in zip(data32, data, fp32_types, low_types):
         outs = shapes.get(src) or []
         shape = outs[port] if port < len(outs) else None
-        const = nodes.get(src) if nodes.get(src) is not None and nodes[src].op == "Const" else None
-        if const is not None and t32 not in FLOAT_TYPES:
-            consts.append(_const_text(const))
+        const32 = _skip_identities(before, src32)
+        const32 = const32 if getattr(const32, "op", "") == "Const" else None
+        const_low = _constant_source(nodes, src)
+        if const32 is not None and const_low is not None:
+            consts.append("float" if t32 in FLOAT_TYPES else _const_text(const32))
         else:
-            const = None
+            const32 = const_low = None
             known = shape is not None and all(d is not None for d in shape)
             measurable = measurable and known and (t32 in FLOAT_TYPES or t32 in (3, 9, 10))  # int32, int64, bool
-        fp32_inputs.append((shape, t32, const))
-        low_inputs.append((shape, tlow, const))
+            consts.append(None)
+        fp32_inputs.append((shape, t32, const32 and [const32]))
+        low_inputs.append((shape, tlow, const_low))
     shapes_text = [list(s) if s is not None else None for s, _, _ in fp32_inputs]
     key = json.dumps([fp32_node.op, shapes_text, _attrs_text(fp32_node), _attrs_text(low_node, types_only=True),
                       consts], separators=(",", ":"))
     return NodeSpec(label, fp32_node.name, key, fp32_node, low_node, fp32_inputs, low_inputs, measurable)
+
+
+def _constant_source(nodes: dict, src: str):
+    """[Const] or [Const, Cast] when the tensor `src` is a constant or a Cast of one (through Identity nodes: a
+    frozen variable read), else None."""
+    node = _skip_identities(nodes, src)
+    if node is not None and node.op == "Const":
+        return [node]
+    if node is not None and node.op == "Cast" and node.input:
+        const = _skip_identities(nodes, parse_input(node.input[0])[0])
+        if const is not None and const.op == "Const":
+            return [const, node]
+    return None
+
+
+def _skip_identities(nodes: dict, name: str):
+    node = nodes.get(name)
+    for _ in range(8):
+        if node is None or node.op != "Identity" or not node.input:
+            break
+        node = nodes.get(parse_input(node.input[0])[0])
+    return node
 
 
 def _attrs_text(node, types_only: bool = False) -> dict:
@@ -135,8 +166,8 @@ def measure_missing(table, graph_def, fetches=(), batch=None, progress=None) -> 
 
 def _measure(timer, spec):
     try:
-        return [round(timer.time_node(spec.fp32_node, spec.fp32_inputs), 6),
-                round(timer.time_node(spec.low_node, spec.low_inputs), 6)]
+        times = timer.time_variants([(spec.fp32_node, spec.fp32_inputs), (spec.low_node, spec.low_inputs)])
+        return [round(t, 6) for t in times]
     except Exception:  # noqa: BLE001 -- any op TF cannot build or run here is unmeasurable: the documented default
         return None
 

@@ -46,18 +46,25 @@ class Timer:
 
         Args:
             node: the NodeDef (its own inputs are ignored; input i reads inputs[i]).
-            inputs: per data input, (shape, dtype enum, NodeDef of a Const to embed or None).
+            inputs: per data input, (shape, dtype enum, None or the NodeDefs to embed: [Const] or [Const, Cast]).
 
         Raises:
             Whatever TensorFlow raises for an op it cannot build or run (the caller records it as unmeasurable).
         """
-        fed = [(shape, dtype) for shape, dtype, const in inputs if const is None]
-        one = self._best_ms(self._function(node, inputs, 1), fed) - self.overhead_ms(fed)
-        if one >= TARGET_MS:
-            return one
-        copies = min(MAX_COPIES, max(2, math.ceil(TARGET_MS / max(one, 0.005))))
-        many = self._best_ms(self._function(node, inputs, copies), fed) - self.overhead_ms(fed)
-        return max(many, 0.0) / copies
+        return self.time_variants([(node, inputs)])[0]
+
+    def time_variants(self, variants) -> list[float]:
+        """Milliseconds per run of each (node, inputs) variant, timed in alternation: the float32 and the low
+        precision variant of an op see the same load from whatever else runs on the machine."""
+        fed = [[(shape, dtype) for shape, dtype, const in inputs if const is None] for _, inputs in variants]
+        overhead = [self.overhead_ms(f) for f in fed]
+        ones = [self._function(node, inputs, 1) for node, inputs in variants]
+        est = [max(t - o, 0.0) for t, o in zip(self._alternate(ones, fed), overhead)]
+        if min(est) >= TARGET_MS:
+            return est
+        copies = min(MAX_COPIES, max(2, math.ceil(TARGET_MS / max(min(est), 0.005))))
+        many = [self._function(node, inputs, copies) for node, inputs in variants]
+        return [max(t - o, 0.0) / copies for t, o in zip(self._alternate(many, fed), overhead)]
 
     def overhead_ms(self, fed) -> float:
         """The cost of calling a function with these arguments that computes nothing."""
@@ -83,9 +90,13 @@ class Timer:
         names = []
         for i, (shape, dtype, const) in enumerate(inputs):
             if const is not None:
-                graph.node.add().CopyFrom(const)
-                graph.node[-1].name, graph.node[-1].device = f"in{i}", ""
-                del graph.node[-1].input[:]
+                for j, part in enumerate(const):  # the last one is the input; a Cast reads the Const before it
+                    graph.node.add().CopyFrom(part)
+                    graph.node[-1].name, graph.node[-1].device = f"in{i}" + "_src" * (len(const) - 1 - j), ""
+                    del graph.node[-1].input[:]
+                    graph.node[-1].input.extend([f"in{i}_src"] if j else [])
+                    for attr in [a for a in graph.node[-1].attr if a.startswith("_")]:
+                        del graph.node[-1].attr[attr]
             else:
                 graph.node.add(name=f"in{i}", op="Placeholder").attr["dtype"].type = dtype
             names.append(f"in{i}")
@@ -113,17 +124,25 @@ class Timer:
         return tf.function(run)
 
     def _best_ms(self, function, fed) -> float:
-        """The fastest of `repeats` calls (after two warm-up calls that build and optimize the function): the least
-        disturbed by other work on the machine."""
+        return self._alternate([function], [fed])[0]
+
+    def _alternate(self, functions, feds) -> list[float]:
+        """The fastest call of each function (the least disturbed by other work on the machine), calling them in
+        turn after one warm-up call each (which builds and optimizes it): at least 3 calls each, more while the
+        round takes under ~40 ms, at most `repeats` * 3."""
         import tensorflow as tf
         rng = np.random.default_rng(0)
-        args = [tf.cast(tf.constant(rng.uniform(0.5, 1.5, shape).astype(np.float32)), tf.as_dtype(dtype))
-                if tf.as_dtype(dtype).is_floating else tf.zeros(shape, tf.as_dtype(dtype)) for shape, dtype in fed]
-        function(*args)
-        function(*args)
-        times = []
-        for _ in range(self.repeats):
-            start = time.perf_counter()
-            function(*args)
-            times.append(time.perf_counter() - start)
-        return min(times) * 1e3
+        args = [[tf.cast(tf.constant(rng.uniform(0.5, 1.5, shape).astype(np.float32)), tf.as_dtype(dtype))
+                 if tf.as_dtype(dtype).is_floating else tf.zeros(shape, tf.as_dtype(dtype)) for shape, dtype in fed]
+                for fed in feds]
+        for function, a in zip(functions, args):
+            function(*a)
+        best, spent, calls = [math.inf] * len(functions), 0.0, 0
+        while calls < 3 or (spent < 0.04 * len(functions) and calls < 3 * self.repeats):
+            for i, (function, a) in enumerate(zip(functions, args)):
+                start = time.perf_counter()
+                function(*a)
+                elapsed = time.perf_counter() - start
+                best[i], spent = min(best[i], elapsed), spent + elapsed
+            calls += 1
+        return [b * 1e3 for b in best]
