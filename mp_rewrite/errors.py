@@ -27,3 +27,7 @@ class StageError(MpRewriteError):
 
 class ModelError(MpRewriteError):
     """A model (SavedModel, GraphDef file) cannot be read or written."""
+
+
+class CostTableError(MpRewriteError):
+    """A cost table file is malformed, or was measured for another TensorFlow, precision or model."""

@@ -13,7 +13,7 @@ import sys
 
 # Subcommand modules, in the order `mp-rewrite --help` lists them. Each defines register(subparsers), which adds
 # its parser and sets `func` (args -> exit code).
-COMMANDS = ("demo", "convert", "verify", "inspect", "explain", "view", "lists")
+COMMANDS = ("demo", "convert", "verify", "inspect", "explain", "view", "lists", "costs")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from .list_options import add_list_options, options_from_args
+from .list_options import add_assign_options, add_list_options, assign_from_args, options_from_args, say_assignment
 from .model_options import add_tag_set_option, saved_model_path
 from .verify import (add_verify_options, check_verify_options, progress_bar, run_verification, stderr_status,
                      stdout_console)
@@ -65,6 +65,7 @@ def register(sub) -> None:
     p.add_argument("--guard-overrides", metavar="FILE",
                    help="with --guard: write the kept nodes and why (.toml or .json), to re-apply with --keep-fp32-file")
     p.add_argument("--keep-fp32-file", metavar="FILE", help="keep_fp32 patterns from a guard overrides file")
+    add_assign_options(p, batch=False)  # --batch-size comes with the verify options
     add_verify_options(p)
     p.set_defaults(func=run, precheck=precheck)
 
@@ -89,13 +90,16 @@ def run(args) -> int:
 
 def _run(args) -> int:
     keep = list(args.keep_fp32) + list(_guard_overrides(args.keep_fp32_file))
-    options = options_from_args(args, keep)  # checked once, before anything slow
+    assign = _assign(args)
+    options = options_from_args(args, keep, **assign)  # checked once, before anything slow
     check_before_writing(args, options)
     guarded = _run_guard(args, keep) if args.guard else None
     if guarded is not None:
-        options = options_from_args(args, keep + list(guarded.keep_fp32))
+        options = options_from_args(args, keep + list(guarded.keep_fp32), **assign)
     _say_what_this_cpu_computes(args)
     result = _tune(args, options) if args.tune else _convert(args, options)
+    for graph in result.graphs.values():
+        say_assignment(graph)
     print_result(result)
     for note in result.notes:
         stdout_console().print(f"[bold yellow]warning:[/] {note}", soft_wrap=True)
@@ -111,6 +115,16 @@ def _run(args) -> int:
                                soft_wrap=True)
         return 1
     return 0
+
+
+def _assign(args) -> dict:
+    """--assign cost: the costs of this machine (or --costs FILE) for the op signatures of the source's graphs; a
+    frozen graph runs the same ops at the same shapes, so its table is made from these (MachineCosts.for_graph)."""
+    if (args.assign or ("cost" if args.costs else "lists")) == "lists":
+        return assign_from_args(args, None)  # refuses --costs with --assign lists
+    from ..model.loaded import load_model
+    model = load_model(args.source, args.tag_set)
+    return assign_from_args(args, model.graph_def, model.fetches)
 
 
 def check_before_writing(args, options) -> None:

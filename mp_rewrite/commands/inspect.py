@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import ModelError, OptionError
-from .list_options import add_list_options, options_from_args
+from .list_options import add_assign_options, add_list_options, assign_from_args, options_from_args, say_assignment
 from .model_options import add_tag_set_option, say
 
 FORMATS = ("text", "json", "dot", "svg", "html", "tensorboard", "model-explorer")
@@ -28,6 +28,7 @@ def add_model_options(p) -> None:
     p.add_argument("--force-low", action="append", default=[], metavar="PATTERN",
                    help="node names, scopes or globs to force to low precision")
     add_list_options(p)
+    add_assign_options(p)
 
 
 def register(sub) -> None:
@@ -71,9 +72,11 @@ def check_model_path(args) -> None:
 def load_and_rewrite(args):
     """Read args.model and rewrite it with the options of add_model_options; returns (LoadedModel, result)."""
     from ..model.loaded import load_model, rewrite_model
-    options = options_from_args(args)
     model = load_model(args.model, args.tag_set, say)
-    return model, rewrite_model(model, fetches=args.fetch, options=options)
+    assign = assign_from_args(args, model.graph_def, model.fetches if args.fetch is None else args.fetch)
+    result = rewrite_model(model, fetches=args.fetch, options=options_from_args(args, **assign))
+    say_assignment(result)
+    return model, result
 
 
 def write_output(path: str | None, text: str) -> None:

@@ -24,13 +24,61 @@ def lists_from_args(args):
                       remove=args.remove)
 
 
-def options_from_args(args, keep_fp32=None):
+def options_from_args(args, keep_fp32=None, **assign):
     """The rewrite Options of a subcommand's arguments, built once (core.options.make_options) and passed whole.
 
     Args:
         keep_fp32: the keep_fp32 patterns when they are more than args.keep_fp32 (the guard's, a file's).
+        assign: what assign_from_args gives (assign="cost" and its costs), or nothing for the lists.
     """
     from ..core.options import make_options
     return make_options(args.precision, args.device, None, args.keep_fp32 if keep_fp32 is None else keep_fp32,
                         args.force_low, lists_file=args.lists_file, remove=args.remove,
-                        **{name: getattr(args, name) for name in LIST_FLAGS})
+                        **{name: getattr(args, name) for name in LIST_FLAGS}, **assign)
+
+
+def add_assign_options(parser, batch: bool = True) -> None:
+    """Add --assign {lists,cost}, --costs FILE (and --batch-size N unless the command has its own)."""
+    g = parser.add_argument_group("precision assignment")
+    g.add_argument("--assign", choices=("lists", "cost"), default=None,
+                   help="lists: Grappler's op lists decide (default); cost: then a minimum cut over op times "
+                        "measured on this machine (or --costs FILE) keeps in float32 what is faster there, casts "
+                        "counted; it never makes low what the lists keep float32")
+    g.add_argument("--costs", metavar="FILE",
+                   help="a cost table (mp-rewrite costs MODEL -o FILE, measured where the model is served); "
+                        "implies --assign cost")
+    if batch:
+        g.add_argument("--batch-size", type=int, default=None, metavar="N",
+                       help="with --assign cost: the batch size an unknown leading input dimension is measured at "
+                            "(default 1)")
+
+
+def assign_from_args(args, graph_def, fetches=()) -> dict:
+    """The rewrite_graph_def keyword arguments the assign options give: {} for the lists; else assign="cost" and
+    costs, loaded from --costs FILE or measured on this machine for `graph_def` (cached).
+
+    Raises:
+        OptionError: --assign lists with --costs. CostTableError: a bad cost file.
+    """
+    from ..errors import OptionError
+    assign = getattr(args, "assign", None) or ("cost" if getattr(args, "costs", None) else "lists")
+    if assign == "lists":
+        if getattr(args, "costs", None):
+            raise OptionError("--costs FILE is for --assign cost; drop --assign lists or --costs")
+        return {}
+    from ..analysis.op_costs import load_costs, measure_costs
+    batch = getattr(args, "batch_size", None)
+    if args.costs:
+        table = load_costs(args.costs)
+        table.batch = batch if batch is not None else table.batch
+    else:
+        table = measure_costs(graph_def, args.precision, fetches, batch=batch)
+    return {"assign": "cost", "costs": table}
+
+
+def say_assignment(result, stream=None) -> None:
+    """One line on stderr when the cost assignment kept everything float32 for want of low-precision units."""
+    import sys
+    assignment = getattr(result, "assignment", None)
+    if assignment is not None and assignment.note:
+        print(f"note: {assignment.note}", file=stream or sys.stderr)

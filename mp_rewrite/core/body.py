@@ -11,6 +11,7 @@ import gc
 from tensorflow.core.framework import graph_pb2
 
 from . import dtypes, stages, tensor_lists
+from .assignment import assign_by_cost
 from .apply import Applied, apply_coloring
 from .emulation import apply_emulated
 from .coloring import ALLOW, Coloring, Paint, Reason
@@ -62,6 +63,7 @@ class RewriteResult:
     skipped: dict = dataclasses.field(default_factory=dict)
     meta_graph_def: object = None
     rules: list = dataclasses.field(default_factory=list)
+    assignment: object = None  # with assign="cost": the core.assignment.Assignment of this graph
 
     @property
     def converted_nodes(self) -> list[str]:
@@ -127,7 +129,7 @@ def rewrite_body(graph_def: graph_pb2.GraphDef, opts: Options, fetches=(), prese
         label: what is rewritten (a function name), passed on to the observers.
     """
     with gc_paused():
-        result = _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful)
+        result = _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful, label)
     notify_rewrite(result, graph_def, label)
     return result
 
@@ -151,7 +153,7 @@ def _check_fetch_ports(view: GraphView, fetches: tuple) -> None:
                              f"output{'' if outputs == 1 else 's'}; fetch '{name}'{ports}")
 
 
-def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful) -> RewriteResult:
+def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_stateful, label) -> RewriteResult:
     why_preserved = dict(preserve) if isinstance(preserve, dict) else {}
     fetches, preserve = _names(fetches, "fetches"), _names(tuple(preserve), "preserve")
     preserved = {parse_input(f.lstrip("^"))[0]: "fetched (graph outputs keep their dtypes)" for f in fetches}
@@ -172,17 +174,24 @@ def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_state
                 preserved.setdefault(view.names[i], "stateful op in a function body (Grappler preserves it)")
     ctx = PassContext(view, opts.lists, opts.target, opts.device, preserved, opts.keep_fp32, opts.force_low,
                       opts.force_all)
-    paint = run_stages(ctx)
+    assigned = []
+    paint = run_stages(ctx, opts.costs, label, assigned.append)
     applied = (apply_emulated if opts.emulate else apply_coloring)(graph_def, ctx, paint)
     # The result keeps the view for its Decisions, which need no edges. Freeing them now is cheaper than the
     # garbage collector's scan of a list per vertex; freeing them before apply was slower still: apply then
     # page-faults fresh memory in where the lists were given back.
     view.release_edges()
-    return _result(applied, ctx, paint, opts)
+    result = _result(applied, ctx, paint, opts)
+    result.assignment = assigned[0] if assigned else None
+    return result
 
 
-def run_stages(ctx: PassContext) -> Paint:
-    """Run every coloring stage in Grappler's order and return the final Paint."""
+def run_stages(ctx: PassContext, costs: CostTable | None = None, label: str = "graph", on_assignment=None) -> Paint:
+    """Run every coloring stage in Grappler's order and return the final Paint.
+
+    With a cost table, the minimum-cut assignment (core.assignment) runs after Grappler's stages and before the
+    final ones; `on_assignment` (if given) receives its Assignment summary.
+    """
     paint = Paint()
     clusters = tensor_lists.find_clusters(ctx, paint)
     for cluster in clusters:
@@ -195,6 +204,10 @@ def run_stages(ctx: PassContext) -> Paint:
     for stage in STAGES_AFTER_LISTS:
         stage(ctx, paint)
     tensor_lists.match_cluster_colors(ctx, paint, clusters)
+    if costs is not None:
+        assignment = assign_by_cost(ctx, paint, clusters, costs, label)
+        if on_assignment is not None:
+            on_assignment(assignment)
     for stage in FINAL_STAGES:
         stage(ctx, paint)
     return paint

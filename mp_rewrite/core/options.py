@@ -8,6 +8,7 @@ import os
 
 from . import dtypes
 from ..errors import OptionError
+from .assignment import ASSIGN_MODES, CostTable
 from .oplists import OpLists, apply_level, changes_from_env, edit_lists, load_lists, normalize_level
 from .pass_context import DEVICES, compile_patterns
 
@@ -24,6 +25,10 @@ class Options:
         keep_fp32, force_low: node-name patterns.
         force_all: level UNSAFE_FORCE_ALL.
         emulate: TF's CPU float16 emulation (round-trip Casts, nothing retyped).
+        assign: "lists" (Grappler's coloring) or "cost" (then a minimum cut over `costs`, core.assignment).
+        costs: with assign="cost", a core.assignment.CostTable of the graph, or a machine table with a
+            `for_graph(graph_def, precision, fetches=...)` method (analysis.op_costs.MachineCosts) that makes one
+            for each graph rewritten.
     """
 
     precision: str
@@ -34,13 +39,16 @@ class Options:
     force_low: tuple = ()
     force_all: bool = False
     emulate: bool = False
+    assign: str = "lists"
+    costs: object = None
 
 
 EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"
 
 
 def make_options(precision="float16", device=None, lists=None, keep_fp32=(), force_low=(), level=None,
-                 emulate=None, *, lists_file=None, allow=(), infer=(), deny=(), clear=(), remove=()) -> Options:
+                 emulate=None, *, lists_file=None, allow=(), infer=(), deny=(), clear=(), remove=(), assign="lists",
+                 costs=None) -> Options:
     """Validate every rewrite option once (see rewrite_graph_def) into an Options, which the front ends (convert,
     freeze, tune, the guard, inspect, training) then pass down whole.
 
@@ -49,6 +57,7 @@ def make_options(precision="float16", device=None, lists=None, keep_fp32=(), for
         lists: an OpLists for `precision`; None: the built-in lists with TF's environment variables (and
             `lists_file`).
         lists_file, allow, infer, deny, clear, remove: edits of the lists (oplists.edit_lists).
+        assign, costs: the precision assignment (see Options).
 
     Raises:
         OptionError, ListError: a bad precision, device, level, pattern, lists or list edit.
@@ -64,8 +73,26 @@ def make_options(precision="float16", device=None, lists=None, keep_fp32=(), for
     for option, patterns in (("keep_fp32", keep_fp32), ("force_low", force_low)):
         compile_patterns(patterns, option)
     as_tuple = lambda p: (p,) if isinstance(p, str) else tuple(p or ())  # noqa: E731
+    emulate = _emulate(emulate, precision, device)
+    _check_assign(assign, costs, precision, emulate)
     return Options(precision, target, device, lists, as_tuple(keep_fp32), as_tuple(force_low),
-                   level == "UNSAFE_FORCE_ALL", _emulate(emulate, precision, device))
+                   level == "UNSAFE_FORCE_ALL", emulate, assign, costs if assign == "cost" else None)
+
+
+def _check_assign(assign, costs, precision: str, emulate: bool) -> None:
+    if assign not in ASSIGN_MODES:
+        raise OptionError(f"unknown assign mode {assign!r}: use 'lists' (Grappler's op lists) or 'cost' (a minimum "
+                          "cut over measured op costs)")
+    if assign != "cost":
+        return
+    if not isinstance(costs, CostTable) and not hasattr(costs, "for_graph"):
+        raise OptionError("assign='cost' needs costs: a cost table (mp_rewrite.analysis.op_costs.measure_costs, "
+                          f"or load_costs(FILE)); got {type(costs).__name__}")
+    if costs.precision != precision:
+        raise OptionError(f"the cost table was measured for {costs.precision}, not {precision}; measure it for "
+                          f"{precision} (mp-rewrite costs MODEL --precision {precision})")
+    if emulate:
+        raise OptionError("assign='cost' and emulate exclude each other: emulation computes in float32")
 
 
 def _emulate(emulate, precision: str, device: str) -> bool:

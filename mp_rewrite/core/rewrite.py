@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
@@ -18,7 +20,8 @@ from .op_support import Signatures
 def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16", fetches=(), *,
                       device: str | None = None, lists: OpLists | None = None, keep_fp32=(), force_low=(),
                       preserve=(), level: str | None = None, functions: bool = True, function_names=None,
-                      progress=None, emulate: bool | None = None, options: Options | None = None) -> RewriteResult:
+                      progress=None, emulate: bool | None = None, assign: str = "lists", costs=None,
+                      options: Options | None = None) -> RewriteResult:
     """Rewrite a GraphDef (and the functions it calls) to mixed precision, as Grappler's pass does.
 
     Args:
@@ -46,6 +49,11 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
             device="cpu"; unset means False (TF's CPU mode defaults to emulating; ours to the real rewrite).
         options: an Options made once with make_options (mp_rewrite.make_options), instead of precision, device,
             lists, keep_fp32, force_low, level and emulate.
+        assign: "lists" colors by Grappler's op lists; "cost" then lets an exact minimum cut over measured op costs
+            move allow nodes back to float32 where that is faster, casts and broken fusions counted
+            (core.assignment; every candidate's Reason carries its numbers, result.assignment the totals).
+        costs: with assign="cost", a core.assignment.CostTable, or a machine table with a
+            `for_graph(graph_def, precision)` method (mp_rewrite.analysis.op_costs.MachineCosts) that makes one.
 
     Returns:
         A RewriteResult; `result.functions` maps each rewritten function's name to its own RewriteResult.
@@ -56,9 +64,12 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
         GraphError: a malformed graph (unknown op, missing input, unknown fetch).
         StageError: a stage failed on a node (e.g. a NextIteration that does not feed a Merge).
     """
-    opts = options or make_options(precision, device, lists, keep_fp32, force_low, level, emulate)
+    opts = options or make_options(precision, device, lists, keep_fp32, force_low, level, emulate, assign=assign,
+                                   costs=costs)
     if not isinstance(graph_def, graph_pb2.GraphDef):
         raise GraphError(f"expected a tf GraphDef, got {type(graph_def).__name__}; pass graph.as_graph_def()")
+    if opts.assign == "cost" and hasattr(opts.costs, "for_graph"):  # a machine's table: this graph's costs from it
+        opts = dataclasses.replace(opts, costs=opts.costs.for_graph(graph_def, opts.precision, fetches=fetches))
     with gc_paused():
         signatures = Signatures(graph_def.library)
         result = rewrite_body(graph_def, opts, fetches, preserve, signatures)

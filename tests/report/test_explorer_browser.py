@@ -12,7 +12,7 @@ import pytest
 
 from mp_rewrite.report import to_html
 from mp_rewrite.report.explain import Explainer
-from mp_rewrite.report.model_loader import load_model, rewrite_model
+from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.report.node_table import build_tables
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from mp_rewrite.report.layer_graph import node_roles
-from mp_rewrite.report.model_loader import load_model, rewrite_model
+from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.report.node_table import build_tables
 from mp_rewrite.report.palette import FILL
 from mp_rewrite.report.whole_model import layer_picture, whole_model_svg

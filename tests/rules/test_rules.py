@@ -129,7 +129,7 @@ def test_a_shared_contraction_output_declines_with_the_reason():
 
 
 def frozen_fold(graph_def, fetches):
-    from mp_rewrite.savedmodel import freeze
+    from mp_rewrite.analysis.grappler import FOLDING, optimize_graph
     return optimize_graph(graph_def, fetches, FOLDING)
 
 

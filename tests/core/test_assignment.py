@@ -1,0 +1,136 @@
+"""The cost assignment (core.assignment): the minimum cut is exact (brute force agrees), deterministic, never makes
+a vertex low that Grappler's lists keep float32, and converts nothing when low precision is slower everywhere."""
+
+import itertools
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mp_rewrite
+from chains import chain, dtype_string
+from mp_rewrite.core.assignment import FP32, LOW, CostTable, Problem, solve, total_cost
+from mp_rewrite.errors import OptionError
+from random_graphs import build_graph, graph_specs
+
+ms = st.floats(0, 2, allow_nan=False).map(lambda x: round(x, 4))
+
+
+@st.composite
+def problems(draw, max_vars=7):
+    """A random problem: node costs, tensors (producer -> several consumers, fixed ends among them), fusions."""
+    n = draw(st.integers(1, max_vars))
+    end = st.sampled_from([FP32, LOW]) | st.integers(0, n - 1)
+    node_ms = [(draw(ms), draw(ms)) for _ in range(n)]
+    tensors = [(draw(end), sorted(set(draw(st.lists(end, min_size=1, max_size=3)))), draw(ms), draw(ms))
+               for _ in range(draw(st.integers(0, 2 * n)))]
+    fusions = [(draw(end), draw(end), draw(ms)) for _ in range(draw(st.integers(0, 2)))]
+    return Problem(node_ms, tensors, fusions)
+
+
+def brute_force(problem):
+    n = len(problem.node_ms)
+    return min(total_cost(problem, low) for low in itertools.product((False, True), repeat=n))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems())
+def test_minimum_cut_equals_brute_force(problem):
+    low = solve(problem)
+    assert total_cost(problem, low) == pytest.approx(brute_force(problem), abs=1e-5)
+    assert solve(problem) == low  # deterministic
+
+
+def test_ties_stay_float32():
+    assert solve(Problem([(1.0, 1.0), (0.5, 0.5)], [(0, [1], 0.0, 0.0)])) == [False, False]
+
+
+def test_casts_are_counted_once_per_tensor_not_per_consumer():
+    # x0 is faster low by 0.3 ms; its output feeds three fixed float32 consumers: one cast (0.2 ms) back, not three.
+    problem = Problem([(1.0, 0.7)], [(0, [FP32, FP32, FP32], 0.0, 0.2)])
+    assert solve(problem) == [True]
+    assert total_cost(problem, [True]) == pytest.approx(0.9)
+
+
+def test_a_cast_that_costs_more_than_the_gain_keeps_float32():
+    problem = Problem([(1.0, 0.7)], [(FP32, [0], 0.25, 0.0), (0, [FP32], 0.0, 0.25)])
+    assert solve(problem) == [False]
+
+
+def test_a_negative_time_is_refused():
+    with pytest.raises(OptionError, match="negative"):
+        solve(Problem([(-1.0, 0.0)]))
+
+
+# --- the stage in the pass -------------------------------------------------------------------------------------
+
+def table_for(graph_def, fp32_ms, low_ms, cast_ms=0.01, precision="bfloat16"):
+    nodes = {n.name: (fp32_ms(n.op), low_ms(n.op)) for n in graph_def.node}
+    casts = {(n.name, 0): (cast_ms, cast_ms) for n in graph_def.node}
+    return CostTable(precision, {"graph": nodes}, {"graph": casts})
+
+
+def test_low_precision_slower_everywhere_converts_nothing():
+    graph_def, fetches, names = chain("MatMul", "Relu", "MatMul", "Tanh", "MatMul")
+    table = table_for(graph_def, lambda op: 1.0, lambda op: 1.5)
+    result = mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, assign="cost", costs=table)
+    assert dtype_string(result.graph_def, names) == "fffff"
+    assert not result.casts
+    reason = result.coloring["n0", "T"].reason
+    assert reason.stage == "assign_by_cost" and reason.rule == "cost_float32"
+    assert "bfloat16 1.500 ms vs float32 1.000 ms" in reason.detail
+
+
+def test_only_the_ops_that_gain_more_than_their_casts_convert():
+    # MatMuls gain 1.5 ms in bfloat16, Tanh loses 0.4 ms: Tanh stays float32 unless its four casts cost more.
+    graph_def, fetches, names = chain("MatMul", "Tanh", "MatMul")
+    fp32 = lambda op: 2.0 if op == "MatMul" else 1.0  # noqa: E731
+    low = lambda op: 0.5 if op == "MatMul" else 1.4  # noqa: E731
+    fast_matmul = table_for(graph_def, fp32, low, cast_ms=0.05)
+    result = mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, assign="cost", costs=fast_matmul)
+    assert dtype_string(result.graph_def, names) == "bfb"
+    assert result.assignment.demoted == ("n1",)
+    assert result.assignment.cost < result.assignment.lists_cost
+    expensive_casts = table_for(graph_def, fp32, low, cast_ms=0.3)
+    result = mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, assign="cost", costs=expensive_casts)
+    assert dtype_string(result.graph_def, names) == "bbb"
+    assert result.coloring["n1", "T"].reason.rule == "cost_low"
+
+
+def test_a_machine_without_low_precision_units_keeps_everything_float32_and_says_why():
+    graph_def, fetches, names = chain("MatMul", "Relu")
+    table = CostTable("bfloat16", low_units=False, note="this CPU has no avx512_bf16 or amx_bf16")
+    result = mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, assign="cost", costs=table)
+    assert dtype_string(result.graph_def, names) == "ff"
+    assert result.assignment.note == "this CPU has no avx512_bf16 or amx_bf16"
+    assert "avx512_bf16" in result.coloring["n0", "T"].reason.detail
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"assign": "fastest"}, "unknown assign mode"),
+    ({"assign": "cost"}, "needs costs"),
+    ({"assign": "cost", "costs": CostTable("float16")}, "measured for float16"),
+])
+def test_bad_assign_options_are_one_line_errors(kwargs, message):
+    graph_def, fetches, _ = chain("MatMul")
+    with pytest.raises(OptionError, match=message):
+        mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, **kwargs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=graph_specs(max_steps=8), seed=st.integers(0, 2**16))
+def test_the_cut_never_makes_low_what_the_lists_keep_float32(spec, seed):
+    built = build_graph(spec)
+    rng = random.Random(seed)
+    nodes = {n.name: (rng.uniform(0, 1), rng.uniform(0, 1)) for n in built.graph_def.node}
+    table = CostTable("bfloat16", {"graph": nodes})
+    lists = mp_rewrite.rewrite_graph_def(built.graph_def, "bfloat16", built.fetches, functions=False)
+    cost = mp_rewrite.rewrite_graph_def(built.graph_def, "bfloat16", built.fetches, functions=False,
+                                        assign="cost", costs=table)
+    assert set(cost.retyped) <= set(lists.retyped)
+    again = mp_rewrite.rewrite_graph_def(built.graph_def, "bfloat16", built.fetches, functions=False,
+                                         assign="cost", costs=table)
+    assert again.graph_def == cost.graph_def
+    fetched = {f.split(":")[0] for f in built.fetches}
+    assert not any(node in fetched for node, _ in cost.retyped)
