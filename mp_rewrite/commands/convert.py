@@ -44,6 +44,10 @@ def register(sub) -> None:
                    "TensorFlow fold what that makes foldable, rewrite, and store weights used only in low precision "
                    "in low precision (about half the size). Keeps every signature; drops variables and the "
                    "restored objects (so no training)")
+    p.add_argument("--freeze-weights", default="auto", choices=("auto", "constants", "variables"),
+                   help="with --freeze: constants (weights folded into the graph), variables (kept as variables of "
+                   "the output, in low precision where only read so: models of any size) or auto (default: "
+                   "constants unless they pass protobuf's 2 GB limit on one graph)")
     p.add_argument("--keras-metadata", default="keep", choices=("keep", "drop"),
                    help="a tf_keras model's keras_metadata.pb: keep (default; tf_keras.models.load_model then runs "
                    "float32 layers, a warning says how to load the converted functions) or drop (load_model refuses "
@@ -156,7 +160,7 @@ def _convert(args, options):
     with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
         return convert_saved_model(args.source, args.output, options=options, tag_set=args.tag_set,
                                    signatures=args.signature or None, weights=args.weights, freeze=args.freeze,
-                                   keras_metadata=args.keras_metadata, overwrite=args.overwrite, progress=progress)
+                                   freeze_weights=args.freeze_weights, keras_metadata=args.keras_metadata, overwrite=args.overwrite, progress=progress)
 
 
 def _tune(args, options):

@@ -37,7 +37,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                         tag_set=None, signatures=None, device: str | None = None, lists=None,
                         lists_file: str | None = None, allow=(), infer=(), deny=(), clear=(), remove=(),
                         keep_fp32=(), force_low=(), level: str | None = None, emulate: bool | None = None,
-                        weights: str = "keep", freeze: bool = False, keras_metadata: str = "keep",
+                        weights: str = "keep", freeze: bool = False, freeze_weights: str = "auto",
+                        keras_metadata: str = "keep",
                         overwrite: bool = False, flops: bool = True, progress=None, on_note=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
     dtypes, shapes), variables, assets and object graph, whose functions compute in float16 or bfloat16.
@@ -58,6 +59,9 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
             that is also read in float32 (ModelError naming it).
         freeze: an inference artifact (savedmodel/freeze.py): variables folded into constants, Grappler's constant
             folding and arithmetic optimizer, then the pass; only the signatures are kept.
+        freeze_weights: with freeze, "constants" (weights folded into the graph), "variables" (weights kept as
+            variables of the output, in low precision where only read so: models of any size) or "auto" (constants
+            unless they pass protobuf's 2 GB limit).
         keras_metadata: "keep" or "drop" a tf_keras model's keras_metadata.pb (see keras_metadata.py).
         overwrite: replace an existing output (a SavedModel or an empty directory), once the new one is complete.
         flops: estimate the share of matmul/conv FLOPs in low precision (result.flops).
@@ -86,7 +90,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
             with _step("rewrite"):
                 if freeze:
                     rewritten = freeze_saved_model(source_dir, saved_model, options, keys, tags, progress,
-                                                   weights=weights, output=output)
+                                                   weights=weights, freeze_weights=freeze_weights, output=output)
                 else:
                     rewritten = rewrite_in_place(source_dir, saved_model, options, keys, tags, progress,
                                                  keras_metadata=keras_metadata, output=output)

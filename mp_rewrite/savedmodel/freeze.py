@@ -25,7 +25,7 @@ import tempfile
 
 from ..analysis.grappler import FOLDING, optimize_graph
 from ..core.rewrite import rewrite_graph_def
-from ..errors import ModelError
+from ..errors import ModelError, OptionError
 from ..model.files import read_saved_model
 from ..model.runtime import load_saved_model
 from ..model.tags import load_tags, single_meta_graph
@@ -34,18 +34,20 @@ from .frozen_function import as_function, compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
 from .loadable_copy import loadable_copy
 from .result import Rewritten
+from .variable_weights import lower_variable_reads, stored_variables
 
 DROPPED = ("variables (the model can no longer be trained or fine-tuned)", "the restored Keras objects and every "
            "function or attribute of the object graph other than the signatures")
 # protobuf refuses to serialize a message over 2 GB, and the frozen float32 graph goes through Grappler (serialized)
 # before its weights are halved: weights above this size cannot be frozen into graph constants.
 GRAPH_LIMIT = 2**31 - 2**26
+WEIGHT_FORMS = ("auto", "constants", "variables")
 # What the saver writes for the frozen module; everything else of the source's directory is copied over.
 WRITTEN = ("saved_model.pb", "saved_model.pbtxt", "variables", "assets", "fingerprint.pb", "keras_metadata.pb")
 
 
 def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None, progress=None, *,
-                       weights: str = "keep", output=None) -> Rewritten:
+                       weights: str = "keep", freeze_weights: str = "auto", output=None) -> Rewritten:
     """Freeze, fold and rewrite every signature (or `keys`) of the MetaGraph tagged `tag_set` (else the only one,
     or the only "serve" one) into a new SavedModel in a temporary directory.
 
@@ -57,11 +59,12 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
 
     _, meta_graph = single_meta_graph(saved_model, tag_set, "--freeze")
     tags = load_tags(meta_graph)
-    check_freezable_size(source_dir)
+    form, why = weights_form(source_dir, freeze_weights)
     staging = loadable_copy(source_dir, saved_model)
     try:  # kept until saved: the assets of a restored table are copied from where it was loaded
         loaded = load_saved_model(staging or source_dir, "source", tags)
-        module, functions, graphs, names = _frozen_module(loaded, source_dir, keys, options, progress, weights)
+        module, functions, graphs, names = _frozen_module(loaded, source_dir, keys, options, progress, weights,
+                                                          form == "variables")
         directory = tempfile.mkdtemp(prefix="mp_rewrite-frozen-")
         # An inference artifact needs no gradients; saving custom gradients (Keras' swish) fails on frozen graphs.
         save_options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
@@ -74,24 +77,34 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
             raise ModelError(f"TensorFlow cannot save the frozen signatures: {str(e).splitlines()[0]}") from None
     finally:
         remove_tree(staging)
-    note = (f"frozen inference model: every signature is kept; dropped: {'; '.join(DROPPED)}. Load it with "
+    note = (f"frozen inference model, {why}: every signature is kept; dropped: {'; '.join(DROPPED)}. Load it with "
             f"tf.saved_model.load('{output}'{f', tags={tags}' if tags and tags != ['serve'] else ''})")
     return Rewritten(new, pathlib.Path(directory), graphs, {}, names, tuple(functions), notes=[note],
                      staging=directory)
 
 
-def check_freezable_size(source_dir, limit: int | None = None) -> None:
-    """Refuse, before any work, weights too large to be frozen into one graph (protobuf's 2 GB limit).
+def weights_form(source_dir, form: str = "auto", limit: int | None = None) -> tuple[str, str]:
+    """How the frozen model keeps its weights: ("constants" | "variables", why), before any work is done.
+
+    "auto" keeps them as graph constants unless the source's weights pass protobuf's 2 GB limit on one graph;
+    then (and with "variables") they stay variables of the output, stored in low precision where only read so.
 
     Raises:
-        ModelError: naming the size and what to do instead.
+        OptionError: an unknown form.
     """
+    if form not in WEIGHT_FORMS:
+        raise OptionError(f"unknown frozen weights form {form!r}: use one of {', '.join(WEIGHT_FORMS)}")
     data = pathlib.Path(source_dir) / "variables"
     size = sum(f.stat().st_size for f in data.glob("variables.data-*")) if data.is_dir() else 0
-    if size > (GRAPH_LIMIT if limit is None else limit):
-        raise ModelError(f"--freeze cannot hold this model's {size / 1e9:.1f} GB of weights as graph constants "
-                         "(protobuf's 2 GB limit on one graph); convert without --freeze, which keeps the weights "
-                         "as variables; nothing was written")
+    too_big = size > (GRAPH_LIMIT if limit is None else limit)
+    if form == "constants" and too_big:
+        raise ModelError(f"--freeze-weights constants cannot hold this model's {size / 1e9:.1f} GB of weights in "
+                         "one graph (protobuf's 2 GB limit); use --freeze-weights variables (or auto); nothing was "
+                         "written")
+    if form == "variables" or (form == "auto" and too_big):
+        why = "as asked" if form == "variables" else f"{size / 1e9:.1f} GB of weights pass protobuf's 2 GB limit"
+        return "variables", f"weights kept as variables of the output ({why})"
+    return "constants", "weights folded into graph constants"
 
 
 def _with_source_files(directory: str, source_dir, tags) -> object:
@@ -109,7 +122,7 @@ def _with_source_files(directory: str, source_dir, tags) -> object:
     return new
 
 
-def _frozen_module(loaded, source_dir, keys, options, progress, weights: str):
+def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, keep_variables: bool):
     """(a module tracking the frozen functions and the tables they read, {key: function}, {label: RewriteResult},
     the names of the frozen graphs' nodes and every suffix of them)."""
     import tensorflow as tf
@@ -131,7 +144,8 @@ def _frozen_module(loaded, source_dir, keys, options, progress, weights: str):
             functions[key] = functions[same]
             results[f"signature {key} (frozen)"] = results[f"signature {same} (frozen)"]
         else:
-            function, result, identity = _frozen_signature(loaded, key, options, weights, module.resources, names)
+            function, result, identity = _frozen_signature(loaded, key, options, weights, module.resources, names,
+                                                           keep_variables)
             functions[key] = seen.setdefault(identity, function)
             results[f"signature {key} (frozen)"] = result
         if progress is not None:
@@ -140,25 +154,31 @@ def _frozen_module(loaded, source_dir, keys, options, progress, weights: str):
     return module, functions, results, name_suffixes(names)
 
 
-def _frozen_signature(loaded, key: str, options, weights: str, resources: list, names: set):
+def _frozen_signature(loaded, key: str, options, weights: str, resources: list, names: set, keep_variables: bool):
     """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult, a key
-    equal for signatures whose frozen graphs and interfaces are the same). The resources (tables) it captures are
-    appended to `resources`, which the saved module tracks; its node names to `names`."""
-    frozen = freeze_signature(loaded, key)
-    resources.extend(owner for _, owner in frozen.captured if all(owner is not r for r in resources))
+    equal for signatures whose frozen graphs and interfaces are the same). The resources it captures (tables, and
+    kept variables) are appended to `resources`, which the saved module tracks; its node names to `names`."""
+    frozen = freeze_signature(loaded, key, keep_variables)
     fetches = frozen.fetches
     # BatchNorms folded into their convolutions, and the patterns TF's remapper fuses written the way it sees them.
-    folded, records = canonicalize(optimize_graph(frozen.graph_def, fetches, FOLDING), fetches)
+    shapes = {name: variable.shape.as_list() for name, variable in frozen.variables.items()}
+    folded, records = canonicalize(optimize_graph(frozen.graph_def, fetches, FOLDING), fetches, shapes=shapes)
     folded = prune(folded, fetches)
     names.update(node.name for node in folded.node)
-    # The placeholders the signature's arguments (and captured tables) feed keep their dtypes, like Grappler's feeds.
+    # The placeholders the signature's arguments (and captures) feed keep their dtypes, like Grappler's feeds.
     fed = {name.split(":")[0]: "fed by the signature" for name in [*(n for _, n in frozen.inputs),
-                                                                   *(n for n, _ in frozen.captured)]}
+                                                                   *(n for n, _ in frozen.captured), *frozen.variables]}
     result = rewrite_graph_def(folded, fetches=fetches, preserve=fed, options=options)
     result.rules = records
-    if weights == "low":
+    captured = list(frozen.captured)
+    if frozen.variables:
+        lowered = lower_variable_reads(result.graph_def, frozen.variables, key, weights)
+        captured += [(f"{name}:0", variable) for name, variable in stored_variables(frozen.variables, lowered).items()]
+    elif weights == "low":
         check_weights_low(result.graph_def, key)
+    resources.extend(owner for _, owner in captured if all(owner is not r for r in resources))
     result.graph_def = compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)
     identity = (result.graph_def.SerializeToString(deterministic=True), repr(frozen.inputs),
-                repr(sorted(frozen.outputs.items())), *(id(owner) for _, owner in frozen.captured))
-    return as_function(result.graph_def, frozen.inputs, frozen.outputs, frozen.captured), result, identity
+                repr(sorted(frozen.outputs.items())), *(id(owner) for _, owner in captured))
+    function = as_function(result.graph_def, frozen.inputs, frozen.outputs, captured, frozen.shapes)
+    return function, result, identity

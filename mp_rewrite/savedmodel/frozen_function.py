@@ -77,9 +77,10 @@ def _renamed_functions(graph_def, suffix: str):
     return out
 
 
-def as_function(graph_def, inputs, outputs: dict, captured=()):
-    """A tf.function with the signature's input names and specs that runs `graph_def` and returns `outputs`, its
-    `captured` placeholders fed with the resource handles of their owners."""
+def as_function(graph_def, inputs, outputs: dict, captured=(), shapes=None):
+    """A tf.function with the signature's input names and specs that runs `graph_def` and returns `outputs` (with
+    the static `shapes` of the signature's outputs, where given), its `captured` placeholders fed with the resource
+    handles of their owners (tables, or variables)."""
     import tensorflow as tf
 
     feeds = [name for _, name in inputs]
@@ -90,7 +91,8 @@ def as_function(graph_def, inputs, outputs: dict, captured=()):
     @tf.function(autograph=False)
     def body(*args):
         # tf.identity captures the handle (import_graph_def takes graph tensors only).
-        handles = {name: tf.identity(owner.resource_handle) for name, owner in captured}
+        handles = {name: tf.identity(owner.handle if isinstance(owner, tf.Variable) else owner.resource_handle)
+                   for name, owner in captured}
         return tf.graph_util.import_graph_def(graph_def, input_map={**dict(zip(feeds, args)), **handles},
                                               return_elements=[outputs[k] for k in fetch_keys], name="frozen")
 
@@ -100,7 +102,10 @@ def as_function(graph_def, inputs, outputs: dict, captured=()):
 
     @tf.function(input_signature=specs, autograph=False)
     def run(*args):
-        return dict(zip(fetch_keys, imported(*args)))
+        results = dict(zip(fetch_keys, imported(*args)))
+        for key, shape in (shapes or {}).items():
+            results[key].set_shape(shape)  # a shape Grappler computed from folded weights, kept when they are not
+        return results
 
     return run
 

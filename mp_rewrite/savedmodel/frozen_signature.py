@@ -26,6 +26,8 @@ class FrozenSignature:
         outputs: output key -> tensor name.
         captured: [(placeholder tensor name, the restored object owning the resource)] for the captures freezing
             left (lookup tables, whose contents are not constants).
+        variables: with keep_variables, {capture placeholder name: variable} for the variables kept as captures.
+        shapes: output key -> its static shape in the signature (what the frozen graph must still promise).
     """
 
     key: str
@@ -34,6 +36,8 @@ class FrozenSignature:
     feeds: dict
     outputs: dict
     captured: list
+    variables: dict = dataclasses.field(default_factory=dict)
+    shapes: dict = dataclasses.field(default_factory=dict)
 
     @property
     def fetches(self) -> list:
@@ -41,8 +45,10 @@ class FrozenSignature:
         return list(dict.fromkeys(self.outputs.values()))
 
 
-def freeze_signature(loaded, key: str) -> FrozenSignature:
-    """Freeze `loaded.signatures[key]` (a model loaded with tf.saved_model.load).
+def freeze_signature(loaded, key: str, keep_variables: bool = False) -> FrozenSignature:
+    """Freeze `loaded.signatures[key]` (a model loaded with tf.saved_model.load): its functions inlined into one
+    graph, the variables it reads folded into constants -- or, with keep_variables, left as captured resources
+    (variable_weights.py: for weights over protobuf's 2 GB limit).
 
     Raises:
         ModelError: the signature changes state, TensorFlow's folding refuses it, or it captures a resource no
@@ -50,11 +56,14 @@ def freeze_signature(loaded, key: str) -> FrozenSignature:
     """
     import tensorflow as tf
 
+    from .variable_weights import variable_captures
+
     signature = loaded.signatures[key]
     check_stateless(signature.graph.as_graph_def(), key)
-    graph_def, placeholders = _frozen_graph_def(signature, key)
+    variables = variable_captures(signature, loaded) if keep_variables else {}
+    graph_def, placeholders = _frozen_graph_def(signature, key, set(variables))
     check_stateless(graph_def, key)
-    captured = _captured_resources(signature, key, placeholders, loaded)
+    captured = _captured_resources(signature, key, placeholders, loaded, variables)
     # A signature returns a dict; its tensors are the function's outputs in tf.nest order (sorted keys).
     outputs = {name: tensor.name for name, tensor in zip(sorted(signature.structured_outputs), signature.outputs)}
     specs = tf.nest.flatten(signature.structured_input_signature, expand_composites=True)
@@ -62,12 +71,14 @@ def freeze_signature(loaded, key: str) -> FrozenSignature:
     keyword = signature.structured_input_signature[1]
     feeds = dict(zip(sorted(keyword), placeholders)) if isinstance(keyword, dict) and keyword else {
         spec.name: name for spec, name in inputs}
-    return FrozenSignature(key, graph_def, inputs, feeds, outputs, captured)
+    shapes = {name: spec.shape for name, spec in signature.structured_outputs.items()}
+    return FrozenSignature(key, graph_def, inputs, feeds, outputs, captured, variables, shapes)
 
 
-def _frozen_graph_def(signature, key: str):
+def _frozen_graph_def(signature, key: str, kept=frozenset()):
     """The signature's graph with every variable it reads folded into a constant, and the names of the tensors
-    that feed its arguments (the arguments' placeholders, then those of the captures that are not variables).
+    that feed its arguments (the arguments' placeholders, then those of the captures that are not variables, or
+    whose placeholder names are `kept`).
 
     TensorFlow's `convert_variables_to_constants_v2` does the folding, then builds a ConcreteFunction of the result
     (10 of 11 s on ResNet-50), which is thrown away here: the graph is rewritten and imported again. So its two
@@ -78,7 +89,8 @@ def _frozen_graph_def(signature, key: str):
     try:
         # Functional control flow stays functional: lowered v1 loops do not survive re-import into a tf.function.
         data = freezing._FunctionConverterDataInEager(func=signature, lower_control_flow=False,
-                                                      aggressive_inlining=False)
+                                                      aggressive_inlining=False,
+                                                      variable_names_denylist=set(kept) or None)
         graph_def, converted = freezing._replace_variables_by_constants(converter_data=data)
     except Exception as e:  # TF raises ValueError, TypeError, InvalidArgumentError, ... for what it cannot fold
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -88,7 +100,7 @@ def _frozen_graph_def(signature, key: str):
     return graph_def, [t.name for t in signature.inputs if id(t) not in folded]
 
 
-def _captured_resources(signature, key: str, feeds: list, loaded) -> list:
+def _captured_resources(signature, key: str, feeds: list, loaded, variables=()) -> list:
     """[(placeholder name, owner)] for the captures freezing left; the frozen function captures the same object.
 
     Raises:
@@ -97,7 +109,7 @@ def _captured_resources(signature, key: str, feeds: list, loaded) -> list:
     from tensorflow.python.checkpoint import graph_view
 
     arguments = len(signature.inputs) - len(signature.graph.internal_captures)
-    left = feeds[arguments:]
+    left = [name for name in feeds[arguments:] if name.split(":")[0] not in variables]
     if not left:
         return []
     objects = graph_view.ObjectGraphView(loaded).breadth_first_traversal()[0]

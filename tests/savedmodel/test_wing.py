@@ -156,9 +156,29 @@ def test_a_keras_file_is_converted_and_inspected_as_its_export(tmp_path, capsys)
     assert "converted" in capsys.readouterr().out
 
 
-def test_weights_too_large_to_freeze_are_refused_before_any_work(dense_model, tmp_path, monkeypatch):
-    source, _ = dense_model
-    monkeypatch.setattr(freeze, "GRAPH_LIMIT", 1000)
-    with pytest.raises(ModelError, match=r"protobuf's 2 GB limit.*convert without --freeze"):
-        convert_saved_model(source, tmp_path / "out", "bfloat16", freeze=True)
-    assert not (tmp_path / "out").exists()
+def test_weights_too_large_for_constants_stay_low_precision_variables(tmp_path, monkeypatch):
+    import keras
+    inputs = keras.Input((8, 64))
+    hidden = keras.layers.Dense(256, activation="gelu", name="up")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(64, name="down")(hidden))
+    for layer in model.layers[1:]:
+        layer.bias.assign(np.random.default_rng(1).standard_normal(layer.bias.shape).astype("float32") / 10)
+    model.export(str(tmp_path / "m"), verbose=False)
+    monkeypatch.setattr(freeze, "GRAPH_LIMIT", 1000)  # this model's weights now "pass the limit"
+    with pytest.raises(ModelError, match=r"--freeze-weights constants cannot hold .* \(protobuf.s 2 GB limit\)"):
+        convert_saved_model(tmp_path / "m", tmp_path / "c", "bfloat16", freeze=True, freeze_weights="constants")
+    result = convert_saved_model(tmp_path / "m", tmp_path / "out", "bfloat16", freeze=True)
+    assert any("weights kept as variables" in note for note in result.notes)
+    (meta_graph,) = read_saved_model(tmp_path / "out").meta_graphs
+    consts = [n for f in meta_graph.graph_def.library.function for n in f.node_def if n.op == "Const"
+              and n.attr["value"].tensor.tensor_shape.dim and n.attr["value"].tensor.tensor_shape.dim[0].size >= 64]
+    assert consts == []  # no weight is a graph constant
+    reader = tf.train.load_checkpoint(str(tmp_path / "out" / "variables" / "variables"))
+    dtypes = {name: reader.get_variable_to_dtype_map()[name] for name in reader.get_variable_to_shape_map()
+              if reader.get_variable_to_shape_map()[name] in ([64, 256], [256, 64])}
+    assert sorted(map(str, dtypes.values())) == ["<dtype: 'bfloat16'>"] * 2  # both kernels, stored in bfloat16
+    casts = [n for f in meta_graph.graph_def.library.function for n in f.node_def if n.op == "Cast"]
+    assert len(casts) <= 2  # the input and the output, not the weights
+    assert verify_saved_models(tmp_path / "m", tmp_path / "out").passed
+    size = lambda d: sum(f.stat().st_size for f in (d / "variables").glob("*.data-*"))  # noqa: E731
+    assert size(tmp_path / "out") < 0.6 * size(tmp_path / "m")
