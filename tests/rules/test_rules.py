@@ -157,3 +157,17 @@ def test_tf_keras_multi_head_attention_einsums_become_fused_matmuls():
     assert _applied(records).count("einsum") == 4 and _applied(records).count("dense_bias") == 4
     assert fused(runtime_graph(before, fetches)) == []
     assert fused(runtime_graph(after, fetches)) == [("_FusedMatMul", ["BiasAdd"])] * 4
+
+
+def test_fusion_groups_are_what_tensorflow_fuses_in_a_transformer_block():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 32))
+    x = keras.layers.LayerNormalization()(inp + keras.layers.MultiHeadAttention(4, 8)(inp, inp))
+    hidden = keras.layers.Dense(32)(keras.layers.Dense(64, activation="gelu")(x))
+    model = with_nonzero_biases(keras.Model(inp, keras.layers.LayerNormalization()(x + hidden)))
+    before, after, records, fetches = _canonical(model, X3)
+    assert not [r for r in records if not r.applied]
+    tf_fused = sorted(tuple(ops) for _, ops in fused(runtime_graph(after, fetches)))
+    assert tf_fused == sorted(g.fused_ops for g in fusion_groups(after, fetches))
+    assert tf_fused == sorted([("BiasAdd",)] * 5 + [("BiasAdd", "GeluExact")])
+    assert len(fused(runtime_graph(before, fetches))) < len(tf_fused)
