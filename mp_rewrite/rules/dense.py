@@ -9,7 +9,9 @@ Keras writes `Reshape -> MatMul -> Reshape -> BiasAdd (or AddV2 of the bias) -> 
 - `dense_activation`: `BiasAdd(MatMul) -> Reshape -> elementwise activation` becomes `BiasAdd -> activation ->
   Reshape`. Exact: elementwise ops of scalar constants do not depend on shape.
 
-Both keep the name of the last node, so whatever read it reads the same tensor.
+Both keep the name of the last node, so whatever read it reads the same tensor. The same two rules, with a Squeeze
+for the Reshape, handle Keras' Conv1D (`ExpandDims -> Conv2D -> Squeeze -> BiasAdd -> activation`): TF fuses
+`Conv2D + Squeeze + BiasAdd` but no activation after it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from __future__ import annotations
 import numpy as np
 
 from .activation import activation_name, activation_region
+from .bias import contraction_channels
 from .graph import FLOAT_TYPES, EditableGraph
 from .record import Match
 
 BIAS_OPS = ("BiasAdd", "Add", "AddV2")
+CONTRACTION_OF = {"Reshape": "MatMul", "Squeeze": "Conv2D"}  # the reshaping op -> the contraction it follows
 
 
 def matmul_channels(graph: EditableGraph, matmul) -> int | None:
@@ -32,23 +36,24 @@ def matmul_channels(graph: EditableGraph, matmul) -> int | None:
 
 
 def match_dense_bias(graph: EditableGraph, reshape) -> Match | None:
-    """`MatMul -> Reshape -> bias` whose bias is per output channel; None when the pattern is not there."""
+    """`MatMul -> Reshape -> bias` (or `Conv2D -> Squeeze -> bias`) whose bias is per output channel; None when
+    the pattern is not there."""
     matmul, bias = graph.producer(reshape.input[0]), graph.only_reader(reshape.name)
-    if matmul is None or matmul.op != "MatMul":
+    if matmul is None or matmul.op != CONTRACTION_OF[reshape.op]:
         return None
     if bias is None or bias.op not in BIAS_OPS:
         if any(r.op in BIAS_OPS for r in graph.readers(reshape.name)):
-            return Match().fail(f"the reshaped MatMul output is read by {len(graph.readers(reshape.name))} nodes")
+            return Match().fail(f"the {reshape.op}d {matmul.op} output is read by "
+                                f"{len(graph.readers(reshape.name))} nodes")
         return None
     if bias.op == "BiasAdd" and bias.attr["data_format"].s not in (b"", b"NHWC"):
         return Match().fail(f"BiasAdd '{bias.name}' is {bias.attr['data_format'].s.decode()}")
-    if matmul.attr["T"].type not in FLOAT_TYPES:
-        return Match().fail("the MatMul is not float32 or bfloat16 (the CPU remapper fuses only those)")
-    if len(graph.readers(matmul.name)) != 1 or graph.is_kept(matmul) or graph.is_kept(reshape):
-        return Match().fail(f"MatMul '{matmul.name}' or its Reshape is read elsewhere or fetched")
-    channels = matmul_channels(graph, matmul)
+    reason = _contraction_problem(graph, matmul, reshape)
+    if reason is not None:
+        return Match().fail(reason)
+    channels = matmul_channels(graph, matmul) if matmul.op == "MatMul" else contraction_channels(graph, matmul)
     if channels is None:
-        return Match().fail("the MatMul's weight is not a constant matrix (nor given a shape), so its channel count "
+        return Match().fail(f"the {matmul.op}'s weight is not a constant (nor given a shape), so its channel count "
                             "is unknown")
     found, reason = _bias_tensor(graph, reshape, bias, channels)
     if reason is not None:
@@ -56,8 +61,24 @@ def match_dense_bias(graph: EditableGraph, reshape) -> Match | None:
     return Match(nodes={"matmul": matmul, "reshape": reshape, "bias": bias}, values={"bias": found})
 
 
+def _contraction_problem(graph: EditableGraph, contraction, reshape) -> str | None:
+    """Why the contraction and its Reshape/Squeeze cannot be regrouped, or None."""
+    if contraction.attr["T"].type not in FLOAT_TYPES:
+        return f"the {contraction.op} is not float32 or bfloat16 (the CPU remapper fuses only those)"
+    if len(graph.readers(contraction.name)) != 1 or graph.is_kept(contraction) or graph.is_kept(reshape):
+        return f"{contraction.op} '{contraction.name}' or its {reshape.op} is read elsewhere or fetched"
+    if reshape.op == "Squeeze":
+        axes = list(reshape.attr["squeeze_dims"].list.i)
+        if not axes or any(a in (3, -1) for a in axes) or contraction.attr["data_format"].s not in (b"", b"NHWC"):
+            return f"Squeeze '{reshape.name}' may remove the channel axis (squeeze_dims {axes}) or the " \
+                   "convolution is not NHWC"
+    return None
+
+
 def _bias_tensor(graph: EditableGraph, reshape, bias, channels: int):
     """(the bias as an input name (BiasAdd) or a 1-D array of `channels` values (Add), None), or (None, why not)."""
+    if bias.op == "BiasAdd" and reshape.op == "Squeeze":
+        return bias.input[1], None  # the channel axis stays last: the bias already had one value per channel
     if bias.op == "BiasAdd":
         value = graph.constant(bias.input[1])
         size = value.size if value is not None else _last_dim(graph, reshape)
@@ -75,12 +96,12 @@ def _bias_tensor(graph: EditableGraph, reshape, bias, channels: int):
     if value.size != 1 and int(np.prod(shape)) != channels:
         return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, not one value per channel " \
                f"of the {channels} MatMul columns"
-    target = graph.constant(reshape.input[1])
+    target = graph.constant(reshape.input[1]) if reshape.op == "Reshape" else np.zeros(3)
     if value.ndim > (target.size if target is not None else 1):
         return None, f"'{bias.name}' adds a constant of rank {value.ndim}, which may raise the output's rank"
     if value.size == 1:  # one value for every channel
         return np.full(channels, value.reshape(-1)[0], value.dtype), None
-    if len(shape) > 1 and not _trailing_dims(graph, reshape, shape):
+    if len(shape) > 1 and (reshape.op == "Squeeze" or not _trailing_dims(graph, reshape, shape)):
         return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, and the Reshape's target shape " \
                "is not a constant that shows it splits the channels that way"
     return value.reshape(-1), None
@@ -103,47 +124,49 @@ def rewrite_dense_bias(graph: EditableGraph, match: Match) -> str:
     tensor = match.values["bias"]
     if not isinstance(tensor, str):
         tensor = graph.add_constant(f"{bias.name}/per_channel", tensor.astype(_numpy_type(bias)), bias.device).name
-    shape_input, tshape = reshape.input[1], reshape.attr["Tshape"].type
+    op, extra, attrs = reshape.op, list(graph.data_inputs(reshape)[1:]), _attrs_of(reshape)
     reshape.op = "BiasAdd"
     graph.set_inputs(reshape, [matmul.name, tensor])
     _set_attrs(reshape, T=bias.attr["T"].type, data_format=b"NHWC")
-    bias.op = "Reshape"
-    graph.set_inputs(bias, [reshape.name, shape_input])
-    _set_attrs(bias, T=bias.attr["T"].type, Tshape=tshape)
-    return f"moved Reshape '{bias.name}' after the bias"
+    bias.op = op
+    graph.set_inputs(bias, [reshape.name] + extra)
+    _copy_attrs(bias, attrs)
+    return f"moved {op} '{bias.name}' after the bias"
 
 
 def match_dense_activation(graph: EditableGraph, reshape) -> Match | None:
-    """`MatMul -> BiasAdd -> Reshape -> elementwise activation`; None when the pattern is not there."""
+    """`MatMul -> BiasAdd -> Reshape -> elementwise activation` (or Conv2D and Squeeze); None when the pattern is
+    not there."""
     bias = graph.producer(reshape.input[0])
     matmul = graph.producer(bias.input[0]) if bias is not None and bias.op == "BiasAdd" else None
-    if matmul is None or matmul.op != "MatMul":
+    if matmul is None or matmul.op != CONTRACTION_OF[reshape.op]:
         return None
     found = activation_region(graph, reshape)
     if found is None or not found.ok:
         return found
     if len(graph.readers(bias.name)) != 1 or graph.is_kept(bias) or graph.is_kept(reshape):
-        return Match().fail(f"BiasAdd '{bias.name}' is read by more than its Reshape or fetched")
+        return Match().fail(f"BiasAdd '{bias.name}' is read by more than its {reshape.op} or fetched")
     found.nodes.update(matmul=matmul, bias=bias, reshape=reshape)
     found.values["activation"] = activation_name(found.values["region"])
     return found
 
 
 def rewrite_dense_activation(graph: EditableGraph, match: Match) -> str:
-    """The region reads the BiasAdd; its exit is renamed and a Reshape with the exit's old name follows it."""
+    """The region reads the BiasAdd; its exit is renamed and a Reshape (Squeeze) with the exit's old name follows
+    it."""
     bias, reshape, exit_node = match.nodes["bias"], match.nodes["reshape"], match.nodes["exit"]
     region = match.values["region"]
     old = exit_node.name
-    new = graph.fresh_name(f"{old}/before_reshape")
+    new = graph.fresh_name(f"{old}/before_{reshape.op.lower()}")
     for node in region:
         graph.set_inputs(node, [_renamed(t, reshape.name, bias.name, old, new) for t in graph.data_inputs(node)])
     del graph.nodes[old]
     exit_node.name = new
     graph.nodes[new] = exit_node
-    graph.add_node(old, "Reshape", [new, reshape.input[1]], exit_node.device)
-    _set_attrs(graph.nodes[old], T=exit_node.attr["T"].type, Tshape=reshape.attr["Tshape"].type)
+    moved = graph.add_node(old, reshape.op, [new] + graph.data_inputs(reshape)[1:], exit_node.device)
+    _copy_attrs(moved, _attrs_of(reshape))
     graph.remove([reshape.name])
-    return f"moved Reshape '{reshape.name}' after the {match.values['activation']} activation"
+    return f"moved {reshape.op} '{reshape.name}' after the {match.values['activation']} activation"
 
 
 def _renamed(tensor: str, reshape: str, bias: str, old: str, new: str) -> str:
@@ -154,6 +177,24 @@ def _renamed(tensor: str, reshape: str, bias: str, old: str, new: str) -> str:
 def _numpy_type(node):
     import tensorflow as tf
     return tf.dtypes.as_dtype(node.attr["T"].type).as_numpy_dtype
+
+
+def _attrs_of(node) -> dict:
+    """A copy of the node's attributes."""
+    return {key: _copied(value) for key, value in node.attr.items()}
+
+
+def _copied(value):
+    copy = type(value)()
+    copy.CopyFrom(value)
+    return copy
+
+
+def _copy_attrs(node, attrs: dict) -> None:
+    """Replace the node's attributes by `attrs` (AttrValue protos)."""
+    node.attr.clear()
+    for key, value in attrs.items():
+        node.attr[key].CopyFrom(value)
 
 
 def _set_attrs(node, **attrs) -> None:
