@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .activation import activation_name, activation_region
+from .activation import GELUS, SINGLE, activation_name, activation_region
 from .bias import contraction_channels
 from .graph import FLOAT_TYPES, EditableGraph
 from .record import Match
@@ -146,8 +146,11 @@ def match_dense_activation(graph: EditableGraph, reshape) -> Match | None:
         return found
     if len(graph.readers(bias.name)) != 1 or graph.is_kept(bias) or graph.is_kept(reshape):
         return Match().fail(f"BiasAdd '{bias.name}' is read by more than its {reshape.op} or fetched")
+    name = activation_name(found.values["region"])
+    if name not in SINGLE + (GELUS if matmul.op == "MatMul" else ()):
+        return None  # e.g. attention's query scaling: moving the Reshape past it would enable no fusion
     found.nodes.update(matmul=matmul, bias=bias, reshape=reshape)
-    found.values["activation"] = activation_name(found.values["region"])
+    found.values["activation"] = name
     return found
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from .activation import activation_region, activation_name
+from .activation import GELUS, activation_name, activation_region
 from .graph import FLOAT_TYPES, EditableGraph
 
 CONTRACTIONS = {"MatMul": "_FusedMatMul", "Conv2D": "_FusedConv2D",
                 "DepthwiseConv2dNative": "_FusedDepthwiseConv2dNative", "Conv3D": "_FusedConv3D"}
 ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
-REGION_ACTIVATIONS = ("GeluExact", "GeluApproximate")  # MatMul only, several nodes each
+REGION_ACTIVATIONS = GELUS  # MatMul only, several nodes each
 FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 
 
