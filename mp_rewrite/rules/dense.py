@@ -79,15 +79,15 @@ def _bias_tensor(graph: EditableGraph, reshape, bias, channels: int):
     """(the bias as an input name (BiasAdd) or a 1-D array of `channels` values (Add), None), or (None, why not)."""
     if bias.op == "BiasAdd" and reshape.op == "Squeeze":
         return bias.input[1], None  # the channel axis stays last: the bias already had one value per channel
+    tail, rank = target_shape(graph, reshape)
     if bias.op == "BiasAdd":
         value = graph.constant(bias.input[1])
-        size = value.size if value is not None else _last_dim(graph, reshape)
+        size = value.size if value is not None else tail[-1] if tail else None
         if size != channels:
             return None, f"the bias has {size} values for {channels} MatMul columns: the Reshape splits the channels"
         return bias.input[1], None
     inputs = graph.data_inputs(bias)
-    other = inputs[1] if graph.producer(inputs[0]) is reshape else inputs[0]
-    value = graph.constant(other)
+    value = graph.constant(inputs[1] if graph.producer(inputs[0]) is reshape else inputs[0])
     if value is None:
         return None, f"'{bias.name}' adds a tensor that is not a constant"
     shape = list(value.shape)
@@ -96,26 +96,50 @@ def _bias_tensor(graph: EditableGraph, reshape, bias, channels: int):
     if value.size != 1 and int(np.prod(shape)) != channels:
         return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, not one value per channel " \
                f"of the {channels} MatMul columns"
-    target = graph.constant(reshape.input[1]) if reshape.op == "Reshape" else np.zeros(3)
-    if value.ndim > (target.size if target is not None else 1):
+    if value.ndim > (rank if rank is not None else 1):
         return None, f"'{bias.name}' adds a constant of rank {value.ndim}, which may raise the output's rank"
     if value.size == 1:  # one value for every channel
         return np.full(channels, value.reshape(-1)[0], value.dtype), None
-    if len(shape) > 1 and (reshape.op == "Squeeze" or not _trailing_dims(graph, reshape, shape)):
+    if len(shape) > 1 and (tail is None or tail[-len(shape):] != shape):
         return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, and the Reshape's target shape " \
-               "is not a constant that shows it splits the channels that way"
+               "does not show that it splits the channels that way"
     return value.reshape(-1), None
 
 
-def _last_dim(graph: EditableGraph, reshape) -> int | None:
-    shape = graph.constant(reshape.input[1])
-    return int(shape[-1]) if shape is not None and shape.size else None
+def target_shape(graph: EditableGraph, reshape) -> tuple:
+    """(the trailing dimensions a Reshape's target shape states, its rank), each None when unknown. A constant target
+    states all; a ConcatV2 of pieces (Keras' Tensordot, the einsum rule) its constant last piece, and its rank
+    when every piece's length is known. A Squeeze of a 4-D convolution output: no dimensions, its rank."""
+    if reshape.op == "Squeeze":
+        return None, 4 - len(reshape.attr["squeeze_dims"].list.i)
+    value = graph.constant(reshape.input[1])
+    if value is not None:
+        return [int(v) for v in value.reshape(-1)], value.size
+    concat = graph.producer(reshape.input[1])
+    if concat is None or concat.op != "ConcatV2":
+        return None, None
+    pieces = graph.data_inputs(concat)[:-1]
+    last = graph.constant(pieces[-1])
+    lengths = [_length(graph, piece) for piece in pieces]
+    return ([int(v) for v in last.reshape(-1)] if last is not None else None,
+            sum(lengths) if None not in lengths else None)
 
 
-def _trailing_dims(graph: EditableGraph, reshape, dims: list) -> bool:
-    """Whether the Reshape's constant target shape ends in `dims`."""
-    shape = graph.constant(reshape.input[1])
-    return shape is not None and shape.size >= len(dims) and list(shape[-len(dims):]) == list(dims)
+def _length(graph: EditableGraph, tensor: str) -> int | None:
+    """How many values a 1-D shape piece has: a Const, a Gather of constant indices, a plain constant slice."""
+    value, node = graph.constant(tensor), graph.producer(tensor)
+    if value is not None:
+        return value.size
+    if node is not None and node.op == "GatherV2":
+        indices = graph.constant(node.input[1])
+        return indices.size if indices is not None else None
+    if node is not None and node.op == "StridedSlice":
+        begin, end, stride = (graph.constant(t) for t in node.input[1:4])
+        masks = any(node.attr[m].i for m in ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask",
+                                              "shrink_axis_mask"))
+        if not masks and None not in (begin, end, stride) and stride.tolist() == [1] and 0 <= begin[0] <= end[0]:
+            return int(end[0] - begin[0])
+    return None
 
 
 def rewrite_dense_bias(graph: EditableGraph, match: Match) -> str:
