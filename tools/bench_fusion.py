@@ -140,7 +140,8 @@ def executed(function, inputs) -> dict:
     fused = [f"{n.op}[{','.join(s.decode() for s in n.attr['fused_ops'].list.s)}]" for n in nodes
              if n.op.startswith("_Fused") or n.op.startswith("_Mkl")]
     return {"fused": fused, "casts": sum(n.op == "Cast" for n in nodes), "nodes": len(nodes),
-            "bf16 contractions": sum(("MatMul" in n.op or "Conv" in n.op) and n.attr["T"].type == 14 for n in nodes)}
+            "bf16 contractions": sum(any(k in n.op for k in ("MatMul", "Conv", "Einsum")) and n.attr["T"].type == 14
+                                  for n in nodes)}
 
 
 def measure(functions: dict, inputs, rounds: int, block_seconds: float) -> dict:
