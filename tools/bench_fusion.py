@@ -10,7 +10,7 @@ every round times a block of calls of each variant in turn; the medians of CPU t
 reported, with the ratio to f32. Also printed: the ops TF executed per call (run metadata): fused contractions,
 Casts, all nodes.
 
-    TF_ENABLE_ONEDNN_OPTS=1 python tools/bench_fusion.py [--models ffn,transformer] [--batches 8] [--rounds 15]
+    TF_ENABLE_ONEDNN_OPTS=1 python tools/bench_fusion.py [--models ffn,transformer,bert,gpt2] [--batches 8]
 """
 
 from __future__ import annotations
@@ -49,6 +49,43 @@ def transformer():
     return keras.Model(tokens, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(x)))
 
 
+def hub(name: str):
+    """A keras-hub BERT or GPT-2 backbone from its constructor (random weights), the Transformer's size."""
+    import keras_hub
+    size = dict(vocabulary_size=8000, num_layers=4, num_heads=8, hidden_dim=256, intermediate_dim=1024,
+                max_sequence_length=128)
+    return (keras_hub.models.BertBackbone if name == "bert" else keras_hub.models.GPT2Backbone)(**size)
+
+
+MODELS = {"ffn": ffn, "transformer": transformer, "bert": lambda: hub("bert"), "gpt2": lambda: hub("gpt2")}
+
+
+def inputs_of(model) -> tuple[list, object]:
+    """([(name, shape, dtype)], a function calling the model on positional tensors) for list or dict inputs."""
+    import tensorflow as tf
+    structure = model.input
+    named = structure if isinstance(structure, dict) else {t.name: t for t in model.inputs}
+    specs = [(name, tuple(t.shape), tf.as_dtype(t.dtype)) for name, t in named.items()]
+    if isinstance(structure, dict):
+        return specs, lambda *args: model(dict(zip(named, args)), training=False)
+    return specs, lambda *args: model(list(args) if len(args) > 1 else args[0], training=False)
+
+
+def example(specs, batch: int, rng) -> list:
+    """Inputs for one call: token ids below 8000, an all-ones padding mask, zero segment ids, normal floats."""
+    import tensorflow as tf
+    values = []
+    for name, shape, dtype in specs:
+        full = (batch, *[d or 128 for d in shape[1:]])  # an unknown sequence length: 128
+        if not dtype.is_integer:
+            values.append(tf.constant(rng.normal(size=full), dtype))
+        else:
+            value = rng.integers(0, 8000, full) if "mask" not in name and "segment" not in name else (
+                rng.integers(1, 2, full) if "mask" in name else rng.integers(0, 1, full))
+            values.append(tf.constant(value, dtype))
+    return values
+
+
 def nonzero_biases(model):
     """Biases a trained model has (a zero bias is folded away by Grappler and its fusion cannot happen)."""
     import numpy as np
@@ -68,8 +105,9 @@ def variants(model) -> tuple[dict, list, list]:
     from mp_rewrite.rules import canonicalize, fold_constant_casts
     from mp_rewrite.savedmodel import freeze
 
-    specs = [tf.TensorSpec(i.shape, tf.as_dtype(i.dtype), name=i.name) for i in model.inputs]
-    function = tf.function(lambda *args: model(list(args) if len(args) > 1 else args[0], training=False))
+    named, call = inputs_of(model)
+    specs = [tf.TensorSpec(shape, dtype, name=name) for name, shape, dtype in named]
+    function = tf.function(call)
     constant = convert_to_constants.convert_variables_to_constants_v2(function.get_concrete_function(*specs))
     fetches = [t.name for t in constant.outputs]
     feeds = [t.name for t in constant.inputs]
@@ -102,7 +140,8 @@ def executed(function, inputs) -> dict:
     fused = [f"{n.op}[{','.join(s.decode() for s in n.attr['fused_ops'].list.s)}]" for n in nodes
              if n.op.startswith("_Fused") or n.op.startswith("_Mkl")]
     return {"fused": fused, "casts": sum(n.op == "Cast" for n in nodes), "nodes": len(nodes),
-            "bf16 contractions": sum(("MatMul" in n.op or "Conv" in n.op) and n.attr["T"].type == 14 for n in nodes)}
+            "bf16 contractions": sum(any(k in n.op for k in ("MatMul", "Conv", "Einsum")) and n.attr["T"].type == 14
+                                  for n in nodes)}
 
 
 def measure(functions: dict, inputs, rounds: int, block_seconds: float) -> dict:
@@ -153,7 +192,7 @@ def main(argv=None) -> int:
           "2 intra-op threads, 1 inter-op")
     for name in args.models.split(","):
         keras.utils.set_random_seed(0)
-        model = nonzero_biases({"ffn": ffn, "transformer": transformer}[name]())
+        model = nonzero_biases(MODELS[name]())
         graphs, fetches, feeds, records = variants(model)
         applied = {}
         for record in records:
@@ -165,9 +204,7 @@ def main(argv=None) -> int:
             print("   ", line)
         for batch in map(int, args.batches.split(",")):
             rng = np.random.default_rng(0)
-            dtypes = [tf.as_dtype(i.dtype) for i in model.inputs]
-            inputs = [tf.constant(rng.integers(0, 8000, (batch, *i.shape[1:])), d) if d.is_integer
-                      else tf.constant(rng.normal(size=(batch, *i.shape[1:])), d) for i, d in zip(model.inputs, dtypes)]
+            inputs = example(inputs_of(model)[0], batch, rng)
             functions = {v: callable_of(graphs[v], feeds, fetches) for v in VARIANTS}
             reference = functions["f32"](*inputs)[0].numpy()
             times = measure(functions, inputs, args.rounds, args.block_seconds)

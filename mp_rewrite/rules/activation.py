@@ -13,6 +13,7 @@ UNARY = frozenset({"Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid
 BINARY = frozenset({"Mul", "AddV2", "Add", "Sub", "RealDiv", "Pow", "Maximum", "Minimum"})
 MAX_NODES = 16  # the largest spelling, tanh-approximated GELU with Pow, has 9 nodes
 SINGLE = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")  # what the remapper fuses as one op
+GELUS = ("GeluExact", "GeluApproximate")  # what it fuses after a MatMul as several
 
 
 def activation_region(graph: EditableGraph, start) -> Match | None:

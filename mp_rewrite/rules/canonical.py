@@ -56,6 +56,9 @@ RULES = (
     Rule("dense_bias", ("Reshape",), match_dense_bias, rewrite_dense_bias, lambda m: "MatMul + BiasAdd"),
     Rule("dense_activation", ("Reshape",), match_dense_activation, rewrite_dense_activation,
          lambda m: f"MatMul + BiasAdd + {m.values['activation']}"),
+    Rule("conv1d_bias", ("Squeeze",), match_dense_bias, rewrite_dense_bias, lambda m: "Conv2D + BiasAdd"),
+    Rule("conv1d_activation", ("Squeeze",), match_dense_activation, rewrite_dense_activation,
+         lambda m: f"Conv2D + BiasAdd + {m.values['activation']}"),
     Rule("gelu", ("BiasAdd",), match_gelu, rewrite_gelu, lambda m: f"MatMul + BiasAdd + {m.values['form']}"),
 )
 

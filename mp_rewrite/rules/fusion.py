@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from .activation import activation_region, activation_name
+from .activation import GELUS, activation_name, activation_region
 from .graph import FLOAT_TYPES, EditableGraph
 
 CONTRACTIONS = {"MatMul": "_FusedMatMul", "Conv2D": "_FusedConv2D",
                 "DepthwiseConv2dNative": "_FusedDepthwiseConv2dNative", "Conv3D": "_FusedConv3D"}
 ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
-REGION_ACTIVATIONS = ("GeluExact", "GeluApproximate")  # MatMul only, several nodes each
+REGION_ACTIVATIONS = GELUS  # MatMul only, several nodes each
 FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 
 
@@ -69,22 +69,19 @@ def _sole_reader(graph: EditableGraph, node, ops):
 
 
 def _contraction_group(graph: EditableGraph, node) -> FusionGroup | None:
-    bias = _sole_reader(graph, node, ("BiasAdd",))
-    if bias is None or node.attr["T"].type not in FLOAT_TYPES or graph.producer(bias.input[0]) is not node:
+    if node.attr["T"].type not in FLOAT_TYPES:
         return None
-    members, fused = [node, bias], ["BiasAdd"]
-    activation = _sole_reader(graph, bias, ACTIVATIONS)
-    add = _sole_reader(graph, bias, ("Add", "AddV2")) if node.op != "MatMul" else None
+    squeeze = _sole_reader(graph, node, ("Squeeze",)) if node.op == "Conv2D" else None
+    bias = _sole_reader(graph, squeeze or node, ("BiasAdd",))
+    if bias is None or graph.producer(bias.input[0]) is not (squeeze or node):
+        return None
+    members, fused = [node, bias] + ([squeeze] if squeeze is not None else []), ["BiasAdd"]
+    # Conv + BiasAdd + Add (+ Relu), a residual, is in remapper.cc but TF 2.21 did not fuse it on this CPU, and no
+    # activation is fused after a Squeeze: those groups end at the BiasAdd.
+    activation = _sole_reader(graph, bias, ACTIVATIONS) if squeeze is None else None
     if activation is not None:
         members.append(activation)
         fused.append(activation.op)
-    elif add is not None:
-        members.append(add)
-        fused.append("Add")
-        after = _sole_reader(graph, add, ("Relu", "Relu6", "Elu", "LeakyRelu"))
-        if after is not None:
-            members.append(after)
-            fused.append(after.op)
     elif node.op == "MatMul" and not graph.is_kept(bias):
         found = activation_region(graph, bias)
         if found is not None and found.ok and activation_name(found.values["region"]) in REGION_ACTIVATIONS:
@@ -102,6 +99,14 @@ def _norm_group(graph: EditableGraph, node) -> FusionGroup | None:
 
 def _swish_group(graph: EditableGraph, node) -> FusionGroup | None:
     mul = _sole_reader(graph, node, ("Mul",))
-    if mul is None or node.input[0].split(":")[0] not in {t.split(":")[0] for t in mul.input}:
+    if mul is None or _source(graph, node.input[0]) not in {_source(graph, t) for t in mul.input}:
         return None
     return FusionGroup(node.name, "_MklSwish", (), frozenset({node.name, mul.name}))
+
+
+def _source(graph: EditableGraph, tensor: str) -> str:
+    """The node name behind `tensor`, looking through Identities (TF's dependency optimizer removes them first)."""
+    node = graph.producer(tensor)
+    while node is not None and node.op == "Identity" and node.input:
+        tensor, node = node.input[0], graph.producer(node.input[0])
+    return tensor.split(":")[0]

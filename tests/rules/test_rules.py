@@ -157,3 +157,44 @@ def test_tf_keras_multi_head_attention_einsums_become_fused_matmuls():
     assert _applied(records).count("einsum") == 4 and _applied(records).count("dense_bias") == 4
     assert fused(runtime_graph(before, fetches)) == []
     assert fused(runtime_graph(after, fetches)) == [("_FusedMatMul", ["BiasAdd"])] * 4
+
+
+def test_fusion_groups_are_what_tensorflow_fuses_in_a_transformer_block():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 32))
+    x = keras.layers.LayerNormalization()(inp + keras.layers.MultiHeadAttention(4, 8)(inp, inp))
+    hidden = keras.layers.Dense(32)(keras.layers.Dense(64, activation="gelu")(x))
+    model = with_nonzero_biases(keras.Model(inp, keras.layers.LayerNormalization()(x + hidden)))
+    before, after, records, fetches = _canonical(model, X3)
+    assert not [r for r in records if not r.applied]
+    tf_fused = sorted(tuple(ops) for _, ops in fused(runtime_graph(after, fetches)))
+    assert tf_fused == sorted(g.fused_ops for g in fusion_groups(after, fetches))
+    assert tf_fused == sorted([("BiasAdd",)] * 5 + [("BiasAdd", "GeluExact")])
+    assert len(fused(runtime_graph(before, fetches))) < len(tf_fused)
+
+
+def test_conv1d_moves_its_squeeze_so_the_activation_fuses():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((20, 8))
+    model = with_nonzero_biases(keras.Model(inp, keras.layers.Conv1D(16, 3, activation="relu")(inp)))
+    signal = np.random.default_rng(4).normal(size=(2, 20, 8)).astype(np.float32)
+    before, after, records, fetches = _canonical(model, signal)
+    assert _applied(records) == ["conv1d_bias", "conv1d_activation"]
+    assert fused(runtime_graph(before, fetches)) == [("_FusedConv2D", ["BiasAdd"])]  # Conv2D + Squeeze + BiasAdd
+    assert fused(runtime_graph(after, fetches)) == [("_FusedConv2D", ["BiasAdd", "Relu"])]
+    assert [g.fused_ops for g in fusion_groups(before, fetches)] == [("BiasAdd",)]
+    assert [g.fused_ops for g in fusion_groups(after, fetches)] == [("BiasAdd", "Relu")]
+
+
+@pytest.mark.parametrize("activation, groups", [
+    ("silu", [("_FusedConv2D", ("BiasAdd",)), ("_MklSwish", ())]),
+    ("relu6", [("_FusedConv2D", ("BiasAdd", "Relu6"))])])
+def test_fusion_groups_of_convolutions_match_tensorflow(activation, groups):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 8, 16))
+    conv = keras.layers.Conv2D(16, 3, activation=activation)(inp)
+    model = with_nonzero_biases(keras.Model(inp, keras.layers.ReLU()(inp[:, 1:-1, 1:-1, :] + conv)))
+    image = np.random.default_rng(5).normal(size=(2, 8, 8, 16)).astype(np.float32)
+    _, after, _, fetches = _canonical(model, image)
+    assert [(op, tuple(ops)) for op, ops in fused(runtime_graph(after, fetches))] == groups
+    assert [(g.op, g.fused_ops) for g in fusion_groups(after, fetches)] == groups

@@ -37,7 +37,7 @@ def test_training_step_fuses_matmul_and_bias_but_not_the_activation():
     graph_def, fetches, shapes, model = _training_step()
     _, records = canonicalize(graph_def, fetches, fold_batch_norms=False)
     assert {r.rule for r in records if r.applied} == set()  # without shapes: channel counts unknown
-    assert all("not a constant matrix" in r.reason for r in records if r.rule == "dense_bias")
+    assert all("weight is not a constant" in r.reason for r in records if r.rule == "dense_bias")
     new, records = canonicalize(graph_def, fetches, fold_batch_norms=False, shapes=shapes)
     assert [r.rule for r in records if r.applied] == ["dense_bias", "dense_bias"]
     [activation] = [r for r in records if r.rule == "dense_activation"]
