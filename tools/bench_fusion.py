@@ -103,7 +103,7 @@ def variants(model) -> tuple[dict, list, list]:
 
     from mp_rewrite import rewrite_graph_def
     from mp_rewrite.rules import canonicalize, fold_constant_casts
-    from mp_rewrite.savedmodel import freeze
+    from mp_rewrite.analysis.grappler import FOLDING, optimize_graph
 
     named, call = inputs_of(model)
     specs = [tf.TensorSpec(shape, dtype, name=name) for name, shape, dtype in named]
@@ -111,7 +111,7 @@ def variants(model) -> tuple[dict, list, list]:
     constant = convert_to_constants.convert_variables_to_constants_v2(function.get_concrete_function(*specs))
     fetches = [t.name for t in constant.outputs]
     feeds = [t.name for t in constant.inputs]
-    f32 = freeze.optimize_graph(constant.graph.as_graph_def(), fetches, freeze.FOLDING)
+    f32 = optimize_graph(constant.graph.as_graph_def(), fetches, FOLDING)
     rules, records = canonicalize(f32, fetches)
     graphs = {"f32": f32, "f32+rules": rules}
     for name, source in (("bf16", f32), ("bf16+rules", rules)):

@@ -11,7 +11,7 @@ from tensorflow.python.framework import convert_to_constants
 
 from rules_support import fused, keras, runtime_graph, with_nonzero_biases
 from mp_rewrite.rules import canonicalize, fusion_groups
-from mp_rewrite.savedmodel import freeze
+from mp_rewrite.analysis.grappler import FOLDING, optimize_graph
 
 
 def _run(graph_def, feeds, fetches, values):
@@ -31,7 +31,7 @@ def test_gpt2_backbone_fuses_every_projection_and_ffn():
     function = tf.function(lambda inputs: model(inputs, training=False)).get_concrete_function(specs)
     constant = convert_to_constants.convert_variables_to_constants_v2(function)
     fetches, feeds = [t.name for t in constant.outputs], [t.name for t in constant.inputs]
-    graph_def = freeze.optimize_graph(constant.graph.as_graph_def(), fetches, freeze.FOLDING)
+    graph_def = optimize_graph(constant.graph.as_graph_def(), fetches, FOLDING)
     new, records = canonicalize(graph_def, fetches)
     assert not [r for r in records if not r.applied]
     assert fused(runtime_graph(graph_def, fetches)) == []
