@@ -259,7 +259,7 @@ def print_result(result) -> None:
     notes += [f"{_count(unchanged, 'function')} unchanged (wrappers, nothing to convert)"] * bool(unchanged)
     notes += [f"{_count(len(result.skipped), 'function')} not rewritten ({_why(result.skipped)})"] * \
         bool(result.skipped)
-    for note in notes + [_flop_line(result)]:
+    for note in notes + [_flop_line(result)] + _fusion_lines(result):
         console.print(note, soft_wrap=True)
     functions = len(result.functions)
     console.print(f"wrote {result.output}: {_count(result.converted_nodes, 'node')} converted to "
@@ -267,6 +267,23 @@ def print_result(result) -> None:
                   f"{_count(result.casts, 'cast')} inserted, in {result.seconds:.1f} s", soft_wrap=True)
     console.print("(nodes now computing in low precision, and casts in both directions: the numbers "
                   "mp-rewrite inspect and demo report for the same rewrite)", soft_wrap=True)
+
+
+def _fusion_lines(result) -> list[str]:
+    """For a frozen conversion: the fusions the rules enabled (per kind) and the first reasons they declined."""
+    import collections
+    records = list({id(r): r for r in result.graphs.values()}.values())
+    records = [record for r in records for record in getattr(r, "rules", [])]
+    if not records:
+        return []
+    enabled = collections.Counter(r.fusion for r in records if r.applied and r.fusion)
+    declined = collections.Counter(r.reason for r in records if not r.applied)
+    line = "fusions enabled for TensorFlow's remapper: " + (
+        ", ".join(f"{n}x {kind}" for kind, n in enabled.most_common()) or "none")
+    if declined:
+        line += f"; {sum(declined.values())} declined (" + "; ".join(
+            f"{n}x {why}" for why, n in declined.most_common(3)) + ")"
+    return [line]
 
 
 def _count(n: int, noun: str) -> str:
