@@ -11,7 +11,7 @@ import gc
 from tensorflow.core.framework import graph_pb2
 
 from . import dtypes, stages, tensor_lists
-from .assignment import assign_by_cost
+from .assignment import CostTable, assign_by_cost
 from .apply import Applied, apply_coloring
 from .emulation import apply_emulated
 from .coloring import ALLOW, Coloring, Paint, Reason

@@ -47,7 +47,7 @@ def read_bytes(path) -> bytes:
         raise ModelError(f"cannot read '{path}': {e.strerror}") from None
 
 
-def read_saved_model(directory) -> saved_model_pb2.SavedModel:
+def read_saved_model(directory):
     """Parse a SavedModel directory's saved_model.pb (or .pbtxt).
 
     Raises:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from .palette import dtype_label
 
 # rule -> template; {source}, {via}, {detail} and {op} are filled in. Rules not listed render their detail.
 PHRASES = {

@@ -20,7 +20,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from ..errors import ModelError
-from ..model.files import saved_model_file
+from ..model.files import MODEL_FILES, saved_model_file
 from .output_lock import NEW, OLD, PREVIOUS_DIR, TARGET_FILE, temporary_prefix
 
 FINGERPRINT_FILE = "fingerprint.pb"
