@@ -369,7 +369,8 @@ def test_cli_subprocess_not_a_model(tmp_path):
     bad = subprocess.run(run + ["inspect", str(junk)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [f"mp-rewrite: error: '{junk}' is not a model: expected a SavedModel "
-                                               "directory, a GraphDef (.pb binary or .pbtxt text) or a MetaGraphDef"]
+                                               "directory, a GraphDef (.pb binary or .pbtxt text), a MetaGraphDef "
+                                               "or a Keras .keras/.h5 file"]
 
 
 def test_cli_text_report(cnn_pb, cnn_train, capsys):

@@ -11,6 +11,7 @@ import tensorflow as tf  # noqa: E402
 
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.tune import CANDIDATES, ORIGINAL, TUNING_FILE, _candidate_lists, tune_saved_model  # noqa: E402,E501
+from mp_rewrite.core.oplists import load_lists  # noqa: E402
 from mp_rewrite.testing import example_models  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def test_a_model_with_depthwise_convolutions_also_tries_them_in_float32(tmp_path
     result = tune_saved_model(tmp_path / "dw", tmp_path / "tuned", "bfloat16", rounds=1, calls=1)
     assert set(result.milliseconds) == set(CANDIDATES)
     # The candidate itself: convolutions in bfloat16, the depthwise convolution float32.
-    lists = _candidate_lists("no-depthwise", "bfloat16", None)
+    lists = _candidate_lists("no-depthwise", load_lists("bfloat16"))
     assert "Conv2D" in lists.allow and "DepthwiseConv2dNative" not in lists.allow and not lists.infer
     convert_saved_model(tmp_path / "dw", tmp_path / "no_dw", "bfloat16", lists=lists)
     ops = {(n.op, n.attr["T"].type) for f in tf.saved_model.load(str(tmp_path / "no_dw")).signatures[
