@@ -133,10 +133,10 @@ def main(argv=None) -> int:
               f"{result['output_bytes'] / 1e9:.2f} GB; last lines:\n    " + "\n    ".join(result["tail"]), flush=True)
         if not args.keep:
             shutil.rmtree(output, ignore_errors=True)
-    print("\n| case | exit | wall s | peak RSS GiB | output GB |\n|---|---|---|---|---|")
+    print("\n| case | exit | wall s | peak RSS GiB | output MB |\n|---|---|---|---|---|")
     for case, r in results["cases"].items():
         print(f"| {case} | {r['exit']} | {r['wall_s']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | "
-              f"{r['output_bytes'] / 1e9:.2f} |")
+              f"{r['output_bytes'] / 1e6:.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     if not args.keep:

@@ -46,6 +46,11 @@ def _output_names(model) -> list:
     return names
 
 
+def _type_name(value) -> str:
+    """'bf16' / 'f32' for an openvino.Type, str() of anything else."""
+    return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("saved_model")
@@ -76,7 +81,7 @@ def main() -> None:
     np.savez(args.outputs, **{name: np.asarray(request.get_output_tensor(i).data, dtype=np.float32)
                               for i, name in enumerate(names)})
     info = {"ready": True, "warm_s": warm, "convert_s": convert_s, "compile_s": compile_s,
-            "precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
+            "precision": _type_name(compiled.get_property("INFERENCE_PRECISION_HINT")),
             "threads": compiled.get_property("INFERENCE_NUM_THREADS"),
             "hint": str(compiled.get_property("PERFORMANCE_HINT")), "openvino": ov.__version__,
             "bf16_kernels": 0, "kernels": 0, "census": {}}
