@@ -235,9 +235,48 @@ def build_layer_graph(table, budget: int = 150, tables: dict | None = None) -> L
             elif node in box_of:
                 op_edges.append((node, name, casts))
                 _add_edge(edges, layers, box_of[node], key, casts)
+    fold_plumbing(layers, edges, box_of)
     hidden = collections.Counter({"param": "variable or constant", "pass": "identity", "drop": "ordering",
                                   "cast": "inserted Cast"}.get(role[n], "") for n in rows if n not in box_of)
     return LayerGraph(table.name, table, layers, edges, op_edges, box_of, hidden, grouping.note)
+
+
+def fold_plumbing(layers: dict, edges: dict, box_of: dict) -> None:
+    """Fold boxes that compute nothing in floating point (all their ops untouched: masks, shapes, indices) into the
+    one box they feed, repeatedly: a Transformer layer's attention-mask ExpandDims joins its attention box instead
+    of a row of boxes at the top with long edges down to every layer."""
+    from .network import WEIGHT_OPS
+    changed = True
+    while changed:
+        changed = False
+        for key, layer in list(layers.items()):
+            targets = {b for (a, b) in edges if a == key}
+            if (layer.kind not in ("layer", "op") or set(layer.classes) != {"untouched"} or len(targets) != 1
+                    or any(op in WEIGHT_OPS for op in layer.ops)):
+                continue
+            _merge(layers, edges, box_of, key, targets.pop())
+            changed = True
+
+
+def _merge(layers: dict, edges: dict, box_of: dict, key: str, into: str) -> None:
+    """Move box `key` into box `into`: its ops, counts and edges."""
+    source, target = layers.pop(key), layers[into]
+    target.members += source.members
+    target.classes.update(source.classes)
+    target.ops.update(source.ops)
+    target.variables |= source.variables
+    target.casts.update(source.casts)
+    for name in source.members:
+        box_of[name] = into
+    for (a, b) in [e for e in edges if key in e]:
+        data = edges.pop((a, b))
+        a, b = (into if a == key else a), (into if b == key else b)
+        if a == b:
+            target.casts.update(data["casts"])
+            continue
+        edge = edges.setdefault((a, b), {"count": 0, "casts": collections.Counter()})
+        edge["count"] += data["count"]
+        edge["casts"].update(data["casts"])
 
 
 def _add_edge(edges: dict, layers: dict, a: str, b: str, casts: tuple) -> None:
