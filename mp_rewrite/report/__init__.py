@@ -21,6 +21,7 @@ _EXPORTS = {
     "explain": "explain", "explain_all": "explain", "Explanation": "explain",
     "load_model": "model_loader", "rewrite_model": "model_loader", "LoadedModel": "model_loader",
     "build_tables": "node_table", "summarize": "stats", "to_model_explorer": "model_explorer",
+    "whole_model_svg": "whole_model", "layer_picture": "whole_model", "network_table": "network",
 }
 __all__ = sorted(_EXPORTS)
 
