@@ -97,7 +97,10 @@ def _order(rows: dict) -> list:
 
 
 def _is_resource(node) -> bool:
-    return node is not None and node.attr["T"].type == DT_RESOURCE if "T" in node.attr else False
+    """True for an `_Arg` (attr T) or `Placeholder` (attr dtype) of resource type: a variable handle."""
+    if node is None:
+        return False
+    return any(key in node.attr and node.attr[key].type == DT_RESOURCE for key in ("T", "dtype"))
 
 
 def node_roles(table) -> tuple[dict, dict]:
