@@ -86,6 +86,8 @@ def _in_degree(graph, label: str) -> int:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
+    import keras
+    keras.utils.clear_session()
     root = tmp_path_factory.mktemp("whole")
     return lambda name: str(root / name)
 
