@@ -61,8 +61,11 @@ EXPLORER_JS = r"""
     return { width: w, height: lines.length * 14 + 8 };
   }
   function opLines(m) {
-    var n = data.nodes[m], parts = n[1].split("/");
-    return [parts[parts.length - 1], n[2] + (n[4] ? " " + n[4] : "")];
+    // the op's name inside its layer ("query_1/einsum/Einsum" in an attention layer), cut from the left
+    var n = data.nodes[m], key = X.layers[layerOf[m]].key;
+    var name = n[1].indexOf(key) === 0 ? n[1].slice(key.length) : n[1].split("/").slice(-2).join("/");
+    if (name.length > 32) { name = "…" + name.slice(-31); }
+    return [name, n[2] + (n[4] ? " " + n[4] : "")];
   }
 
   function layout() {
@@ -90,7 +93,22 @@ EXPLORER_JS = r"""
       x.count += 1;
       if (e[2]) { e[2].split(",").forEach(function (c) { x.casts[c] = (x.casts[c] || 0) + 1; }); }
     });
-    Object.keys(merged).forEach(function (k) { g.setEdge(merged[k].a, merged[k].b, merged[k]); });
+    var fanout = {};
+    Object.keys(merged).forEach(function (k) { fanout[merged[k].a] = (fanout[merged[k].a] || 0) + 1; });
+    Object.keys(merged).forEach(function (k, n) {
+      var e = merged[k], src = g.node(e.a);
+      // an input read by many layers (a padding mask) is drawn above each reader, not once with long edges
+      if (src && src.layer !== undefined && X.layers[src.layer].kind === "input" && fanout[e.a] >= 3) {
+        var copy = e.a + "#" + n;
+        g.setNode(copy, Object.assign({}, src));
+        e.a = copy;
+      }
+      g.setEdge(e.a, e.b, e);
+    });
+    Object.keys(fanout).forEach(function (id) {
+      var n = g.node(id);
+      if (fanout[id] >= 3 && n && n.layer !== undefined && X.layers[n.layer].kind === "input") { g.removeNode(id); }
+    });
     dagre.layout(g);
     return g;
   }
