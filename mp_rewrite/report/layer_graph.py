@@ -174,9 +174,16 @@ def called_functions(node) -> list:
     return [v.func.name for _, v in sorted(node.attr.items()) if v.HasField("func") and v.func.name]
 
 
-def callee_ops(name: str, tables: dict, seen: frozenset = frozenset()) -> list:
+def callee_ops(name: str, tables: dict, seen: frozenset = frozenset(), memo: dict | None = None) -> list:
     """The NodeRows of the ops a function computes, through the functions it calls in turn (no parameters, casts
-    or identities): what a call node inside a layer stands for."""
+    or identities): what a call node inside a layer stands for. `memo` keeps answers across calls."""
+    memo = {} if memo is None else memo
+    if name not in memo:
+        memo[name] = _callee_ops(name, tables, seen, memo)
+    return memo[name]
+
+
+def _callee_ops(name: str, tables: dict, seen: frozenset, memo: dict) -> list:
     table = tables.get(name)
     if table is None or name in seen:
         return []
@@ -187,16 +194,16 @@ def callee_ops(name: str, tables: dict, seen: frozenset = frozenset()) -> list:
         if role[node_name] == "op":
             out.append(row)
             for inner in called_functions(protos[node_name]):
-                out += callee_ops(inner, tables, seen | {name})
+                out += callee_ops(inner, tables, seen | {name}, memo)
     return out
 
 
 def _count_callees(layers: dict, box_of: dict, table, tables: dict) -> None:
     """Count the ops of the functions a box's call nodes run (an LSTM's While body) into the box."""
-    protos = {n.name: n for n in table.result.graph_def.node}
+    protos, memo = {n.name: n for n in table.result.graph_def.node}, {}
     for name, key in box_of.items():
         for function in called_functions(protos[name]) if name in protos else ():
-            for row in callee_ops(function, tables, frozenset({table.name})):
+            for row in callee_ops(function, tables, frozenset({table.name}), memo):
                 layers[key].classes[row.node_class] += 1
                 layers[key].ops[row.op] += 1
 
