@@ -44,7 +44,8 @@ def register(sub) -> None:
                         "above --max-nodes nodes")
     p.add_argument("--no-collapse", dest="collapse_scopes", action="store_false", help="never collapse scopes")
     p.add_argument("--engine", default="auto", choices=("auto", "python", "graphviz"),
-                   help="svg: who lays the picture out (default auto: Graphviz's dot where installed, else Python)")
+                   help="svg: who lays the picture out (default auto: Python for the whole model, which wraps long "
+                        "chains into columns; for --around/--collapse-scopes Graphviz's dot where installed)")
     p.add_argument("--max-nodes", type=int, default=150, metavar="N",
                    help="box budget of a picture; for the whole model, of opening nested layers (default 150)")
     p.add_argument("--top", type=int, default=12, metavar="N", help="rows per summary table (default 12)")
