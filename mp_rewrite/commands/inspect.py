@@ -40,15 +40,18 @@ def register(sub) -> None:
                    help="model-explorer: node data for Google's Model Explorer (the viz extra), colored as the "
                         "pictures; `mp-rewrite view` opens the model with it")
     p.add_argument("-o", "--output", metavar="OUT", help="output file (a directory for tensorboard); default stdout")
-    p.add_argument("--around", metavar="NODE", help="dot/svg/html: draw only the neighbourhood of NODE")
+    p.add_argument("--around", metavar="NODE", help="dot/svg/html: draw only the neighbourhood of NODE (default: the "
+                   "whole model, one box per layer, of the graph holding the network; see docs/pictures.md)")
     p.add_argument("--depth", type=int, default=2, metavar="K", help="edges around --around NODE (default 2)")
     p.add_argument("--collapse-scopes", nargs="?", const=True, default=None, type=int, metavar="DEPTH",
                    help="dot/svg/html: draw name scopes (at DEPTH, or the deepest that fits) as boxes; automatic "
                         "above --max-nodes nodes")
     p.add_argument("--no-collapse", dest="collapse_scopes", action="store_false", help="never collapse scopes")
     p.add_argument("--engine", default="auto", choices=("auto", "python", "graphviz"),
-                   help="svg: who lays the picture out (default auto: Graphviz's dot where installed, else Python)")
-    p.add_argument("--max-nodes", type=int, default=150, metavar="N", help="box budget of a picture (default 150)")
+                   help="svg: who lays the picture out (default auto: Python for the whole model, which wraps long "
+                        "chains into columns; for --around/--collapse-scopes Graphviz's dot where installed)")
+    p.add_argument("--max-nodes", type=int, default=150, metavar="N",
+                   help="box budget of a picture; for the whole model, of opening nested layers (default 150)")
     p.add_argument("--top", type=int, default=12, metavar="N", help="rows per summary table (default 12)")
     p.set_defaults(func=run, precheck=check_inspect_args)
 

@@ -20,6 +20,7 @@ _EXPORTS = {
     "write_tensorboard": "tensorboard", "annotated_graph_def": "tensorboard",
     "explain": "explain", "explain_all": "explain", "Explanation": "explain",
     "build_tables": "node_table", "summarize": "stats", "to_model_explorer": "model_explorer",
+    "whole_model_svg": "whole_model", "layer_picture": "whole_model", "network_table": "network",
 }
 __all__ = sorted(_EXPORTS)
 

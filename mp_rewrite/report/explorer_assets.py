@@ -3,8 +3,8 @@
 The script reads `data.explorer` (explorer.explorer_data) from the page's JSON, lays the graph out with dagre
 (compound nodes: an opened layer is a frame around its ops) and draws it as SVG; drag pans, the wheel zooms, a click
 on a layer opens it, a click on an op shows its explanation (the page's panel), the search box finds nodes and
-layers. The URL fragment `#find=TEXT` searches on load and `#click=LAYER` clicks that layer's box once drawn (links
-and the headless-browser test use them).
+layers. The URL fragment `#find=TEXT` searches on load, `#click=LAYER` clicks that layer's box once drawn (links
+and the headless-browser test use them) and `#only=network` hides the summary and the node table.
 """
 
 import string
@@ -22,6 +22,7 @@ it has its dtype.</li></ul>
  fill="#555"/></marker></defs><g id="xview"></g></svg></div>""")
 
 EXPLORER_CSS = """
+body.network-only #summary, body.network-only #nodes { display: none; }
 #xbar { margin: 6px 0; } #xfind { width: 360px; font-size: 14px; padding: 3px 8px; }
 #xlegend { font-size: 12px; margin: 4px 0; } .xchip { margin-right: 14px; white-space: nowrap; }
 .xcast { border: 1px dashed #c5221f; color: #c5221f; border-radius: 7px; padding: 0 5px; margin-right: 6px;
@@ -60,8 +61,11 @@ EXPLORER_JS = r"""
     return { width: w, height: lines.length * 14 + 8 };
   }
   function opLines(m) {
-    var n = data.nodes[m], parts = n[1].split("/");
-    return [parts[parts.length - 1], n[2] + (n[4] ? " " + n[4] : "")];
+    // the op's name inside its layer ("query_1/einsum/Einsum" in an attention layer), cut from the left
+    var n = data.nodes[m], key = X.layers[layerOf[m]].key;
+    var name = n[1].indexOf(key) === 0 ? n[1].slice(key.length) : n[1].split("/").slice(-2).join("/");
+    if (name.length > 32) { name = "…" + name.slice(-31); }
+    return [name, n[2] + (n[4] ? " " + n[4] : "")];
   }
 
   function layout() {
@@ -89,7 +93,22 @@ EXPLORER_JS = r"""
       x.count += 1;
       if (e[2]) { e[2].split(",").forEach(function (c) { x.casts[c] = (x.casts[c] || 0) + 1; }); }
     });
-    Object.keys(merged).forEach(function (k) { g.setEdge(merged[k].a, merged[k].b, merged[k]); });
+    var fanout = {};
+    Object.keys(merged).forEach(function (k) { fanout[merged[k].a] = (fanout[merged[k].a] || 0) + 1; });
+    Object.keys(merged).forEach(function (k, n) {
+      var e = merged[k], src = g.node(e.a);
+      // an input read by many layers (a padding mask) is drawn above each reader, not once with long edges
+      if (src && src.layer !== undefined && X.layers[src.layer].kind === "input" && fanout[e.a] >= 3) {
+        var copy = e.a + "#" + n;
+        g.setNode(copy, Object.assign({}, src));
+        e.a = copy;
+      }
+      g.setEdge(e.a, e.b, e);
+    });
+    Object.keys(fanout).forEach(function (id) {
+      var n = g.node(id);
+      if (fanout[id] >= 3 && n && n.layer !== undefined && X.layers[n.layer].kind === "input") { g.removeNode(id); }
+    });
     dagre.layout(g);
     return g;
   }
@@ -183,7 +202,9 @@ EXPLORER_JS = r"""
       var hit = g.hasAttribute("data-layer") ? matchesLayer(Number(g.getAttribute("data-layer"))) :
         !!query && g.getAttribute("data-key").toLowerCase().indexOf(query) >= 0;
       g.classList.toggle("xmatch", hit);
-      g.classList.toggle("xsel", Number(g.getAttribute("data-op")) === selected && g.hasAttribute("data-op"));
+      var members = g.hasAttribute("data-layer") ? X.layers[Number(g.getAttribute("data-layer"))].members : [];
+      g.classList.toggle("xsel", g.hasAttribute("data-op") ? Number(g.getAttribute("data-op")) === selected :
+        members.length === 1 && members[0] === selected);
       if (hit) { count += 1; }
     });
     status.textContent = query ? count + " box(es) match" : X.layers.length + " boxes; " + X.graph;
@@ -253,7 +274,9 @@ EXPLORER_JS = r"""
   find.addEventListener("keydown", function (ev) { if (ev.key === "Enter") { go(find.value); } });
   window.mpExplorerReveal = function (m) { return reveal(m, false); };
 
+  var started = performance.now();
   draw(); fit(false);
+  document.body.dataset.layoutMs = String(Math.round(performance.now() - started));
   var params = {};
   (location.hash || "").replace(/^#/, "").split("&").forEach(function (kv) {
     var at = kv.indexOf("=");
@@ -266,6 +289,8 @@ EXPLORER_JS = r"""
       if (g.getAttribute("data-key") === params.click) { target = g; } });
     if (target) { target.querySelector("rect").dispatchEvent(new MouseEvent("click", { bubbles: true })); }
   }
+  if (params.only === "network") { document.body.classList.add("network-only"); }
+  if (params.find || params.click) { document.getElementById("xbar").scrollIntoView(); }
   document.body.dataset.explorer = "ready";
 })();
 """

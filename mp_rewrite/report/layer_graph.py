@@ -97,7 +97,10 @@ def _order(rows: dict) -> list:
 
 
 def _is_resource(node) -> bool:
-    return node is not None and node.attr["T"].type == DT_RESOURCE if "T" in node.attr else False
+    """True for an `_Arg` (attr T) or `Placeholder` (attr dtype) of resource type: a variable handle."""
+    if node is None:
+        return False
+    return any(key in node.attr and node.attr[key].type == DT_RESOURCE for key in ("T", "dtype"))
 
 
 def node_roles(table) -> tuple[dict, dict]:
@@ -171,9 +174,16 @@ def called_functions(node) -> list:
     return [v.func.name for _, v in sorted(node.attr.items()) if v.HasField("func") and v.func.name]
 
 
-def callee_ops(name: str, tables: dict, seen: frozenset = frozenset()) -> list:
+def callee_ops(name: str, tables: dict, seen: frozenset = frozenset(), memo: dict | None = None) -> list:
     """The NodeRows of the ops a function computes, through the functions it calls in turn (no parameters, casts
-    or identities): what a call node inside a layer stands for."""
+    or identities): what a call node inside a layer stands for. `memo` keeps answers across calls."""
+    memo = {} if memo is None else memo
+    if name not in memo:
+        memo[name] = _callee_ops(name, tables, seen, memo)
+    return memo[name]
+
+
+def _callee_ops(name: str, tables: dict, seen: frozenset, memo: dict) -> list:
     table = tables.get(name)
     if table is None or name in seen:
         return []
@@ -184,16 +194,16 @@ def callee_ops(name: str, tables: dict, seen: frozenset = frozenset()) -> list:
         if role[node_name] == "op":
             out.append(row)
             for inner in called_functions(protos[node_name]):
-                out += callee_ops(inner, tables, seen | {name})
+                out += callee_ops(inner, tables, seen | {name}, memo)
     return out
 
 
 def _count_callees(layers: dict, box_of: dict, table, tables: dict) -> None:
     """Count the ops of the functions a box's call nodes run (an LSTM's While body) into the box."""
-    protos = {n.name: n for n in table.result.graph_def.node}
+    protos, memo = {n.name: n for n in table.result.graph_def.node}, {}
     for name, key in box_of.items():
         for function in called_functions(protos[name]) if name in protos else ():
-            for row in callee_ops(function, tables, frozenset({table.name})):
+            for row in callee_ops(function, tables, frozenset({table.name}), memo):
                 layers[key].classes[row.node_class] += 1
                 layers[key].ops[row.op] += 1
 
@@ -235,9 +245,48 @@ def build_layer_graph(table, budget: int = 150, tables: dict | None = None) -> L
             elif node in box_of:
                 op_edges.append((node, name, casts))
                 _add_edge(edges, layers, box_of[node], key, casts)
+    fold_plumbing(layers, edges, box_of)
     hidden = collections.Counter({"param": "variable or constant", "pass": "identity", "drop": "ordering",
                                   "cast": "inserted Cast"}.get(role[n], "") for n in rows if n not in box_of)
     return LayerGraph(table.name, table, layers, edges, op_edges, box_of, hidden, grouping.note)
+
+
+def fold_plumbing(layers: dict, edges: dict, box_of: dict) -> None:
+    """Fold boxes that compute nothing in floating point (all their ops untouched: masks, shapes, indices) into the
+    one box they feed, repeatedly: a Transformer layer's attention-mask ExpandDims joins its attention box instead
+    of a row of boxes at the top with long edges down to every layer."""
+    from .network import WEIGHT_OPS
+    changed = True
+    while changed:
+        changed = False
+        for key, layer in list(layers.items()):
+            targets = {b for (a, b) in edges if a == key}
+            if (layer.kind not in ("layer", "op") or set(layer.classes) != {"untouched"} or len(targets) != 1
+                    or any(op in WEIGHT_OPS for op in layer.ops)):
+                continue
+            _merge(layers, edges, box_of, key, targets.pop())
+            changed = True
+
+
+def _merge(layers: dict, edges: dict, box_of: dict, key: str, into: str) -> None:
+    """Move box `key` into box `into`: its ops, counts and edges."""
+    source, target = layers.pop(key), layers[into]
+    target.members += source.members
+    target.classes.update(source.classes)
+    target.ops.update(source.ops)
+    target.variables |= source.variables
+    target.casts.update(source.casts)
+    for name in source.members:
+        box_of[name] = into
+    for (a, b) in [e for e in edges if key in e]:
+        data = edges.pop((a, b))
+        a, b = (into if a == key else a), (into if b == key else b)
+        if a == b:
+            target.casts.update(data["casts"])
+            continue
+        edge = edges.setdefault((a, b), {"count": 0, "casts": collections.Counter()})
+        edge["count"] += data["count"]
+        edge["casts"].update(data["casts"])
 
 
 def _add_edge(edges: dict, layers: dict, a: str, b: str, casts: tuple) -> None:

@@ -47,7 +47,7 @@ class _EdgeView:
 def _sugiyama(component):
     layout = SugiyamaLayout(component)
     layout.xspace, layout.yspace = BOX_GAP, RANK_GAP
-    layout.init_all()
+    layout.init_all(optimize=True)  # sources (an input feeding a later layer) just above what reads them
     layout.draw(N=2.5)
     return layout
 

@@ -144,6 +144,25 @@ def _legend(classes: list, notes: list, width: float) -> str:
     return "".join(parts)
 
 
+SHARED_INPUT = 3  # an input feeding this many boxes is drawn once above each of them
+
+
+def split_shared_inputs(layers: dict, edges: dict) -> tuple:
+    """(boxes, edges) to lay out: an input that feeds SHARED_INPUT or more boxes (BERT's padding mask, read by every
+    attention layer) becomes one copy above each, instead of one box with long edges across the picture. A copy
+    keeps the input's Layer (its key is the `<title>`)."""
+    out_layers, out_edges = dict(layers), dict(edges)
+    for key, layer in layers.items():
+        targets = [b for (a, b) in edges if a == key]
+        if layer.kind != "input" or len(targets) < SHARED_INPUT:
+            continue
+        del out_layers[key]
+        for i, target in enumerate(targets):
+            out_layers[f"{key}#{i}"] = layer
+            out_edges[(f"{key}#{i}", target)] = out_edges.pop((key, target))
+    return out_layers, out_edges
+
+
 def layer_svg(graph, title: str, notes: list, precision: str) -> tuple:
     """(SVG text, (width, height)) of a LayerGraph.
 
@@ -153,17 +172,19 @@ def layer_svg(graph, title: str, notes: list, precision: str) -> tuple:
         notes: lines under the legend (what is not drawn, how it was collapsed).
         precision: "float16" or "bfloat16" (names the low precision in the boxes).
     """
-    lines = {k: box_lines(layer, precision) for k, layer in graph.layers.items()}
+    layers, edges = split_shared_inputs(graph.layers, graph.edges)
+    lines = {k: box_lines(layer, precision) for k, layer in layers.items()}
     sizes = {k: box_size(v) for k, v in lines.items()}
-    placed = lay_out(sizes, [e for e in graph.edges])
+    placed = lay_out(sizes, list(edges))
     top = HEADER + 12 * max(len(notes) - 1, 0)
     width = max(placed.width + 2 * MARGIN, 700.0)
     height = placed.height + top + 2 * MARGIN
     centers = {k: (x + MARGIN, y + top) for k, (x, y) in placed.centers.items()}
-    edges = "".join(_edge([(x + MARGIN, y + top) for x, y in placed.paths[key]], data,
+    drawn = "".join(_edge([(x + MARGIN, y + top) for x, y in placed.paths[key]], data,
                           (centers[key[0]], sizes[key[0]]), (centers[key[1]], sizes[key[1]]))
-                    for key, data in graph.edges.items() if key in placed.paths)
-    boxes = "".join(_box(i, k, graph.layers[k], lines[k], centers[k], sizes[k]) for i, k in enumerate(graph.layers))
+                    for key, data in edges.items() if key in placed.paths)
+    boxes = "".join(_box(i, layer.key, layer, lines[k], centers[k], sizes[k])
+                    for i, (k, layer) in enumerate(layers.items()))
     classes = [c for c in CLASS_NAMES if c != "cast" and any(layer.classes.get(c) for layer in graph.layers.values())]
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
            f'viewBox="0 0 {width:.0f} {height:.0f}" class="mp-layers"><title>{html.escape(title)}</title>'
@@ -171,5 +192,5 @@ def layer_svg(graph, title: str, notes: list, precision: str) -> tuple:
            'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>'
            '<rect width="100%" height="100%" fill="white"/>'
            f'<text x="{MARGIN}" y="20" font-family="{FONT}" font-size="13" font-weight="bold">{html.escape(title)}'
-           f'</text>{_legend(classes, notes, width)}<g class="graph">{edges}{boxes}</g></svg>')
+           f'</text>{_legend(classes, notes, width)}<g class="graph">{drawn}{boxes}</g></svg>')
     return svg, (width, height)

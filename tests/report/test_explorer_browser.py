@@ -35,7 +35,9 @@ def _dump(url: str) -> str:
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
+    import keras
     import keras_hub
+    keras.utils.clear_session()  # layer names count up per session: the scopes below are those of a fresh one
     root = tmp_path_factory.mktemp("explorer")
     model = keras_hub.models.BertBackbone(vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=32,
                                           intermediate_dim=64)

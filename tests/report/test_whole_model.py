@@ -86,6 +86,8 @@ def _in_degree(graph, label: str) -> int:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
+    import keras
+    keras.utils.clear_session()
     root = tmp_path_factory.mktemp("whole")
     return lambda name: str(root / name)
 
@@ -157,3 +159,23 @@ def test_function_option_draws_that_graph(saved):
     assert main.source == "" and not any(layer.label == "body" for layer in main.layers.values())
     network, _, _ = layer_picture(result, tables=tables)
     assert {"body", "head"} <= {layer.label for layer in network.layers.values()}
+
+
+def test_dot_of_the_whole_model_is_the_same_layer_graph(saved):
+    import shutil
+    import keras
+    from mp_rewrite.report import dot
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(16, name="body")(inputs)
+    model = keras.Model(inputs, keras.layers.Softmax(name="probs")(keras.layers.Dense(4, name="head")(hidden)))
+    result = rewrite_model(load_model(_export(model, saved("mlp_dot"))), "bfloat16")
+    source = dot.to_dot(result)
+    graph, _, _ = layer_picture(result)
+    from mp_rewrite.report.layer_svg import box_lines
+    for key, layer in graph.layers.items():
+        first = box_lines(layer, "bfloat16")[0]
+        assert f'"{key}" [label="{first}' in source or f'{key} [label="{first}' in source, key
+    assert "ReadVariableOp" not in source and "f32→bf16" in source
+    if shutil.which("dot"):  # Graphviz only changes who lays the same boxes out
+        svg = dot.to_svg(result, engine="graphviz")
+        assert "body" in svg and "head" in svg
