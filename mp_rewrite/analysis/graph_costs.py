@@ -152,10 +152,16 @@ def measure_missing(table, graph_def, fetches=(), batch=None, progress=None) -> 
     specs, _, _ = graph_candidates(graph_def, table.precision, fetches, batch)
     todo = list({s.key: s for s in specs if s.key not in table.ops}.values())
     timer = Timer()
-    for done, spec in enumerate(todo, 1):
-        table.ops[spec.key] = _measure(timer, spec) if spec.measurable else None
-        if progress is not None:
-            progress(done, len(todo))
+    import tensorflow as tf
+    level = tf.get_logger().level
+    tf.get_logger().setLevel("ERROR")  # each timed op is a new tf.function: TF's retracing warning is expected
+    try:
+        for done, spec in enumerate(todo, 1):
+            table.ops[spec.key] = _measure(timer, spec) if spec.measurable else None
+            if progress is not None:
+                progress(done, len(todo))
+    finally:
+        tf.get_logger().setLevel(level)
     if not table.casts:
         low = dtypes.target_dtype(table.precision)
         table.casts = [(n, round(timer.time_cast(n, dtypes.FLOAT, low), 6),

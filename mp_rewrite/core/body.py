@@ -104,7 +104,7 @@ class Options:
     force_all: bool = False
     emulate: bool = False
     assign: str = "lists"
-    costs: CostTable | None = None
+    costs: object = None  # a CostTable, or a machine table whose for_graph(graph_def, ...) makes one per body
 
 
 EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"
@@ -140,10 +140,10 @@ def _check_assign(assign, costs, precision: str, emulate: bool) -> None:
                           "cut over measured op costs)")
     if assign != "cost":
         return
-    if not isinstance(costs, CostTable):
+    if not isinstance(costs, CostTable) and not hasattr(costs, "for_graph"):
         raise OptionError("assign='cost' needs costs: a cost table (mp_rewrite.analysis.op_costs.measure_costs, "
                           f"or load_costs(FILE)); got {type(costs).__name__}")
-    if costs.precision != precision:
+    if getattr(costs, "precision", precision) != precision:
         raise OptionError(f"the cost table was measured for {costs.precision}, not {precision}; measure it for "
                           f"{precision} (mp-rewrite costs MODEL --precision {precision})")
     if emulate:
@@ -243,8 +243,10 @@ def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_state
                 preserved.setdefault(view.names[i], "stateful op in a function body (Grappler preserves it)")
     ctx = PassContext(view, opts.lists, opts.target, opts.device, preserved, opts.keep_fp32, opts.force_low,
                       opts.force_all)
-    assigned = []
-    paint = run_stages(ctx, opts.costs, label, assigned.append)
+    assigned, costs = [], opts.costs
+    if costs is not None and not isinstance(costs, CostTable):  # a machine table: this body's costs, measured
+        costs, label = costs.for_graph(graph_def, opts.precision, fetches=fetches), "graph"
+    paint = run_stages(ctx, costs, label, assigned.append)
     applied = (apply_emulated if opts.emulate else apply_coloring)(graph_def, ctx, paint)
     # The result keeps the view for its Decisions, which need no edges. Freeing them now is cheaper than the
     # garbage collector's scan of a list per vertex; freeing them before apply was slower still: apply then
