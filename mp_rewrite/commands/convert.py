@@ -109,7 +109,7 @@ def _check_assign_supported(args) -> None:
 
     from ..errors import OptionError
     from ..savedmodel.convert import convert_saved_model
-    if (args.assign or "cost" if args.costs else args.assign or "lists") == "lists":
+    if (args.assign or ("cost" if args.costs else "lists")) == "lists":
         return
     if "assign" not in python_inspect.signature(convert_saved_model).parameters:
         raise OptionError("--assign cost is not wired into SavedModel conversion yet (it reaches rewrite_graph_def, "

@@ -118,3 +118,21 @@ def test_models_converted_by_measured_cost_run_and_match_float32(cache, build):
     np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=4 * rtol, atol=4 * atol)
     again = measure_costs(graph.graph_def, "bfloat16", graph.fetches, batch=4)
     assert again.source.startswith("cache") and again.ops == costs.ops
+
+
+def test_cli_costs_exports_a_table_and_a_bad_one_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    from mp_rewrite.commands.cli import main
+    graph = examples.inference_graph(example_models.mlp(), batch=2)
+    model = tmp_path / "mlp.pb"
+    model.write_bytes(graph.graph_def.SerializeToString())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if NATIVE_BF16:
+        assert main(["costs", str(model), "-o", str(tmp_path / "costs.json")]) == 0
+        assert "predicted for the" in capsys.readouterr().out and load_costs(str(tmp_path / "costs.json")).ops
+        assert main(["explain", str(model), "--precision", "bfloat16", "--costs", str(tmp_path / "costs.json"),
+                     graph.fetches[0]]) == 0
+    (tmp_path / "bad.json").write_text("{not json")
+    capsys.readouterr()
+    assert main(["inspect", str(model), "--precision", "bfloat16", "--costs", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err
+    assert "is not JSON" in err and len(err.strip().splitlines()) == 1
