@@ -166,7 +166,8 @@ class Assignment:
 
 def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph") -> Assignment:
     """The cost stage: demote the allow vertices the minimum cut puts in float32, and restate every candidate's
-    Reason with its numbers. Loop ops, TensorList clusters and every vertex outside the allow set keep their color.
+    Reason with its numbers. Loop ops, TensorList clusters, the user's force_low nodes and every vertex outside the
+    allow set keep their color.
 
     Args:
         ctx, paint: the pass context and the paint after Grappler's stages.
@@ -178,7 +179,7 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
     """
     view = ctx.view
     fixed = {n for cluster in clusters for n in cluster}
-    fixed.update(n for n, op in enumerate(view.ops) if op in LOOP_OPS)
+    fixed.update(n for n, op in enumerate(view.ops) if op in LOOP_OPS or ctx.override[n] == "force_low")
     var_of, groups = {}, {}  # vertex -> variable; node -> its candidate vertices
     for v in sorted(paint.allow):
         node = view.v_node[v]
