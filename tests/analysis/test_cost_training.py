@@ -16,8 +16,7 @@ NATIVE_BF16 = {"avx512_bf16", "amx_bf16"} & set(machine_facts()["cpu_flags"])
 
 
 @pytest.mark.skipif(not NATIVE_BF16, reason="measuring bfloat16 costs needs a CPU with bfloat16 units")
-def test_a_training_step_is_rewritten_by_measured_cost(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_a_training_step_is_rewritten_by_measured_cost(cost_cache):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"), keras.layers.Dense(1)])
     opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), precision="bfloat16",
@@ -42,6 +41,6 @@ def test_a_training_step_is_rewritten_by_measured_cost(monkeypatch, tmp_path):
         assert all(result.coloring.for_node(n)[0].reason.stage == "assign_by_cost"
                    for n in result.assignment.candidates)
         assert not training.rewrite_failures()
-        assert os.listdir(tmp_path / "mp_rewrite")  # measured once, cached for the next process
+        assert os.listdir(os.path.join(cost_cache, "mp_rewrite"))  # measured once, cached for the next process
     finally:
         training.disable_mixed_precision_graph_rewrite()
