@@ -19,6 +19,7 @@ FUSE_PRODUCERS = frozenset({"MatMul", "Conv2D", "Conv3D", "DepthwiseConv2dNative
 FUSE_BIAS = frozenset({"BiasAdd", "AddV2", "Add"})
 FUSE_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
 FLOAT_TYPES = frozenset({1, 14, 19})  # float, bfloat16, half
+NOISE_MS, NOISE_SHARE = 0.002, 0.03  # differences below these are not resolved by the timer
 MAIN = "graph"  # the label of the main graph (core.body.rewrite_body's default)
 
 
@@ -152,10 +153,16 @@ def measure_missing(table, graph_def, fetches=(), batch=None, progress=None) -> 
     specs, _, _ = graph_candidates(graph_def, table.precision, fetches, batch)
     todo = list({s.key: s for s in specs if s.key not in table.ops}.values())
     timer = Timer()
-    for done, spec in enumerate(todo, 1):
-        table.ops[spec.key] = _measure(timer, spec) if spec.measurable else None
-        if progress is not None:
-            progress(done, len(todo))
+    import tensorflow as tf
+    level = tf.get_logger().level
+    tf.get_logger().setLevel("ERROR")  # each timed op is a new tf.function: TF's retracing warning is expected
+    try:
+        for done, spec in enumerate(todo, 1):
+            table.ops[spec.key] = _measure(timer, spec) if spec.measurable else None
+            if progress is not None:
+                progress(done, len(todo))
+    finally:
+        tf.get_logger().setLevel(level)
     if not table.casts:
         low = dtypes.target_dtype(table.precision)
         table.casts = [(n, round(timer.time_cast(n, dtypes.FLOAT, low), 6),
@@ -188,12 +195,13 @@ def cost_table(table, graph_def, fetches=(), batch=None):
         times = table.ops.get(spec.key)
         known += spec.key in table.ops
         if times is not None:
-            nodes.setdefault(spec.label, {})[spec.name] = tuple(times)
+            nodes.setdefault(spec.label, {})[spec.name] = _within_noise(*times)
     if specs and not known:
         raise CostTableError(f"the cost table ({table.source}) holds none of this model's {len(specs)} candidate "
                              "op signatures (another model, batch size or op set); measure it for this one with: "
                              "mp-rewrite costs MODEL -o FILE")
-    casts = {label: _cast_costs(table, label_shapes) for label, label_shapes in shapes.items()}
+    casts = {label: _cast_costs(table, label_shapes, _constants(originals.get(label)))
+             for label, label_shapes in shapes.items()}
     fusions = {}
     for label, original in originals.items():
         fusions[label] = _fusions(original)
@@ -204,9 +212,29 @@ def cost_table(table, graph_def, fetches=(), batch=None):
     return CostTable(table.precision, nodes, casts, fusions, True, note)
 
 
-def _cast_costs(table, shapes: dict) -> dict:
+def _within_noise(fp32: float, low: float) -> tuple:
+    """(fp32, low), or their mean twice when they differ by less than timing resolves (NOISE_MS, or NOISE_SHARE of
+    the larger): a difference that small is noise, and the tie then goes to float32 unless casts say otherwise."""
+    if abs(fp32 - low) < max(NOISE_MS, NOISE_SHARE * max(fp32, low)):
+        return ((fp32 + low) / 2,) * 2
+    return fp32, low
+
+
+def _constants(graph_def) -> set:
+    """Names of the Const nodes and the Identity chains reading them: TF folds a Cast of them into a constant, so
+    casting them costs nothing at run time (a frozen graph's weights)."""
+    if graph_def is None:
+        return set()
+    nodes = {n.name: n for n in graph_def.node}
+    return {name for name in nodes if getattr(_skip_identities(nodes, name), "op", "") == "Const"}
+
+
+def _cast_costs(table, shapes: dict, constants=frozenset()) -> dict:
     casts = {}
     for name, outs in shapes.items():
+        if name in constants:
+            casts.update(((name, port), (0.0, 0.0)) for port in range(len(outs or ())))
+            continue
         for port, shape in enumerate(outs or ()):
             elements = None
             if shape is not None and all(d is not None for d in shape):

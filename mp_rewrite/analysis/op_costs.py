@@ -76,6 +76,7 @@ class MachineCosts:
     casts: list = dataclasses.field(default_factory=list)
     source: str = "measured"
     batch: int | None = None
+    measure: bool = False  # for_graph measures (and caches) what the table lacks first: the training hook's mode
 
     @property
     def low_units(self) -> bool:
@@ -113,7 +114,21 @@ class MachineCosts:
         if precision is not None and precision != self.precision:
             raise CostTableError(f"the cost table ({self.source}) was measured for {self.precision}, not "
                                  f"{precision}; measure it with: mp-rewrite costs MODEL --precision {precision}")
-        return cost_table(self, graph_def, fetches, self.batch if batch is None else batch)
+        batch = self.batch if batch is None else batch
+        if self.measure and self.low_units:
+            from .graph_costs import measure_missing
+            if measure_missing(self, graph_def, fetches, batch):
+                self._save_to_cache()
+        return cost_table(self, graph_def, fetches, batch)
+
+    def _save_to_cache(self) -> None:
+        os.makedirs(cache_dir(), exist_ok=True)
+        saved = (self.source, self.batch)
+        self.source, self.batch = "measured", None  # the cache holds every batch size's signatures
+        try:
+            self.save(cache_path(self.precision, self.machine))
+        finally:
+            self.source, self.batch = saved
 
     def to_json(self) -> str:
         """The table as JSON text (the format load_costs reads)."""
@@ -218,9 +233,14 @@ def measure_costs(graph_def, precision: str = "bfloat16", fetches=(), batch: int
     if not table.low_units:
         return table
     if measure_missing(table, graph_def, fetches, batch, progress) and cache:
-        os.makedirs(cache_dir(), exist_ok=True)
-        source, table.source = table.source, "measured"
-        table.batch = None  # the cache holds every batch size's signatures
-        table.save(cache_path(precision, table.machine))
-        table.source, table.batch = (source if source != "measured" else "measured (cached)"), batch
+        table._save_to_cache()
+        table.source = table.source if table.source != "measured" else "measured (cached)"
+    return table
+
+
+def this_machine(precision: str = "bfloat16") -> MachineCosts:
+    """This machine's cached table in measuring mode: each graph given to for_graph (each traced function, in
+    training) has what the cache lacks measured first, once per process and machine."""
+    table = cached_costs(precision)
+    table.measure = True
     return table

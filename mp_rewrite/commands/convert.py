@@ -160,7 +160,8 @@ def _convert(args, options):
     with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
         return convert_saved_model(args.source, args.output, options=options, tag_set=args.tag_set,
                                    signatures=args.signature or None, weights=args.weights, freeze=args.freeze,
-                                   freeze_weights=args.freeze_weights, keras_metadata=args.keras_metadata, overwrite=args.overwrite, progress=progress)
+                                   freeze_weights=args.freeze_weights, keras_metadata=args.keras_metadata,
+                                   overwrite=args.overwrite, progress=progress)
 
 
 def _tune(args, options):

@@ -166,7 +166,8 @@ class Assignment:
 
 def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph") -> Assignment:
     """The cost stage: demote the allow vertices the minimum cut puts in float32, and restate every candidate's
-    Reason with its numbers. Loop ops, TensorList clusters and every vertex outside the allow set keep their color.
+    Reason with its numbers. Loop ops, TensorList clusters, the user's force_low nodes and every vertex outside the
+    allow set keep their color.
 
     Args:
         ctx, paint: the pass context and the paint after Grappler's stages.
@@ -178,7 +179,7 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
     """
     view = ctx.view
     fixed = {n for cluster in clusters for n in cluster}
-    fixed.update(n for n, op in enumerate(view.ops) if op in LOOP_OPS)
+    fixed.update(n for n, op in enumerate(view.ops) if op in LOOP_OPS or ctx.override[n] == "force_low")
     var_of, groups = {}, {}  # vertex -> variable; node -> its candidate vertices
     for v in sorted(paint.allow):
         node = view.v_node[v]
@@ -193,7 +194,8 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
     _add_fusions(ctx, paint, var_of, groups, table.fusions.get(label, {}), problem)
     note = "" if table.low_units else table.note or "this machine has no low-precision units"
     low = solve(problem) if table.low_units else [False] * len(nodes)
-    _record(ctx, paint, problem, nodes, groups, low, table.precision, note)
+    measured = [view.names[n] in node_costs for n in nodes]
+    _record(ctx, paint, problem, nodes, groups, low, table.precision, note, measured)
     return Assignment(tuple(view.names[n] for n in nodes),
                       tuple(view.names[n] for n, is_low in zip(nodes, low) if not is_low),
                       total_cost(problem, low), total_cost(problem, [True] * len(nodes)),
@@ -238,7 +240,7 @@ def _add_fusions(ctx, paint, var_of, groups, fusions, problem) -> None:
             problem.fusions.append((a, b, ms))
 
 
-def _record(ctx, paint, problem, nodes, groups, low, precision, note) -> None:
+def _record(ctx, paint, problem, nodes, groups, low, precision, note, measured) -> None:
     """Demote the float32 variables; restate every candidate's Reason with its times and casts."""
     view = ctx.view
     cast_ms = [0.0] * len(nodes)
@@ -251,7 +253,9 @@ def _record(ctx, paint, problem, nodes, groups, low, precision, note) -> None:
                 cast_ms[x] += ms
     for i, node in enumerate(nodes):
         fp32, low_ms = problem.node_ms[i]
-        numbers = f"{precision} {_ms(low_ms)} vs float32 {_ms(fp32)}; casts {_ms(cast_ms[i])}"
+        numbers = (f"{precision} {_ms(low_ms)} vs float32 {_ms(fp32)}" if measured[i] else
+                   "no time of its own (fused into its producer, or not measurable: the same in both)")
+        numbers += f"; casts {_ms(cast_ms[i])}"
         for v in groups[node]:
             old = paint.reasons.get(v)
             source, via = (old.source, old.via) if old else (None, None)

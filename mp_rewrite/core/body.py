@@ -174,8 +174,10 @@ def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_state
                 preserved.setdefault(view.names[i], "stateful op in a function body (Grappler preserves it)")
     ctx = PassContext(view, opts.lists, opts.target, opts.device, preserved, opts.keep_fp32, opts.force_low,
                       opts.force_all)
-    assigned = []
-    paint = run_stages(ctx, opts.costs, label, assigned.append)
+    assigned, costs = [], opts.costs
+    if costs is not None and not isinstance(costs, CostTable):  # a machine table: this body's costs, measured
+        costs, label = costs.for_graph(graph_def, opts.precision, fetches=fetches), "graph"
+    paint = run_stages(ctx, costs, label, assigned.append)
     applied = (apply_emulated if opts.emulate else apply_coloring)(graph_def, ctx, paint)
     # The result keeps the view for its Decisions, which need no edges. Freeing them now is cheaper than the
     # garbage collector's scan of a list per vertex; freeing them before apply was slower still: apply then

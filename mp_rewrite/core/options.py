@@ -88,7 +88,7 @@ def _check_assign(assign, costs, precision: str, emulate: bool) -> None:
     if not isinstance(costs, CostTable) and not hasattr(costs, "for_graph"):
         raise OptionError("assign='cost' needs costs: a cost table (mp_rewrite.analysis.op_costs.measure_costs, "
                           f"or load_costs(FILE)); got {type(costs).__name__}")
-    if costs.precision != precision:
+    if getattr(costs, "precision", precision) != precision:
         raise OptionError(f"the cost table was measured for {costs.precision}, not {precision}; measure it for "
                           f"{precision} (mp-rewrite costs MODEL --precision {precision})")
     if emulate:

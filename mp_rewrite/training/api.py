@@ -47,7 +47,7 @@ import re
 
 import tensorflow as tf
 
-from . import function_hook
+from . import cost_hook, function_hook
 from .loss_scale.optimizer import LossScaleOptimizer
 from .loss_scale.settings import LossScaleError, _optimizer_family, is_loss_scale_optimizer, settings_from_loss_scale
 
@@ -89,7 +89,9 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
         device: "gpu", "cpu" or "any" (see `rewrite_graph_def`); None picks "gpu" for float16 and "cpu" for
             bfloat16. float16 on "gpu" without a GPU does not rewrite (warning); pass "cpu" to rewrite on CPU.
         rewrite_existing: also rewrite functions already traced (otherwise a warning names them).
-        **rewrite_options: `keep_fp32`, `force_low`, `lists`, `level`, as for `rewrite_graph_def`.
+        **rewrite_options: `keep_fp32`, `force_low`, `lists`, `level`, `assign`, `costs`, as for
+            `rewrite_graph_def`; with assign="cost" and no costs, each traced function's ops are measured on this
+            machine when it is rewritten (cached per machine, see analysis.op_costs.this_machine).
 
     Returns:
         The wrapped optimizer (a `mp_rewrite.LossScaleOptimizer`; TF's own wrapper for a v1 optimizer).
@@ -198,10 +200,13 @@ def _rewrite_options(precision, device, rewrite_options):
     from .loss_scale.optimizer import UNSCALE_SCOPE
     from ..core.options import make_options
 
-    unknown = sorted(set(rewrite_options) - {"keep_fp32", "force_low", "lists", "level"})
+    unknown = sorted(set(rewrite_options) - {"keep_fp32", "force_low", "lists", "level", "assign", "costs"})
     if unknown:
         raise TypeError(f"enable_mixed_precision_graph_rewrite() got unexpected keyword argument(s) {unknown}; "
-                        "rewrite options are keep_fp32, force_low, lists and level")
+                        "rewrite options are keep_fp32, force_low, lists, level, assign and costs")
+    if rewrite_options.get("assign") == "cost" and rewrite_options.get("costs") is None:
+        from ..analysis.op_costs import this_machine  # measured on first use per traced function, cached
+        rewrite_options["costs"] = cost_hook.HookSafeCosts(this_machine(precision))
     # Gradients are unscaled in float32 (see dynamic_scale.multiply), whatever the user keeps besides.
     keep = rewrite_options.pop("keep_fp32", ())
     keep = ([keep] if isinstance(keep, str) else list(keep)) + [f"*{UNSCALE_SCOPE}*"]
@@ -314,3 +319,4 @@ def wrap_optimizer(opt, loss_scale="dynamic"):
             '"opt" must be an instance of a tf.compat.v1.train.Optimizer, a keras.optimizers.Optimizer '
             f"(Keras 3) or a tf_keras optimizer, but got: {opt}")
     return LossScaleOptimizer(opt, **settings_from_loss_scale(loss_scale))
+

@@ -37,6 +37,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import atomic_function
 from tensorflow.python.framework import errors, kernels, op_def_registry
 
+from . import cost_hook
 from ..errors import GraphError, MpRewriteError
 from ..core.graph_view import device_kind
 from ..core.functions import function_to_graph, graph_to_function, is_polymorphic, is_tf_data_function
@@ -131,7 +132,7 @@ def _make_hooked(original):
     def from_func_graph(*args, **kwargs):
         atomic = original(*args, **kwargs)
         options = _HOOK.options
-        if options is not None:
+        if options is not None and not cost_hook.is_paused():
             _after_registration(atomic, options)
         return atomic
 
@@ -193,8 +194,9 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
         try:
             signatures = Signatures(_called_library(ctx, fdef))
             body = function_to_graph(fdef, signatures)
-            result = rewrite_body(body.graph_def, options, body.retvals, body.preserved(), signatures,
-                                  preserve_stateful=True, label=name)
+            with cost_hook.shapes_from(atomic if options.assign == "cost" else None):
+                result = rewrite_body(body.graph_def, options, body.retvals, body.preserved(), signatures,
+                                      preserve_stateful=True, label=name)
             if not result.retyped and not result.emulated:  # an emulated body retypes nothing but has Casts
                 _remember_checked(name)
                 return None

@@ -85,25 +85,14 @@ def test_the_cache_lives_under_xdg_cache_home(monkeypatch, tmp_path):
     assert cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "mp_rewrite")
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
-    yield os.environ["XDG_CACHE_HOME"]
-    if old is None:
-        del os.environ["XDG_CACHE_HOME"]
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
-
-
 @pytest.mark.skipif(not NATIVE_BF16, reason="measuring bfloat16 costs needs a CPU with bfloat16 units")
 @pytest.mark.parametrize("build", [lambda: example_models.cnn_bn(16),
                                    lambda: example_models.transformer_encoder(seq_len=8, d_model=32)],
                          ids=["cnn", "transformer"])
-def test_models_converted_by_measured_cost_run_and_match_float32(cache, build):
+def test_models_converted_by_measured_cost_run_and_match_float32(cost_cache, build):
     graph = examples.inference_graph(build(), batch=4)
     costs = measure_costs(graph.graph_def, "bfloat16", graph.fetches, batch=4)
-    assert os.listdir(os.path.join(cache, "mp_rewrite"))  # cached for the next run
+    assert os.listdir(os.path.join(cost_cache, "mp_rewrite"))  # cached for the next run
     assert any(v is not None for v in costs.ops.values())
     result = mp_rewrite.rewrite_graph_def(graph.graph_def, "bfloat16", graph.fetches, assign="cost", costs=costs)
     a = result.assignment
@@ -118,3 +107,20 @@ def test_models_converted_by_measured_cost_run_and_match_float32(cache, build):
     np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=4 * rtol, atol=4 * atol)
     again = measure_costs(graph.graph_def, "bfloat16", graph.fetches, batch=4)
     assert again.source.startswith("cache") and again.ops == costs.ops
+
+
+def test_cli_costs_exports_a_table_and_a_bad_one_is_a_one_line_error(tmp_path, cost_cache, capsys):
+    from mp_rewrite.commands.cli import main
+    graph = examples.inference_graph(example_models.mlp(), batch=2)
+    model = tmp_path / "mlp.pb"
+    model.write_bytes(graph.graph_def.SerializeToString())
+    if NATIVE_BF16:
+        assert main(["costs", str(model), "-o", str(tmp_path / "costs.json")]) == 0
+        assert "predicted for the" in capsys.readouterr().out and load_costs(str(tmp_path / "costs.json")).ops
+        assert main(["explain", str(model), "--precision", "bfloat16", "--costs", str(tmp_path / "costs.json"),
+                     graph.fetches[0]]) == 0
+    (tmp_path / "bad.json").write_text("{not json")
+    capsys.readouterr()
+    assert main(["inspect", str(model), "--precision", "bfloat16", "--costs", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err
+    assert "is not JSON" in err and len(err.strip().splitlines()) == 1

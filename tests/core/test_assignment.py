@@ -98,6 +98,14 @@ def test_only_the_ops_that_gain_more_than_their_casts_convert():
     assert result.coloring["n1", "T"].reason.rule == "cost_low"
 
 
+def test_force_low_nodes_stay_low_whatever_they_cost():
+    graph_def, fetches, names = chain("MatMul", "Relu")
+    table = table_for(graph_def, lambda op: 1.0, lambda op: 5.0)
+    result = mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, assign="cost", costs=table,
+                                          force_low=["n0"])
+    assert dtype_string(result.graph_def, names) == "bf"
+
+
 def test_a_machine_without_low_precision_units_keeps_everything_float32_and_says_why():
     graph_def, fetches, names = chain("MatMul", "Relu")
     table = CostTable("bfloat16", low_units=False, note="this CPU has no avx512_bf16 or amx_bf16")

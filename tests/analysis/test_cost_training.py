@@ -1,0 +1,46 @@
+"""The training hook with assign="cost": each traced step function is rewritten with costs measured here for its
+own ops (forward and backward), cached; the step runs and every candidate's Reason carries the numbers."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mp_rewrite.analysis.op_costs import machine_facts
+from mp_rewrite.training import api as training
+from mp_rewrite.training import function_hook
+
+NATIVE_BF16 = {"avx512_bf16", "amx_bf16"} & set(machine_facts()["cpu_flags"])
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="measuring bfloat16 costs needs a CPU with bfloat16 units")
+def test_a_training_step_is_rewritten_by_measured_cost(cost_cache):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"), keras.layers.Dense(1)])
+    opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), precision="bfloat16",
+                                                        assign="cost")
+    try:
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(128, 256)).astype("float32"), rng.normal(size=(128, 1)).astype("float32")
+        losses = [float(step(x, y)) for _ in range(3)]
+        assert all(np.isfinite(losses))
+        name = step.get_concrete_function(x, y).name
+        name = name.decode() if isinstance(name, bytes) else name
+        result = training.rewritten_functions().get(name)
+        assert result is not None and result.assignment is not None and result.assignment.candidates
+        assert all(result.coloring.for_node(n)[0].reason.stage == "assign_by_cost"
+                   for n in result.assignment.candidates)
+        assert not training.rewrite_failures()
+        assert os.listdir(os.path.join(cost_cache, "mp_rewrite"))  # measured once, cached for the next process
+    finally:
+        training.disable_mixed_precision_graph_rewrite()
