@@ -82,6 +82,9 @@ def precheck(args) -> None:
         check_output(args.source, args.output, args.overwrite)
     if args.verify or args.guard or args.tune:
         check_verify_options(args)  # a bad option must not be found after the output is written
+    if args.guard and args.guard_overrides:
+        from ..guard.result import check_overrides_path
+        check_overrides_path(args.guard_overrides)  # before minutes of guarding, not after
 
 
 def run(args) -> int:

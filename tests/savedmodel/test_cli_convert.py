@@ -135,6 +135,9 @@ def test_full_disk_loses_nothing(source, tmp_path):
     (None, ("convert", "SOURCE", "OUT", "--weights", "low"), "--weights low needs --freeze"),
     (None, ("convert", "SOURCE", "OUT", "--device", "tpu"), "unknown device 'tpu'"),
     (None, ("verify", "SOURCE", "BAD"), "bad' does not exist"),
+    (None, ("convert", "SOURCE", "OUT", "--guard", "--guard-overrides", "BAD/kept.toml"), "does not exist"),
+    (None, ("convert", "SOURCE", "OUT", "--tag-set", "serve,,gpu"), "--tag-set 'serve,,gpu' has an empty tag"),
+    (None, ("convert", "SOURCE", "OUT", "--tag-set", "gpu"), "no MetaGraph tagged 'gpu' (its tag-sets: serve)"),
 ])
 def test_cli_errors_are_one_line(source, tmp_path, capsys, make, args, fragment):
     bad, out = tmp_path / "bad", tmp_path / "out"
