@@ -19,6 +19,7 @@ Keras objects and any other function or attribute of the original object graph; 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import pathlib
 import shutil
 import tempfile
@@ -36,7 +37,7 @@ from .loadable_copy import loadable_copy
 from .result import Rewritten
 from .variable_weights import lower_variable_reads, stored_variables
 
-DROPPED = ("variables (the model can no longer be trained or fine-tuned)", "the restored Keras objects and every "
+DROPPED = ("trainable variables (the model can no longer be trained or fine-tuned)", "the restored Keras objects and every "
            "function or attribute of the object graph other than the signatures")
 # protobuf refuses to serialize a message over 2 GB, and the frozen float32 graph goes through Grappler (serialized)
 # before its weights are halved: weights above this size cannot be frozen into graph constants.
@@ -65,6 +66,7 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
         loaded = load_saved_model(staging or source_dir, "source", tags)
         module, functions, graphs, names = _frozen_module(loaded, source_dir, keys, options, progress, weights,
                                                           form == "variables")
+        frozen_keys = tuple(functions)
         directory = tempfile.mkdtemp(prefix="mp_rewrite-frozen-")
         # An inference artifact needs no gradients; saving custom gradients (Keras' swish) fails on frozen graphs.
         save_options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
@@ -77,9 +79,13 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
             raise ModelError(f"TensorFlow cannot save the frozen signatures: {str(e).splitlines()[0]}") from None
     finally:
         remove_tree(staging)
+        # The source's weights go before the written copy is loaded to be checked: peak memory is the source and
+        # its low-precision copy, not both models and a third.
+        loaded = module = functions = None
+        gc.collect()
     note = (f"frozen inference model, {why}: every signature is kept; dropped: {'; '.join(DROPPED)}. Load it with "
             f"tf.saved_model.load('{output}'{f', tags={tags}' if tags and tags != ['serve'] else ''})")
-    return Rewritten(new, pathlib.Path(directory), graphs, {}, names, tuple(functions), notes=[note],
+    return Rewritten(new, pathlib.Path(directory), graphs, {}, names, frozen_keys, notes=[note],
                      staging=directory)
 
 
