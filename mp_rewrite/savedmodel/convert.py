@@ -21,7 +21,7 @@ from ..model.files import read_saved_model
 from ..model.keras_file import saved_model_of
 from ..model.signatures import check_signature_keys, signature_keys
 from ..model.tags import parse_tag_set, select_meta_graphs, single_meta_graph
-from .freeze import freeze_saved_model
+from .freeze import freeze_saved_model, weights_form
 from .frozen_function import remove_tree
 from .in_place import rewrite_in_place
 from .keras_metadata import check_mode
@@ -86,7 +86,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
         # The lock is held from the output check to the rename, so that no other run interleaves with this one.
         with output_lock(absolute_output(output)):
             source_dir, output_dir, saved_model, keys = check_conversion(source_path, output, tags, signatures,
-                                                                         freeze, overwrite, options)
+                                                                         freeze, overwrite, options, freeze_weights)
             with _step("rewrite"):
                 if freeze:
                     rewritten = freeze_saved_model(source_dir, saved_model, options, keys, tags, progress,
@@ -124,7 +124,7 @@ def check_modes(weights: str, freeze: bool, keras_metadata: str) -> None:
 
 
 def check_conversion(source, output, tag_set=None, signatures=None, freeze: bool = False, overwrite: bool = False,
-                     options: Options | None = None):
+                     options: Options | None = None, freeze_weights: str = "auto"):
     """The check step: the source (files, variables, references), the output path, the tag-set, the signature
     keys and (given `options`) that every keep_fp32/force_low pattern names a node of what would be rewritten,
     without rewriting anything. Front ends with slow work of their own (the guard, --tune) call it first.
@@ -141,6 +141,8 @@ def check_conversion(source, output, tag_set=None, signatures=None, freeze: bool
     tags = parse_tag_set(tag_set) if not isinstance(tag_set, frozenset) else tag_set
     chosen = [single_meta_graph(saved_model, tags, "--freeze")] if freeze else select_meta_graphs(saved_model, tags)
     keys = check_signature_keys(signatures, signature_keys(m for _, m in chosen))
+    if freeze:
+        weights_form(source_dir, freeze_weights)  # a form that cannot hold the weights is refused now
     if options is not None:
         functions = {name for _, m in chosen for name in functions_to_rewrite(m, keys)}
         names = node_names(saved_model, functions)

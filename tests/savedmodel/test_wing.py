@@ -165,7 +165,7 @@ def test_weights_too_large_for_constants_stay_low_precision_variables(tmp_path, 
         layer.bias.assign(np.random.default_rng(1).standard_normal(layer.bias.shape).astype("float32") / 10)
     model.export(str(tmp_path / "m"), verbose=False)
     monkeypatch.setattr(freeze, "GRAPH_LIMIT", 1000)  # this model's weights now "pass the limit"
-    with pytest.raises(ModelError, match=r"--freeze-weights constants cannot hold .* \(protobuf.s 2 GB limit\)"):
+    with pytest.raises(ModelError, match=r"^--freeze-weights constants cannot hold .* \(protobuf.s 2 GB limit\)"):
         convert_saved_model(tmp_path / "m", tmp_path / "c", "bfloat16", freeze=True, freeze_weights="constants")
     result = convert_saved_model(tmp_path / "m", tmp_path / "out", "bfloat16", freeze=True)
     assert any("weights kept as variables" in note for note in result.notes)
