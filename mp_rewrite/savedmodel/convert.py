@@ -37,7 +37,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                         tag_set=None, signatures=None, device: str | None = None, lists=None,
                         lists_file: str | None = None, allow=(), infer=(), deny=(), clear=(), remove=(),
                         keep_fp32=(), force_low=(), level: str | None = None, emulate: bool | None = None,
-                        weights: str = "keep", freeze: bool = False, freeze_weights: str = "auto",
+                        assign: str = "lists", costs=None, weights: str = "keep", freeze: bool = False, freeze_weights: str = "auto",
                         keras_metadata: str = "keep",
                         overwrite: bool = False, flops: bool = True, progress=None, on_note=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
@@ -47,7 +47,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
         source: the SavedModel directory (only read), or a Keras .keras / .h5 file (exported as model.export does).
         output: the new SavedModel directory; it appears only when complete.
         precision, device, lists, lists_file, allow, infer, deny, clear, remove, keep_fp32, force_low, level,
-            emulate: the rewrite options (mp_rewrite.make_options; node-name patterns match nodes of function
+            emulate, assign, costs: the rewrite options (mp_rewrite.make_options; node-name patterns match nodes of function
             bodies); or
         options: an Options made once with make_options.
         tag_set: the MetaGraph to convert ("serve,gpu" or a set of tags); None: every MetaGraph (with freeze: the
@@ -79,7 +79,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
     start = time.perf_counter()
     if options is None:
         options = make_options(precision, device, lists, keep_fp32, force_low, level, emulate, lists_file=lists_file,
-                               allow=allow, infer=infer, deny=deny, clear=clear, remove=remove)
+                               allow=allow, infer=infer, deny=deny, clear=clear, remove=remove, assign=assign,
+                               costs=costs)
     check_modes(weights, freeze, keras_metadata)
     tags = parse_tag_set(tag_set)
     with saved_model_of(source, on_note) as source_path:
