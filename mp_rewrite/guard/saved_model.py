@@ -114,8 +114,8 @@ def guard_saved_model(source, inputs=None, signature: str | None = None, precisi
     for option in ("keep_fp32", "force_low"):
         if rewrite_options.get(option):
             rewrite_options[option] = inlined_patterns(rewrite_options[option])
-    result = guard(frozen.graph_def, frozen.fetches, {frozen.feeds[k].split(":")[0]: v for k, v in arrays.items()}, precision,
-                   rtol, atol, **rewrite_options)
+    feeds = {frozen.feeds[k].split(":")[0]: v for k, v in arrays.items()}
+    result = guard(frozen.graph_def, frozen.fetches, feeds, precision, rtol, atol, **rewrite_options)
     nodes, unmapped = body_nodes([k.node for k in result.kept], meta_graph.graph_def)
     keep = tuple(dict.fromkeys(pattern for _, pattern in nodes.values()))
     return SavedModelGuard(result, key, keep, nodes, unmapped)

@@ -37,9 +37,9 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                         tag_set=None, signatures=None, device: str | None = None, lists=None,
                         lists_file: str | None = None, allow=(), infer=(), deny=(), clear=(), remove=(),
                         keep_fp32=(), force_low=(), level: str | None = None, emulate: bool | None = None,
-                        assign: str = "lists", costs=None, weights: str = "keep", freeze: bool = False, freeze_weights: str = "auto",
-                        keras_metadata: str = "keep",
-                        overwrite: bool = False, flops: bool = True, progress=None, on_note=None) -> ConversionResult:
+                        assign: str = "lists", costs=None, weights: str = "keep", freeze: bool = False,
+                        freeze_weights: str = "auto", keras_metadata: str = "keep", overwrite: bool = False,
+                        flops: bool = True, progress=None, on_note=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
     dtypes, shapes), variables, assets and object graph, whose functions compute in float16 or bfloat16.
 
@@ -47,8 +47,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
         source: the SavedModel directory (only read), or a Keras .keras / .h5 file (exported as model.export does).
         output: the new SavedModel directory; it appears only when complete.
         precision, device, lists, lists_file, allow, infer, deny, clear, remove, keep_fp32, force_low, level,
-            emulate, assign, costs: the rewrite options (mp_rewrite.make_options; node-name patterns match nodes of function
-            bodies); or
+            emulate, assign, costs: the rewrite options (mp_rewrite.make_options; node-name patterns match nodes
+            of function bodies); or
         options: an Options made once with make_options.
         tag_set: the MetaGraph to convert ("serve,gpu" or a set of tags); None: every MetaGraph (with freeze: the
             only one, or the only one tagged "serve").

@@ -37,8 +37,8 @@ from .loadable_copy import loadable_copy
 from .result import Rewritten
 from .variable_weights import lower_variable_reads, stored_variables
 
-DROPPED = ("trainable variables (the model can no longer be trained or fine-tuned)", "the restored Keras objects and every "
-           "function or attribute of the object graph other than the signatures")
+DROPPED = ("trainable variables (the model can no longer be trained or fine-tuned)",
+           "the restored Keras objects and every function or attribute of the object graph other than the signatures")
 # protobuf refuses to serialize a message over 2 GB, and the frozen float32 graph goes through Grappler (serialized)
 # before its weights are halved: weights above this size cannot be frozen into graph constants.
 GRAPH_LIMIT = 2**31 - 2**26
