@@ -2,7 +2,7 @@
 
 The package is the pass and its front ends; imports point one way (see docs/contracts.md):
 
-    commands/  ->  savedmodel/, training/, guard/, report/  ->  analysis/  ->  core/  (and errors)
+    commands/  ->  savedmodel/, training/, guard/, report/  ->  analysis/, model/, rules/  ->  core/  (and errors)
 
 The public names are imported lazily, so `import mp_rewrite` (and `mp-rewrite --version`) does not start
 TensorFlow until something needs it.
@@ -13,10 +13,11 @@ import importlib
 from .core.observers import add_rewrite_observer as _add_rewrite_observer
 from .report.dump import dump_on_demand as _dump_on_demand
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 _EXPORTS = {
     "rewrite_graph_def": "core.rewrite", "rewrite_meta_graph_def": "core.rewrite", "RewriteResult": "core.body",
+    "Options": "core.options", "make_options": "core.options",
     "OpLists": "core.oplists", "builtin_lists": "core.oplists", "load_lists": "core.oplists",
     "add_rewrite_observer": "core.observers", "remove_rewrite_observer": "core.observers",
     "MpRewriteError": "errors", "GraphError": "errors", "ListError": "errors", "ModelError": "errors",
@@ -25,10 +26,10 @@ _EXPORTS = {
     "enable_graph_rewrite": "training.api",
     "mixed_precision_graph_rewrite": "training.api", "rewritten_functions": "training.api",
     "rewrite_failures": "training.api",
-    "LossScaleOptimizer": "training.loss_scale_optimizer",
+    "LossScaleOptimizer": "training.loss_scale.optimizer",
     "guard": "guard.accuracy_guard", "GuardResult": "guard.accuracy_guard", "load_overrides": "guard.accuracy_guard",
     "guard_saved_model": "guard.saved_model",
-    "convert_saved_model": "savedmodel.convert", "ConversionResult": "savedmodel.convert",
+    "convert_saved_model": "savedmodel.convert", "ConversionResult": "savedmodel.result",
     "verify_saved_models": "savedmodel.verify", "VerifyReport": "savedmodel.verify",
     "compare_outputs": "analysis.compare", "OutputCheck": "analysis.compare",
 }

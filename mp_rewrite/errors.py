@@ -22,7 +22,7 @@ class StageError(MpRewriteError):
 
     def __init__(self, stage: str, node: str, op: str, message: str):
         super().__init__(f"stage '{stage}' failed on node '{node}' (op {op}): {message}")
-        self.stage, self.node, self.op = stage, node, op
+        self.stage, self.node, self.op, self.message = stage, node, op, message
 
 
 class ModelError(MpRewriteError):

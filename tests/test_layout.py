@@ -1,6 +1,6 @@
 """The package's layout stays true: imports point one way, modules stay small, `import mp_rewrite` stays light.
 
-    commands/  ->  savedmodel/, training/, guard/, report/  ->  analysis/  ->  core/  (and errors)
+    commands/  ->  savedmodel/, training/, guard/, report/  ->  analysis/, model/, rules/  ->  core/  (and errors)
 
 Every import is read from the source (module-level and inside functions, relative and absolute), so a lazy import
 that breaks the direction is caught as surely as a top-level one.
@@ -23,18 +23,24 @@ MAX_LINES = 400
 # reader for its SavedModel entry point; `commands.demo` runs the bundled example models of `testing`.
 ALLOWED = {
     "errors": set(),
+    "version": set(),
     "core": set(),
     "analysis": {"core"},
-    "savedmodel": {"analysis", "core"},
-    "training": {"analysis", "core"},
-    "report": {"analysis", "core"},
-    "guard": {"savedmodel", "analysis", "core"},
-    "commands": {"savedmodel", "training", "guard", "report", "analysis", "core"},
-    "testing": {"savedmodel", "training", "guard", "report", "analysis", "core"},
+    "model": {"core"},
+    "rules": {"core"},
+    "savedmodel": {"analysis", "model", "rules", "core"},
+    "training": {"analysis", "rules", "core"},
+    "report": {"analysis", "model", "core"},
+    "guard": {"savedmodel", "analysis", "model", "core"},
+    "commands": {"savedmodel", "training", "guard", "report", "analysis", "model", "rules", "core"},
+    "testing": {"savedmodel", "training", "guard", "report", "analysis", "model", "rules", "core"},
     # The package root wires the dump on demand (report) to the core's observers and exports the public names.
-    "__init__": {"core", "report"},
+    "__init__": {"core", "report", "version"},
     "__main__": {"commands"},
 }
+# The SavedModel conversion is one orchestrator (savedmodel/convert.py) over strategies that never import it.
+STRATEGIES = ("savedmodel.in_place", "savedmodel.freeze", "savedmodel.frozen_signature", "savedmodel.frozen_function",
+              "savedmodel.loadable_copy", "savedmodel.result")
 EXCEPTIONS = {("commands.demo", "testing")}
 
 
@@ -105,6 +111,16 @@ def test_imports_point_one_way():
 ])
 def test_the_check_catches_a_core_module_importing_a_front_end(source, expected):
     assert violations("core.rewrite", imported_modules(source, "core.rewrite", False)) == expected
+
+
+def test_strategies_do_not_import_the_orchestrator():
+    bad = []
+    for path, module in package_modules():
+        if module in STRATEGIES:
+            imports = imported_modules(path.read_text(), module, False)
+            bad += [f"mp_rewrite.{module} imports mp_rewrite.{name}" for name in imports
+                    if name == "savedmodel.convert" or name.startswith("savedmodel.convert.")]
+    assert not bad, "a strategy imports the orchestrator:\n" + "\n".join(bad)
 
 
 def test_modules_stay_under_400_lines():

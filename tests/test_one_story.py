@@ -1,4 +1,4 @@
-"""One story across commands: inspect (report.model_loader), convert and demo rewrite the same functions of a model
+"""One story across commands: inspect (model.loaded), convert and demo rewrite the same functions of a model
 and report the same numbers (nodes now in low precision, casts in both directions)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mp_rewrite import report
+from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.savedmodel.convert import convert_saved_model
 
 
@@ -30,7 +30,7 @@ def _totals(results) -> tuple:
 
 def test_inspect_and_convert_rewrite_the_same_functions_with_the_same_counts(tf_keras_lstm, tmp_path):
     converted = convert_saved_model(tf_keras_lstm, tmp_path / "out", "bfloat16")
-    inspected = report.rewrite_model(report.load_model(str(tf_keras_lstm)), "bfloat16")
+    inspected = rewrite_model(load_model(str(tf_keras_lstm)), "bfloat16")
     assert set(inspected.functions) == set(converted.functions)
     assert _totals([inspected, *inspected.functions.values()]) == (converted.converted_nodes, converted.casts)
 

@@ -33,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     import keras
     from mp_rewrite import convert_saved_model
-    from mp_rewrite.savedmodel.convert import read_saved_model
+    from mp_rewrite.model.files import read_saved_model
     from mp_rewrite.savedmodel.source_check import check_source, load_error
     root = tempfile.mkdtemp()
     source, out = os.path.join(root, "source"), os.path.join(root, "out")

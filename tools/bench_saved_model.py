@@ -1,15 +1,21 @@
 """Benchmark: inference latency of SavedModels converted by `mp-rewrite convert --precision bfloat16`, side by side
 with the float32 original, TensorFlow's own `auto_mixed_precision_onednn_bfloat16` Grappler rewrite, and the Keras
-`mixed_bfloat16` policy, on Keras ResNet-50, MobileNetV2 and a Transformer encoder (random weights).
+`mixed_bfloat16` policy, on Keras ResNet-50, MobileNetV2, EfficientNetB0 and a Transformer encoder (random weights);
+opt-in: keras-hub BERT and GPT-2 backbones (`--models ...,bert,gpt2`), and the peers Intel Neural Compressor
+(`--inc-python`, tools/inc_convert.py) and OpenVINO (`--openvino-python`, tools/openvino_run.py).
 
-    python3 tools/bench_saved_model.py [--models resnet50,mobilenetv2,transformer] [--batches 8,32]
-                                       [--rounds 10] [--block-seconds 1.5] [--out docs/bench_saved_model.png]
+    python3 tools/bench_saved_model.py [--models resnet50,mobilenetv2,efficientnetb0,transformer,bert,gpt2]
+                                       [--batches 8,32] [--rounds 10] [--block-seconds 1.5]
+                                       [--inc-python PY] [--openvino-python PY] [--json rows.json]
+                                       [--out docs/bench_saved_model.png] [--markdown docs/bench_saved_model.md]
 
 Method: every variant runs in its own subprocess (TF's optimizer options are process-global), all four stay loaded
 at once and are timed in interleaved blocks (round r runs the variants in rotated order), so a change in the
 machine's load hits every variant alike; each block runs the signature several times and the table shows medians
 over all calls. Each worker also records, once, which matmul/conv kernels TF really executed in bfloat16 (eager run
-metadata), and its outputs, so that the table can show that TF's rewrite took effect. The conversion time of
+metadata), and its outputs, so that the table can show that TF's rewrite took effect. OpenVINO is one more worker
+in the same rotation (in its own Python, see tools/openvino_run.py): it converts the float32 SavedModel itself and
+is fed the arrays the float32 worker was fed. The conversion time of
 ResNet-50 is the median of 3 in-process `convert_saved_model` calls, plus one end-to-end CLI run.
 Writes the table to docs/bench_saved_model.md and a bar chart to --out (if matplotlib is installed).
 """
@@ -32,13 +38,19 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # the `tensorflow` wheel leaves oneDNN off (see tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "ours", "ours_freeze", "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")  # + "inc" if asked
+VARIANTS = ("fp32", "ours", "ours_freeze", "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")
+PEERS = ("inc", "openvino")  # each only if its Python is given
 TUNE_BATCH = 8
 # An extra variant, not Grappler's lists: only the allow ops (matmul/conv) in bf16, every elementwise op float32.
 MATMUL_CONV_ONLY = "[infer]\nops = []\n[clear]\nops = []\n"
 MODELS = {"resnet50": "Keras ResNet-50 (224x224)", "mobilenetv2": "Keras MobileNetV2 (224x224)",
           "efficientnetb0": "Keras EfficientNetB0 (224x224)",
-          "transformer": "Transformer encoder (4 layers, d=256, 8 heads, seq 128)"}
+          "transformer": "Transformer encoder (4 layers, d=256, 8 heads, seq 128)",
+          "bert": "keras-hub BertBackbone, BERT-mini shape (4 layers, d=256, 4 heads, ffn 1024, vocab 30522, seq 128)",
+          "gpt2": "keras-hub GPT2Backbone (4 layers, d=256, 4 heads, ffn 1024, vocab 50257, seq 128)"}
+DEFAULT_MODELS = ("resnet50", "mobilenetv2", "efficientnetb0", "transformer")
+KERAS_HUB = ("bert", "gpt2")
+SEQUENCE = 128  # keras-hub backbones take (batch, any length): exported with this length
 
 
 # --------------------------------------------------------------------------------------------- models
@@ -54,7 +66,33 @@ def build_model(name: str):
         return keras.applications.MobileNetV2(weights=None)
     if name == "efficientnetb0":
         return keras.applications.EfficientNetB0(weights=None)
+    if name in KERAS_HUB:
+        import keras_hub
+        size = dict(num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, max_sequence_length=SEQUENCE)
+        if name == "bert":
+            return keras_hub.models.BertBackbone(vocabulary_size=30522, **size)
+        return keras_hub.models.GPT2Backbone(vocabulary_size=50257, **size)
     return _transformer()
+
+
+def with_random_biases(model):
+    """Every bias (and LayerNormalization beta) of a nested model, e.g. a keras-hub backbone, set to small random
+    values: they are zeros when freshly built, which Grappler would fold away."""
+    import numpy as np
+    rng = np.random.default_rng(1)
+    for weight in model.weights:
+        if weight.path.rsplit("/", 1)[-1] in ("bias", "beta"):
+            weight.assign(rng.normal(0, 0.05, tuple(weight.shape)).astype("float32"))
+    return model
+
+
+def export(name: str, model, path: Path) -> None:
+    """`model.export` (the serving signature); keras-hub backbones with a fixed sequence length."""
+    signature = None
+    if name in KERAS_HUB:
+        import tensorflow as tf
+        signature = [{i.name: tf.TensorSpec((None, SEQUENCE), i.dtype, name=i.name) for i in model.inputs}]
+    model.export(str(path), verbose=False, input_signature=signature)
 
 
 def with_statistics(model):
@@ -88,7 +126,7 @@ def _transformer():
     return keras.Model(tokens, keras.layers.Dense(10)(pooled))
 
 
-def prepare(name: str, workdir: Path, inc_python: str | None) -> tuple[dict, dict]:
+def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: str | None = None) -> tuple[dict, dict]:
     """Export the float32 and the Keras mixed_bfloat16 SavedModels (same weights) and convert the float32 one.
 
     Returns:
@@ -101,14 +139,18 @@ def prepare(name: str, workdir: Path, inc_python: str | None) -> tuple[dict, dic
              "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16",
              "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned"}
     paths["tf_amp"] = paths["fp32"]
+    if openvino_python:
+        paths["openvino"] = paths["fp32"]  # OpenVINO converts the float32 SavedModel itself, in its worker
     if not (paths["fp32"] / "saved_model.pb").exists() or not (paths["keras_mixed"] / "saved_model.pb").exists():
         model = with_statistics(build_model(name))
-        model.export(str(paths["fp32"]), verbose=False)
+        if name in KERAS_HUB:
+            model = with_random_biases(model)
+        export(name, model, paths["fp32"])
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
         try:
             mixed = build_model(name)
             mixed.set_weights(model.get_weights())
-            mixed.export(str(paths["keras_mixed"]), verbose=False)
+            export(name, mixed, paths["keras_mixed"])
         finally:
             keras.mixed_precision.set_global_policy("float32")
     times = []
@@ -204,6 +246,7 @@ def worker(variant: str, path: str, batch: int, outputs_file: str) -> None:
         outputs = function(**inputs)
     warm = (time.perf_counter() - start) / 3
     np.savez(outputs_file, **{k: tf.cast(v, tf.float32).numpy() for k, v in outputs.items()})
+    np.savez(inputs_file(outputs_file), **arrays)  # what OpenVINO's worker is fed
     print(json.dumps({"ready": True, "warm_s": warm, "bf16_kernels": low, "kernels": total, "census": census}),
           flush=True)
     for line in sys.stdin:
@@ -217,14 +260,19 @@ def worker(variant: str, path: str, batch: int, outputs_file: str) -> None:
         print(json.dumps({"times": times, "cpu": cpu}), flush=True)
 
 
-class Worker:
-    """A variant loaded in its own subprocess."""
+def inputs_file(outputs_file) -> str:
+    """Where a worker writes the input arrays it feeds."""
+    return str(outputs_file).removesuffix(".npz") + "_inputs.npz"
 
-    def __init__(self, variant: str, path: Path, batch: int, outputs_file: Path, log: Path):
+
+class Worker:
+    """A variant loaded in its own subprocess (`command`: another program speaking the same protocol)."""
+
+    def __init__(self, variant: str, path: Path, batch: int, outputs_file: Path, log: Path, command=None):
         self.variant, self.outputs_file = variant, outputs_file
         self.log = open(log, "a")
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", variant, str(path), str(batch),
-                                      str(outputs_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        command = command or [sys.executable, __file__, "--worker", variant, str(path), str(batch), str(outputs_file)]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True, cwd=ROOT)
         self.info = None
 
@@ -251,14 +299,40 @@ class Worker:
 # --------------------------------------------------------------------------------------------- measuring
 
 
-def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, block_seconds: float) -> dict:
+def openvino_command(python: str, path: Path, fp32_outputs: Path, outputs: Path) -> list:
+    """tools/openvino_run.py in OpenVINO's environment, fed the float32 worker's inputs."""
+    return [python, str(ROOT / "tools" / "openvino_run.py"), str(path), inputs_file(fp32_outputs), str(outputs),
+            "--threads", "2"]
+
+
+def _matched_outputs(outputs, reference) -> list:
+    """(array, float32 array) pairs: by name where the names agree, else by shape in sorted-name order (Intel Neural
+    Compressor's output keys are its graph's tensor names)."""
+    pairs, unused = [], sorted(outputs.files)
+    for key in sorted(reference.files):
+        match = key if key in unused else next((k for k in unused if outputs[k].shape == reference[key].shape),
+                                               unused[0] if unused else None)
+        if match is not None:
+            unused.remove(match)
+            pairs.append((outputs[match], reference[key]))
+    return pairs
+
+
+def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, block_seconds: float,
+            openvino_python: str | None = None) -> dict:
     """Median latency (ms) of every variant for one model and batch size, timed in interleaved blocks."""
     import numpy as np
-    variants = [v for v in VARIANTS + ("inc",) if v in paths]
-    workers = {v: Worker(v, paths[v], batch, workdir / f"{name}_b{batch}_{v}.npz", workdir / "workers.log")
-               for v in variants}
+    variants = [v for v in VARIANTS + PEERS if v in paths]
+    log = workdir / "workers.log"
+    outputs_of = {v: workdir / f"{name}_b{batch}_{v}.npz" for v in variants}
+    workers = {v: Worker(v, paths[v], batch, outputs_of[v], log) for v in variants if v != "openvino"}
     try:
         infos = {v: w.ready() for v, w in workers.items()}
+        if "openvino" in variants:  # started once the float32 worker has written its inputs
+            workers["openvino"] = Worker("openvino", paths["openvino"], batch, outputs_of["openvino"], log,
+                                         openvino_command(openvino_python, paths["openvino"], outputs_of["fp32"],
+                                                          outputs_of["openvino"]))
+            infos["openvino"] = workers["openvino"].ready()
         calls = max(1, round(block_seconds / max(i["warm_s"] for i in infos.values())))
         times, cpu = {v: [] for v in variants}, {v: [] for v in variants}
         for r in range(rounds):
@@ -269,22 +343,23 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
     finally:
         for w in workers.values():
             w.close()
-    outputs = {v: np.load(workdir / f"{name}_b{batch}_{v}.npz") for v in variants}
-    # Intel Neural Compressor's output keys are its graph's tensor names; outputs are compared in key order.
-    diff = {v: max(float(np.abs(outputs[v][k] - outputs["fp32"][r]).max())
-                   for k, r in zip(sorted(outputs[v].files), sorted(outputs["fp32"].files))) for v in variants}
+    outputs = {v: np.load(outputs_of[v]) for v in variants}
+    diff = {v: max(float(np.abs(a - r).max()) for a, r in _matched_outputs(outputs[v], outputs["fp32"]))
+            for v in variants}
     return {"model": name, "batch": batch, "ms": {v: 1000 * statistics.median(t) for v, t in times.items()},
             "cpu_ms": {v: 1000 * statistics.median(t) for v, t in cpu.items()},
             "calls": {v: len(t) for v, t in times.items()}, "diff_vs_fp32": diff,
             "kernels": {v: (infos[v]["bf16_kernels"], infos[v]["kernels"]) for v in variants},
             "same_graph_as_tf_amp": infos["ours"]["census"] == infos["tf_amp"]["census"],
-            "casts": {v: sum(n for op, n in infos[v]["census"].items() if op.startswith("Cast ")) for v in variants}}
+            "casts": {v: sum(n for op, n in infos[v]["census"].items() if op.startswith("Cast ")) for v in variants},
+            "openvino": {k: infos["openvino"][k] for k in ("convert_s", "compile_s", "precision", "threads", "hint",
+                                                           "openvino")} if "openvino" in infos else None}
 
 
 def main(argv=None) -> int:
     """Prepare the models, time every variant, print and write the results."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--block-seconds", type=float, default=1.5)
@@ -293,12 +368,18 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", default=str(ROOT / "docs" / "bench_saved_model.md"))
     parser.add_argument("--inc-python", help="the Python of an environment with Intel Neural Compressor 3.7.1 "
                         "(see tools/inc_convert.py); without it INC is not compared")
+    parser.add_argument("--openvino-python", help="the Python of an environment with `openvino` (see "
+                        "tools/openvino_run.py); without it OpenVINO is not compared")
+    parser.add_argument("--json", help="also write the measured rows and conversion facts to this JSON file")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
     names, batches = args.models.split(","), [int(b) for b in args.batches.split(",")]
-    prepared = {name: prepare(name, workdir, args.inc_python) for name in names}
+    unknown = [name for name in names if name not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    prepared = {name: prepare(name, workdir, args.inc_python, args.openvino_python) for name in names}
     facts = {name: f for name, (_, f) in prepared.items()}
     cli_seconds = {}
     if "resnet50" in prepared:
@@ -308,12 +389,17 @@ def main(argv=None) -> int:
     rows = []
     for name in names:
         for batch in batches:
-            rows.append(measure(name, batch, prepared[name][0], workdir, args.rounds, args.block_seconds))
+            rows.append(measure(name, batch, prepared[name][0], workdir, args.rounds, args.block_seconds,
+                                args.openvino_python))
             print("\n".join(table(rows[-1:])[2:]), flush=True)
     note = chart(rows, Path(args.out))
     command = "python3 tools/bench_saved_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = report(rows, facts, cli_seconds, machine(), (load_before, os.getloadavg()[0]), command.strip(), note)
     Path(args.markdown).write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": command.strip(), "machine": machine(),
+                                               "load": [load_before, os.getloadavg()[0]], "rows": rows,
+                                               "facts": facts, "cli_seconds": cli_seconds}, indent=1, default=str))
     print(text)
     return 0
 

@@ -9,7 +9,8 @@ from pathlib import Path
 LABELS = {"fp32": "float32", "ours": "mp-rewrite bf16", "ours_freeze": "mp-rewrite bf16 --freeze",
           "ours_tuned": "mp-rewrite --freeze --tune",
           "tf_amp": "TF AMP (oneDNN bf16)", "keras_mixed": "Keras mixed_bfloat16",
-          "ours_mm": "mp-rewrite bf16, matmul/conv only", "inc": "Intel Neural Compressor bf16"}
+          "ours_mm": "mp-rewrite bf16, matmul/conv only", "inc": "Intel Neural Compressor bf16",
+          "openvino": "OpenVINO (CPU plugin)"}
 
 
 def variants(row: dict) -> list:
@@ -123,6 +124,15 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
     for row in rows:
         lines.append(f"- {row['model']} batch {row['batch']}: " +
                      ", ".join(f"{LABELS[v]} {row['diff_vs_fp32'][v]:.2e}" for v in variants(row)[1:]))
+    openvino = [row for row in rows if row.get("openvino")]
+    if openvino:
+        info = openvino[0]["openvino"]
+        lines += ["", f"OpenVINO {info['openvino']}: `openvino.convert_model` of the float32 SavedModel, reshaped to "
+                  f"the fed shapes, CPU plugin, {info['threads']} threads, performance hint {info['hint']}, inference "
+                  f"precision {info['precision']} (its default on this CPU); OpenVINO runs its own kernels, so its "
+                  "Cast count says nothing. Conversion + compilation s:", ""]
+        lines += [f"- {row['model']} batch {row['batch']}: {row['openvino']['convert_s']:.1f} + "
+                  f"{row['openvino']['compile_s']:.1f}" for row in openvino]
     return "\n".join(lines + ["", NOTES, "", note, ""])
 
 

@@ -18,6 +18,11 @@ Usage::
 
     python3 tools/bench_training.py                               # ResNet-50 (128x128, batch 8) + small CNN
     python3 tools/bench_training.py --models small_cnn --runs 3   # quick
+    python3 tools/bench_training.py --models transformer --skip-float16   # opt-in: a Transformer encoder
+
+Models: resnet50 (default), small_cnn (default), transformer (opt-in: 4 encoder layers, d=256, 8 heads, FFN 1024 with
+GELU, sequence 128, vocabulary 8000, mean-pooled into 10 classes, the encoder of tools/bench_saved_model.py; batch
+`--transformer-batch`).
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from mp_rewrite.training import api as training  # noqa: E402
 from mp_rewrite.core.functions import function_to_graph, graph_to_function  # noqa: E402
 from mp_rewrite.training.api import wrap_optimizer  # noqa: E402
 from mp_rewrite.core.op_support import Signatures  # noqa: E402
-from mp_rewrite.core.body import make_options, rewrite_body  # noqa: E402
+from mp_rewrite.core.body import rewrite_body  # noqa: E402
+from mp_rewrite.core.options import make_options  # noqa: E402
 
 # name -> (rewrite precision or None, loss_scale for the LSO or "none" for the plain optimizer, keras policy)
 VARIANTS = {
@@ -53,12 +59,32 @@ VARIANTS = {
     "rewrite float16 + LSO fixed": ("float16", 2.0**15, None),
     "rewrite float16 + LSO dynamic": ("float16", "dynamic", None),
 }
+# Matched on the variant's precision, not its label ("bfloat16" contains "float16").
+FLOAT16_VARIANTS = frozenset(label for label, (precision, _, _) in VARIANTS.items() if precision == "float16")
 OVERHEAD_PAIRS = (("float32 + LSO dynamic", "float32 + LSO fixed"),
                   ("rewrite bfloat16 + LSO dynamic", "rewrite bfloat16"),
                   ("rewrite float16 + LSO dynamic", "rewrite float16 + LSO fixed"))
 
 
+TRANSFORMER_SEQUENCE, TRANSFORMER_VOCABULARY = 128, 8000
+
+
+def transformer_encoder():
+    """4 encoder layers (post-norm), d=256, 8 heads, FFN 1024 with GELU, over 128 tokens; logits for 10 classes."""
+    tokens = keras.Input((TRANSFORMER_SEQUENCE,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(TRANSFORMER_VOCABULARY, 256)(tokens)
+    for _ in range(4):
+        attention = keras.layers.MultiHeadAttention(num_heads=8, key_dim=32)(x, x)
+        x = keras.layers.LayerNormalization()(x + attention)
+        ffn = keras.layers.Dense(256)(keras.layers.Dense(1024, activation="gelu")(x))
+        x = keras.layers.LayerNormalization()(x + ffn)
+    pooled = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(tokens, keras.layers.Dense(10)(pooled))
+
+
 def build_model(name, size):
+    if name == "transformer":
+        return transformer_encoder()
     if name == "resnet50":
         return keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=10,
                                            classifier_activation=None)
@@ -86,8 +112,12 @@ class Variant:
             opt = wrap_optimizer(opt, loss_scale)
         self.opt = opt
         self.step = make_step(self.model, opt, scaled=loss_scale != "none")
-        shape = (batch, size, size, 3) if model_name == "resnet50" else (batch, 32, 32, 3)
-        self.x = tf.random.stateless_normal(shape, seed=(1, 2))
+        if model_name == "transformer":
+            self.x = tf.random.stateless_uniform((batch, TRANSFORMER_SEQUENCE), seed=(1, 2),
+                                                 maxval=TRANSFORMER_VOCABULARY, dtype=tf.int32)
+        else:
+            shape = (batch, size, size, 3) if model_name == "resnet50" else (batch, 32, 32, 3)
+            self.x = tf.random.stateless_normal(shape, seed=(1, 2))
         self.y = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=10, dtype=tf.int32)
         start = time.perf_counter()
         self.step(self.x, self.y).numpy()  # trace (+ rewrite) + first run
@@ -152,18 +182,19 @@ def rewrite_cost(variant, repeats=3):
 
 
 def bench_model(model_name, args):
-    labels = [v for v in VARIANTS if not (args.skip_float16 and "float16" in v)]
+    labels = [v for v in VARIANTS if not (args.skip_float16 and v in FLOAT16_VARIANTS)]
     variants = []
     for label in labels:
         print(f"[{model_name}] setting up {label} ...", file=sys.stderr, flush=True)
-        variants.append(Variant(label, model_name, args.size, args.batch if model_name == "resnet50" else 32))
+        batch = {"resnet50": args.batch, "transformer": args.transformer_batch}.get(model_name, 32)
+        variants.append(Variant(label, model_name, args.size, batch))
     for v in variants:  # a warm-up round (oneDNN primitive caches, allocator), not timed
         v.run(1)
         v.times.clear()
         v.cpu_times.clear()
     for r in range(args.runs):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:  # rotate: no variant always first
-            slow = "float16" in v.label and "rewrite" in v.label and model_name == "resnet50"
+            slow = v.label in FLOAT16_VARIANTS and model_name == "resnet50"
             v.run(1 if slow else args.steps)
         print(f"[{model_name}] round {r + 1}/{args.runs}: " + ", ".join(f"{v.label} {v.times[-1] * 1e3:.0f} ms"
                                                                        for v in variants), file=sys.stderr, flush=True)
@@ -197,8 +228,10 @@ def render(results, args, facts):
              "mp_rewrite graph rewrite of that function (float16 rewritten for CPU with `device=\"cpu\"`). LSO = "
              "mp_rewrite's LossScaleOptimizer.", ""]
     for model_name, (variants, cost) in results.items():
-        title = (f"ResNet-50, {args.size}x{args.size}x3, batch {args.batch}" if model_name == "resnet50"
-                 else "Small CNN (4 conv + dense), 32x32x3, batch 32")
+        title = {"resnet50": f"ResNet-50, {args.size}x{args.size}x3, batch {args.batch}",
+                 "transformer": f"Transformer encoder (4 layers, d=256, 8 heads, FFN 1024, GELU), "
+                                f"{TRANSFORMER_SEQUENCE} tokens, batch {args.transformer_batch}"}.get(
+                     model_name, "Small CNN (4 conv + dense), 32x32x3, batch 32")
         base = variants[0].median
         cpu_base = variants[0].cpu_median
         lines += [f"## {title}", "",
@@ -224,11 +257,13 @@ def render(results, args, facts):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--models", default="resnet50,small_cnn")
+    parser.add_argument("--models", default="resnet50,small_cnn", help="comma-separated, of resnet50, small_cnn, "
+                        "transformer (opt-in)")
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8, help="ResNet-50 batch size")
     parser.add_argument("--size", type=int, default=128, help="ResNet-50 image size")
+    parser.add_argument("--transformer-batch", type=int, default=16, help="Transformer encoder batch size")
     parser.add_argument("--skip-float16", action="store_true", help="leave out the (slow on CPU) float16 variants")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "bench_training.md"))
     args = parser.parse_args(argv)

@@ -215,3 +215,22 @@ def low_precision_flop_share(result, flops: dict | None = None) -> FlopShare:
             total += value
             low += value if dtype in LOW_DTYPES else 0
     return FlopShare(low, total, unknown, nodes)
+
+
+def estimate_flops(graphs: dict) -> tuple:
+    """FLOPs from known shapes: (FlopShare over every rewritten graph and function, {function name: FlopShare},
+    {MetaGraph tags: FlopShare of the main graph})."""
+    low = total = unknown = nodes = 0
+    per_function, per_graph, seen = {}, {}, {}
+    for tags, result in graphs.items():
+        if id(result) in seen:  # a graph frozen for two signatures (Keras' serve, serving_default) counts once
+            per_graph[tags] = per_graph[seen[id(result)]]
+            continue
+        seen[id(result)] = tags
+        flops = result_flops(result)
+        share = low_precision_flop_share(result, flops)
+        low, total, unknown, nodes = low + share.low, total + share.total, unknown + share.unknown, nodes + share.nodes
+        per_graph[tags] = low_precision_flop_share(result, {"": flops.get("", {})})
+        for name, sub in result.functions.items():
+            per_function[name] = low_precision_flop_share(sub, {"": flops.get(name, {})})
+    return FlopShare(low, total, unknown, nodes), per_function, per_graph

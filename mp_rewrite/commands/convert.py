@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from .list_options import add_assign_options, add_list_options, lists_from_args
+from .list_options import add_assign_options, add_list_options, assign_from_args, options_from_args, say_assignment
+from .model_options import add_tag_set_option, saved_model_path
 from .verify import (add_verify_options, check_verify_options, progress_bar, run_verification, stderr_status,
                      stdout_console)
 
@@ -22,13 +23,15 @@ def register(sub) -> None:
                        "are the original's, with every function its signatures (and restored objects) run "
                        "rewritten to mixed precision the way Grappler's auto_mixed_precision pass would. The "
                        "source is only read; the output appears only when complete.")
-    p.add_argument("source", help="the SavedModel directory to convert")
+    p.add_argument("source", help="the SavedModel directory to convert, or a Keras .keras/.h5 file (exported as "
+                   "model.export does; the output is a SavedModel)")
     p.add_argument("output", help="the directory to write (must not exist, unless --overwrite)")
     p.add_argument("--precision", default="float16", metavar="float16|bfloat16",
                    help="the low precision (default float16)")
     p.add_argument("--signature", action="append", default=[], metavar="NAME",
                    help="convert only the functions of this signature (repeatable; default: every signature and "
                    "the functions tf.saved_model.load restores)")
+    add_tag_set_option(p)
     p.add_argument("--device", default=None, metavar="gpu|cpu|any",
                    help="which device's nodes to convert (default: gpu for float16, cpu for bfloat16)")
     add_list_options(p)
@@ -41,6 +44,10 @@ def register(sub) -> None:
                    "TensorFlow fold what that makes foldable, rewrite, and store weights used only in low precision "
                    "in low precision (about half the size). Keeps every signature; drops variables and the "
                    "restored objects (so no training)")
+    p.add_argument("--freeze-weights", default="auto", choices=("auto", "constants", "variables"),
+                   help="with --freeze: constants (weights folded into the graph), variables (kept as variables of "
+                   "the output, in low precision where only read so: models of any size) or auto (default: "
+                   "constants unless they pass protobuf's 2 GB limit on one graph)")
     p.add_argument("--keras-metadata", default="keep", choices=("keep", "drop"),
                    help="a tf_keras model's keras_metadata.pb: keep (default; tf_keras.models.load_model then runs "
                    "float32 layers, a warning says how to load the converted functions) or drop (load_model refuses "
@@ -68,9 +75,11 @@ def register(sub) -> None:
 
 
 def precheck(args) -> None:
-    """Before TensorFlow starts: the source is a SavedModel and the output may be written."""
+    """Before TensorFlow starts: the source is a SavedModel (or a Keras file) and the output may be written."""
+    from ..model.files import KERAS_SUFFIXES
     from ..savedmodel.model_dir import check_output
-    check_output(args.source, args.output, args.overwrite)
+    if not args.source.lower().endswith(KERAS_SUFFIXES):
+        check_output(args.source, args.output, args.overwrite)
     if args.verify or args.guard or args.tune:
         check_verify_options(args)  # a bad option must not be found after the output is written
 
@@ -78,13 +87,23 @@ def precheck(args) -> None:
 def run(args) -> int:
     """Convert (after the accuracy guard, if asked), print the summary, and verify if asked; 0 on success, 1 if
     verification failed or the guard could not meet the tolerance."""
-    _check_assign_supported(args)
+    with saved_model_path(args.source) as source:
+        args.source = source
+        return _run(args)
+
+
+def _run(args) -> int:
     keep = list(args.keep_fp32) + list(_guard_overrides(args.keep_fp32_file))
+    assign = _assign(args)
+    options = options_from_args(args, keep, **assign)  # checked once, before anything slow
+    check_before_writing(args, options)
     guarded = _run_guard(args, keep) if args.guard else None
     if guarded is not None:
-        keep += list(guarded.keep_fp32)
+        options = options_from_args(args, keep + list(guarded.keep_fp32), **assign)
     _say_what_this_cpu_computes(args)
-    result = _tune(args, keep) if args.tune else _convert(args, keep)
+    result = _tune(args, options) if args.tune else _convert(args, options)
+    for graph in result.graphs.values():
+        say_assignment(graph)
     print_result(result)
     for note in result.notes:
         stdout_console().print(f"[bold yellow]warning:[/] {note}", soft_wrap=True)
@@ -93,7 +112,7 @@ def run(args) -> int:
         return 1
     if not args.verify:
         return 0
-    report = run_verification(args.source, args.output, args, args.signature, result.precision)
+    report = run_verification(args.source, args.output, args, args.signature, result.precision, args.tag_set)
     if not report.passed:
         stdout_console().print(f"the converted model is kept at {args.output}; loosen --rtol/--atol if the errors "
                                "are acceptable, or keep the offending nodes in float32 with --keep-fp32",
@@ -102,38 +121,55 @@ def run(args) -> int:
     return 0
 
 
-def _check_assign_supported(args) -> None:
-    """--assign cost needs a SavedModel conversion that takes the rewrite Options whole (core.body.Options carries
-    assign and costs); until the orchestrator does, say so rather than convert with the lists silently."""
-    import inspect as python_inspect
-
-    from ..errors import OptionError
-    from ..savedmodel.convert import convert_saved_model
+def _assign(args) -> dict:
+    """--assign cost: the costs of this machine (or --costs FILE) for the op signatures of the source's graphs; a
+    frozen graph runs the same ops at the same shapes, so its table is made from these (MachineCosts.for_graph)."""
     if (args.assign or ("cost" if args.costs else "lists")) == "lists":
+        return assign_from_args(args, None)  # refuses --costs with --assign lists
+    from ..model.loaded import load_model
+    model = load_model(args.source, args.tag_set)
+    return assign_from_args(args, model.graph_def, model.fetches)
+
+
+def check_before_writing(args, options) -> None:
+    """Everything the conversion and what follows it (--verify, --guard, --tune) need, checked before the first
+    byte is written: the source, output, tag-set and signatures, and that verify can feed every input.
+
+    Raises:
+        ModelError: naming what is wrong and the option that fixes it.
+    """
+    from ..errors import ModelError
+    from ..model.tags import parse_tag_set, single_meta_graph
+    from ..savedmodel.convert import check_conversion
+    from ..savedmodel.inputs import load_inputs, unfeedable_inputs
+    tags = parse_tag_set(args.tag_set)
+    _, _, saved_model, keys = check_conversion(args.source, args.output, tags, args.signature or None, args.freeze,
+                                               args.overwrite, options)
+    if not (args.verify or args.guard or args.tune):
         return
-    if "assign" not in python_inspect.signature(convert_saved_model).parameters:
-        raise OptionError("--assign cost is not wired into SavedModel conversion yet (it reaches rewrite_graph_def, "
-                          "inspect and explain); convert with the lists, or rewrite the frozen graph with "
-                          "rewrite_graph_def(..., assign='cost')")
+    what = "--verify" if args.verify else "--guard" if args.guard else "--tune"
+    _, meta_graph = single_meta_graph(saved_model, tags, what)
+    missing = unfeedable_inputs(meta_graph, keys, load_inputs(args.inputs) if args.inputs else {})
+    if missing:
+        raise ModelError(f"{what} cannot make up {len(missing)} input(s): {', '.join(missing)}; give them in "
+                         "--inputs FILE.npz (keys: input names), or convert without it; nothing was written")
 
 
-def _convert(args, keep):
+def _convert(args, options):
     from ..savedmodel.convert import convert_saved_model
     with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
-        return convert_saved_model(
-            args.source, args.output, args.precision, signatures=args.signature or None, device=args.device,
-            lists=lists_from_args(args), keep_fp32=keep, force_low=args.force_low, weights=args.weights, freeze=args.freeze,
-            keras_metadata=args.keras_metadata, overwrite=args.overwrite, progress=progress)
+        return convert_saved_model(args.source, args.output, options=options, tag_set=args.tag_set,
+                                   signatures=args.signature or None, weights=args.weights, freeze=args.freeze,
+                                   freeze_weights=args.freeze_weights, keras_metadata=args.keras_metadata, overwrite=args.overwrite, progress=progress)
 
 
-def _tune(args, keep):
+def _tune(args, options):
     from ..savedmodel.tune import tune_saved_model
-    lists = lists_from_args(args)
     with stderr_status("converting and timing the --tune candidates"):
-        tuned = tune_saved_model(args.source, args.output, args.precision, freeze=args.freeze,
-                                 overwrite=args.overwrite, lists=lists, inputs=args.inputs, seed=args.seed,
-                                 batch_size=args.batch_size, signatures=args.signature or None, device=args.device,
-                                 keep_fp32=keep, force_low=args.force_low, weights=args.weights)
+        tuned = tune_saved_model(args.source, args.output, options=options, freeze=args.freeze,
+                                 overwrite=args.overwrite, inputs=args.inputs, seed=args.seed,
+                                 batch_size=args.batch_size, tag_set=args.tag_set,
+                                 signatures=args.signature or None, weights=args.weights)
     stdout_console().print(tuned.summary(), soft_wrap=True)
     return tuned.conversion
 
@@ -172,10 +208,11 @@ def _guard_overrides(path) -> list:
 def _run_guard(args, keep):
     """Run the accuracy guard on the (first) signature; print what it kept; save the overrides if asked."""
     from ..guard.saved_model import guard_saved_model
-    lists = lists_from_args(args)
+    options = options_from_args(args, keep)
     guarded = guard_saved_model(args.source, args.inputs, args.signature[0] if args.signature else None,
                                 args.precision, args.rtol, args.atol, batch_size=args.batch_size, seed=args.seed,
-                                device=args.device, keep_fp32=keep, force_low=args.force_low, lists=lists)
+                                tag_set=args.tag_set, device=args.device, keep_fp32=keep, force_low=args.force_low,
+                                lists=options.lists)
     stdout_console().print(guarded.result.summary(), soft_wrap=True)
     if args.guard_overrides:
         guarded.save_overrides(args.guard_overrides)
@@ -222,7 +259,7 @@ def print_result(result) -> None:
     notes += [f"{_count(unchanged, 'function')} unchanged (wrappers, nothing to convert)"] * bool(unchanged)
     notes += [f"{_count(len(result.skipped), 'function')} not rewritten ({_why(result.skipped)})"] * \
         bool(result.skipped)
-    for note in notes + [_flop_line(result)]:
+    for note in notes + [_flop_line(result)] + _fusion_lines(result):
         console.print(note, soft_wrap=True)
     functions = len(result.functions)
     console.print(f"wrote {result.output}: {_count(result.converted_nodes, 'node')} converted to "
@@ -230,6 +267,23 @@ def print_result(result) -> None:
                   f"{_count(result.casts, 'cast')} inserted, in {result.seconds:.1f} s", soft_wrap=True)
     console.print("(nodes now computing in low precision, and casts in both directions: the numbers "
                   "mp-rewrite inspect and demo report for the same rewrite)", soft_wrap=True)
+
+
+def _fusion_lines(result) -> list[str]:
+    """For a frozen conversion: the fusions the rules enabled (per kind) and the first reasons they declined."""
+    import collections
+    records = list({id(r): r for r in result.graphs.values()}.values())
+    records = [record for r in records for record in getattr(r, "rules", [])]
+    if not records:
+        return []
+    enabled = collections.Counter(r.fusion for r in records if r.applied and r.fusion)
+    declined = collections.Counter(r.reason for r in records if not r.applied)
+    line = "fusions enabled for TensorFlow's remapper: " + (
+        ", ".join(f"{n}x {kind}" for kind, n in enabled.most_common()) or "none")
+    if declined:
+        line += f"; {sum(declined.values())} declined (" + "; ".join(
+            f"{n}x {why}" for why, n in declined.most_common(3)) + ")"
+    return [line]
 
 
 def _count(n: int, noun: str) -> str:

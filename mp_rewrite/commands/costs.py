@@ -33,7 +33,7 @@ def run(args) -> int:
     from ..analysis.graph_costs import graph_candidates
     from ..analysis.op_costs import MachineCosts, measure_costs
     from ..core.rewrite import rewrite_graph_def
-    from ..report.model_loader import load_model
+    from ..model.loaded import load_model
     from .verify import stderr_status
     model = load_model(args.model)
     with stderr_status("measuring op costs on this machine"):

@@ -6,14 +6,17 @@ from __future__ import annotations
 import sys
 
 from ..errors import ModelError, OptionError
-from .list_options import add_assign_options, add_list_options, assign_from_args, lists_from_args, say_assignment
+from .list_options import add_assign_options, add_list_options, assign_from_args, options_from_args, say_assignment
+from .model_options import add_tag_set_option, say
 
 FORMATS = ("text", "json", "dot", "svg", "html", "tensorboard", "model-explorer")
 
 
 def add_model_options(p) -> None:
     """The options shared by `inspect` and `explain`: the model and how to rewrite it."""
-    p.add_argument("model", metavar="MODEL", help="a SavedModel directory, a GraphDef (.pb/.pbtxt) or a MetaGraphDef")
+    p.add_argument("model", metavar="MODEL", help="a SavedModel directory, a GraphDef (.pb/.pbtxt), a MetaGraphDef, "
+                   "or a Keras .keras/.h5 file")
+    add_tag_set_option(p)
     p.add_argument("--precision", default="float16", choices=("float16", "bfloat16"))
     p.add_argument("--device", choices=("gpu", "cpu", "any"),
                    help="which placed nodes to convert (default: gpu for float16, cpu for bfloat16)")
@@ -62,18 +65,16 @@ def check_model_path(args) -> None:
     """Before TensorFlow starts: MODEL exists (what it holds is read later)."""
     import os
     if not os.path.exists(args.model):
-        raise ModelError(f"'{args.model}' does not exist; give a SavedModel directory, a GraphDef (.pb/.pbtxt) or "
-                         "a MetaGraphDef")
+        raise ModelError(f"'{args.model}' does not exist; give a SavedModel directory, a GraphDef (.pb/.pbtxt), "
+                         "a MetaGraphDef or a Keras .keras/.h5 file")
 
 
 def load_and_rewrite(args):
     """Read args.model and rewrite it with the options of add_model_options; returns (LoadedModel, result)."""
-    from ..report.model_loader import load_model, rewrite_model
-    model = load_model(args.model)
-    lists = lists_from_args(args)
+    from ..model.loaded import load_model, rewrite_model
+    model = load_model(args.model, args.tag_set, say)
     assign = assign_from_args(args, model.graph_def, model.fetches if args.fetch is None else args.fetch)
-    result = rewrite_model(model, args.precision, args.fetch, device=args.device, lists=lists,
-                           keep_fp32=args.keep_fp32, force_low=args.force_low, **assign)
+    result = rewrite_model(model, fetches=args.fetch, options=options_from_args(args, **assign))
     say_assignment(result)
     return model, result
 

@@ -19,9 +19,22 @@ def add_list_options(parser) -> None:
 
 def lists_from_args(args):
     """The OpLists the options give (None: the built-in lists with TF's environment variables)."""
-    from ..savedmodel.convert import effective_lists
-    return effective_lists(args.precision, None, args.lists_file, *(getattr(args, n) for n in LIST_FLAGS),
-                           remove=args.remove)
+    from ..core.oplists import edit_lists
+    return edit_lists(args.precision, None, args.lists_file, *(getattr(args, n) for n in LIST_FLAGS),
+                      remove=args.remove)
+
+
+def options_from_args(args, keep_fp32=None, **assign):
+    """The rewrite Options of a subcommand's arguments, built once (core.options.make_options) and passed whole.
+
+    Args:
+        keep_fp32: the keep_fp32 patterns when they are more than args.keep_fp32 (the guard's, a file's).
+        assign: what assign_from_args gives (assign="cost" and its costs), or nothing for the lists.
+    """
+    from ..core.options import make_options
+    return make_options(args.precision, args.device, None, args.keep_fp32 if keep_fp32 is None else keep_fp32,
+                        args.force_low, lists_file=args.lists_file, remove=args.remove,
+                        **{name: getattr(args, name) for name in LIST_FLAGS}, **assign)
 
 
 def add_assign_options(parser, batch: bool = True) -> None:

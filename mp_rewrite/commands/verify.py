@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..savedmodel.verify import VerifyReport, verify_saved_models
+from .model_options import add_tag_set_option
 
 PLAIN_WIDTH = 120  # tables printed to a pipe or file: wide enough not to wrap columns
 
@@ -27,6 +28,7 @@ def register(sub) -> None:
     p.add_argument("converted", help="the converted SavedModel directory")
     p.add_argument("--signature", action="append", default=[], metavar="NAME",
                    help="verify only this signature (repeatable; default: all)")
+    add_tag_set_option(p)
     p.add_argument("--precision", default=None, metavar="float16|bfloat16",
                    help="whose default tolerances to use (default: detected from the converted model)")
     add_verify_options(p)
@@ -35,9 +37,9 @@ def register(sub) -> None:
 
 def precheck(args) -> None:
     """Before TensorFlow starts: both paths are SavedModels and the verification options are usable."""
-    from ..savedmodel.model_dir import model_file
-    model_file(args.original)
-    model_file(args.converted)
+    from ..model.files import saved_model_file
+    saved_model_file(args.original)
+    saved_model_file(args.converted)
     check_verify_options(args)
 
 
@@ -68,16 +70,17 @@ def add_verify_options(parser) -> None:
 
 def run(args) -> int:
     """Verify and print the comparison; 0 if every output passed, 1 otherwise."""
-    report = run_verification(args.original, args.converted, args, args.signature, args.precision)
+    report = run_verification(args.original, args.converted, args, args.signature, args.precision, args.tag_set)
     return 0 if report.passed else 1
 
 
-def run_verification(original, converted, args, signatures, precision) -> VerifyReport:
+def run_verification(original, converted, args, signatures, precision, tag_set=None) -> VerifyReport:
     """Run verify_saved_models with the CLI's options and progress bar, then print the report."""
     with progress_bar("verifying") as progress:
         report = verify_saved_models(original, converted, signatures=signatures or None, inputs=args.inputs,
                                      batch_size=args.batch_size, seed=args.seed, rtol=args.rtol, atol=args.atol,
                                      precision=precision, input_shapes=args.input_shapes, dim=args.dim,
+                                     tag_set=tag_set,
                                      progress=progress)
     print_report(report)
     return report

@@ -95,6 +95,19 @@ def _serve(server, config, port: int, open_browser: bool) -> None:
         raise Terminated()
 
 
+def _add_model(config, overlay, model_path: str) -> None:
+    """Open Model Explorer on the graph holding the network: a SavedModel's graphs go in as converted graphs with
+    that one first (report.model_explorer.network_first); a model whose network is its main graph, by path."""
+    if overlay.network == "main" or not overlay.collections:
+        config.add_model_from_path(overlay.source.path, adapterId=overlay.source.adapter)
+        return
+    import os
+    from ..report.model_explorer import network_first
+    label = os.path.basename(os.path.normpath(model_path)) or "model"
+    config.graphs_list.append(network_first(overlay.collections, overlay.network, label))
+    config.model_sources.append({"url": f"graphs://{label}/{len(config.graphs_list) - 1}"})
+
+
 def run(args) -> int:
     """Rewrite the model, build the overlay and serve Model Explorer until interrupted (exit 0 on Ctrl+C)."""
     from model_explorer import config as explorer_config, server
@@ -102,9 +115,9 @@ def run(args) -> int:
     model, result = load_and_rewrite(args)
     overlay = to_model_explorer(result, model, args.function, quiet=not args.verbose)
     config = explorer_config()
-    config.add_model_from_path(overlay.source.path, adapterId=overlay.source.adapter)
+    _add_model(config, overlay, args.model)
     config.add_node_data(f"mp-rewrite {args.precision}", overlay.to_json(indent=None))
-    print(f"mp-rewrite view: {overlay.summary()}", flush=True)
+    print(f"mp-rewrite view: {overlay.summary()}; opens on graph '{overlay.network}'", flush=True)
     _without_version_check(server)
     _serve(server, config, args.port, args.open)
     return 0

@@ -1,5 +1,5 @@
 """Rewriting one graph (a main graph or a function body), stage by stage in Grappler's order, without looking
-into the functions it calls: `rewrite_body`, its validated `Options` and its `RewriteResult`."""
+into the functions it calls: `rewrite_body` and its `RewriteResult` (the options are core/options.py's)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,21 @@ import collections
 import contextlib
 import dataclasses
 import gc
-import os
 
 from tensorflow.core.framework import graph_pb2
 
 from . import dtypes, stages, tensor_lists
-from .assignment import ASSIGN_MODES, CostTable, assign_by_cost
+from .assignment import CostTable, assign_by_cost
 from .apply import Applied, apply_coloring
 from .emulation import apply_emulated
 from .coloring import ALLOW, Coloring, Paint, Reason
 from ..errors import GraphError, OptionError
 from .graph_view import GraphView, device_kind, parse_input
 from .observers import notify_rewrite
-from .oplists import OpLists, apply_level, changes_from_env, load_lists, normalize_level
+from .oplists import OpLists
+from .options import Options
 from .op_support import Signatures
-from .pass_context import DEVICES, FUNCTIONAL_CONTROL_FLOW_OPS, PassContext, compile_patterns
+from .pass_context import FUNCTIONAL_CONTROL_FLOW_OPS, PassContext
 
 # Grappler's order (AutoMixedPrecisionImpl::Optimize); the TensorList steps run around these.
 STAGES_BEFORE_LISTS = (stages.seed_allowlist, stages.propagate_deny_forward)
@@ -44,6 +44,10 @@ class RewriteResult:
         lists: the effective OpLists.
         num_nodes: node count of the input graph.
         functions: function name -> RewriteResult of its body, for every library function rewritten.
+        skipped: function name -> why it was reached but not rewritten (parametrised, tf.data).
+        meta_graph_def: for a MetaGraph rewrite (rewrite_meta_graph_def), the new MetaGraphDef.
+        rules: for a frozen graph, the rules/ Records of the rewrites made before the pass (fusions enabled, and
+            those declined with why).
     """
 
     graph_def: graph_pb2.GraphDef
@@ -56,6 +60,9 @@ class RewriteResult:
     num_nodes: int
     functions: dict = dataclasses.field(default_factory=dict)
     emulated: list = dataclasses.field(default_factory=list)
+    skipped: dict = dataclasses.field(default_factory=dict)
+    meta_graph_def: object = None
+    rules: list = dataclasses.field(default_factory=list)
     assignment: object = None  # with assign="cost": the core.assignment.Assignment of this graph
 
     @property
@@ -89,82 +96,6 @@ class RewriteResult:
             lines.append(f"  {'op':<28}{'float32 attrs':>14}{'emulated' if self.emulated else 'converted':>11}")
             lines += [f"  {op:<28}{total[op]:>14}{per_op[op]:>11}" for op in rows]
         return "\n".join(lines)
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """The validated options of one rewrite, shared by the main graph and every function body."""
-
-    precision: str
-    target: int
-    device: str
-    lists: OpLists
-    keep_fp32: tuple = ()
-    force_low: tuple = ()
-    force_all: bool = False
-    emulate: bool = False
-    assign: str = "lists"
-    costs: object = None  # a CostTable, or a machine table whose for_graph(graph_def, ...) makes one per body
-
-
-EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"
-
-
-def make_options(precision="float16", device=None, lists=None, keep_fp32=(), force_low=(), level=None,
-                 emulate=None, assign="lists", costs=None) -> Options:
-    """Validate rewrite options (see rewrite_graph_def) into an Options.
-
-    `assign` is "lists" (Grappler's coloring) or "cost" (then `costs` is a core.assignment.CostTable for
-    `precision`: the minimum cut moves allow nodes to float32 where that is cheaper, see core.assignment).
-
-    Raises:
-        OptionError, ListError: a bad precision, device, level, pattern or lists.
-    """
-    target = dtypes.target_dtype(precision)
-    device = _check_device(device, precision)
-    env_level = os.environ.get("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL")
-    level = normalize_level(level if level is not None else env_level)
-    lists = _effective_lists(lists, precision, level)
-    for option, patterns in (("keep_fp32", keep_fp32), ("force_low", force_low)):
-        compile_patterns(patterns, option)
-    as_tuple = lambda p: (p,) if isinstance(p, str) else tuple(p or ())  # noqa: E731
-    emulate = _emulate(emulate, precision, device)
-    _check_assign(assign, costs, precision, emulate)
-    return Options(precision, target, device, lists, as_tuple(keep_fp32), as_tuple(force_low),
-                   level == "UNSAFE_FORCE_ALL", emulate, assign, costs if assign == "cost" else None)
-
-
-def _check_assign(assign, costs, precision: str, emulate: bool) -> None:
-    if assign not in ASSIGN_MODES:
-        raise OptionError(f"unknown assign mode {assign!r}: use 'lists' (Grappler's op lists) or 'cost' (a minimum "
-                          "cut over measured op costs)")
-    if assign != "cost":
-        return
-    if not isinstance(costs, CostTable) and not hasattr(costs, "for_graph"):
-        raise OptionError("assign='cost' needs costs: a cost table (mp_rewrite.analysis.op_costs.measure_costs, "
-                          f"or load_costs(FILE)); got {type(costs).__name__}")
-    if getattr(costs, "precision", precision) != precision:
-        raise OptionError(f"the cost table was measured for {costs.precision}, not {precision}; measure it for "
-                          f"{precision} (mp-rewrite costs MODEL --precision {precision})")
-    if emulate:
-        raise OptionError("assign='cost' and emulate exclude each other: emulation computes in float32")
-
-
-def _emulate(emulate, precision: str, device: str) -> bool:
-    """The emulate option: an explicit bool, else TF's variable where TF reads it (float16 on CPU nodes, i.e. TF's
-    auto_mixed_precision_cpu), parsed like TF's ReadBoolFromEnvVar; unset, the rewrite is real."""
-    if emulate is None:
-        value = os.environ.get(EMULATE_ENV)
-        if value is None or precision != "float16" or device != "cpu":
-            return False
-        if value.lower() not in ("0", "false", "1", "true"):
-            raise OptionError(f"{EMULATE_ENV}={value!r} is not a boolean: use 1/true or 0/false (or unset it)")
-        return value.lower() in ("1", "true")
-    if not isinstance(emulate, bool):
-        raise OptionError(f"emulate must be True, False or None, got {emulate!r}")
-    if emulate and precision != "float16":
-        raise OptionError("emulate=True needs precision 'float16': TF emulates float16 only (in its CPU mode)")
-    return emulate
 
 
 @contextlib.contextmanager
@@ -282,31 +213,6 @@ def run_stages(ctx: PassContext, costs: CostTable | None = None, label: str = "g
     for stage in FINAL_STAGES:
         stage(ctx, paint)
     return paint
-
-
-_LISTS = {}
-
-
-def _check_device(device: str | None, precision: str) -> str:
-    if device is None:
-        return "gpu" if precision == "float16" else "cpu"
-    if device not in DEVICES:
-        raise OptionError(f"unknown device {device!r}: use 'gpu', 'cpu' or 'any'")
-    return device
-
-
-def _effective_lists(lists: OpLists | None, precision: str, level: str | None) -> OpLists:
-    if level == "UNSAFE_FORCE_ALL" and precision == "bfloat16":
-        raise OptionError("level UNSAFE_FORCE_ALL is not supported with bfloat16 (TF refuses it with oneDNN too)")
-    if lists is None:
-        # Reading the TOML lists costs milliseconds, a lot for a small graph; the result only depends on these.
-        key = (precision, level, repr(changes_from_env()))
-        if key not in _LISTS:
-            _LISTS[key] = load_lists(precision, level=level)
-        return _LISTS[key]
-    if not isinstance(lists, OpLists) or lists.precision != precision:
-        raise OptionError(f"lists must be an OpLists for {precision!r} (see mp_rewrite.load_lists)")
-    return apply_level(lists, level)
 
 
 def _result(applied: Applied, ctx: PassContext, paint: Paint, opts: Options) -> RewriteResult:

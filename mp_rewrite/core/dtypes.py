@@ -38,3 +38,5 @@ def target_dtype(precision: str) -> int:
         return PRECISIONS[precision]
     except (KeyError, TypeError):
         raise OptionError(f"unknown precision {precision!r}: use 'float16' or 'bfloat16'") from None
+
+LOW = frozenset({HALF, BFLOAT16})  # the low precisions, as DataType enums

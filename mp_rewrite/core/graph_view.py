@@ -119,10 +119,6 @@ class GraphView:
         """The vertex of data input `port` of `node`."""
         return self.e_v[self.in_start[node] + port]
 
-    def out_vertex(self, node: int, port: int) -> int:
-        """The vertex of output `port` of `node`."""
-        return self.node_first[node] + self.layouts[node].outputs[port]
-
     def consumers(self, node: int, port: int) -> list:
         """The (dst node, dst port) pairs reading output `port` of `node`, in node order."""
         if self._consumers is None:

@@ -7,6 +7,7 @@ from tensorflow.core.framework import function_pb2
 from .functions import (function_to_graph, graph_to_function, is_polymorphic, is_tf_data_function,
                         reachable_functions)
 from .body import rewrite_body
+from ..errors import MpRewriteError, StageError
 from .op_support import Signatures
 
 
@@ -38,9 +39,14 @@ def rewrite_library(library: function_pb2.FunctionDefLibrary, opts, signatures: 
     todo = [n for n in names if n not in skipped and n in index]
     for done, name in enumerate(todo, 1):
         fdef = library.function[index[name]]
-        body = function_to_graph(fdef, signatures)
-        result = rewrite_body(body.graph_def, opts, body.retvals, body.preserved(), signatures,
-                             preserve_stateful=True, label=name)
+        try:
+            body = function_to_graph(fdef, signatures)
+            result = rewrite_body(body.graph_def, opts, body.retvals, body.preserved(), signatures,
+                                  preserve_stateful=True, label=name)
+        except StageError as e:
+            raise StageError(e.stage, e.node, e.op, f"{e.message} (in function '{name}')") from e
+        except MpRewriteError as e:
+            raise type(e)(f"cannot rewrite function '{name}': {e}") from e
         library.function[index[name]].CopyFrom(graph_to_function(result.graph_def, fdef, signatures))
         results[name] = result
         if progress is not None:

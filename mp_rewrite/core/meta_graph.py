@@ -71,7 +71,8 @@ def nodes_to_preserve(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, str]
     signatures' outputs), the feeds (the signatures' inputs and every Placeholder), every node a collection's
     node_list names (keep_ops), the initializers of the variables in the variable collections and the
     "table_initializer" collection (init_ops), the saver's save, restore and filename nodes (the first usable
-    SaverDef of the "savers" collection, else saver_def), and the queue runners' enqueue, close and cancel ops.
+    SaverDef of the "savers" collection, else saver_def), and the queue runners' enqueue, close and cancel ops;
+    and the asset tensors a SavedModel loader feeds.
     Names of nodes the graph does not hold are left out.
     """
     why = {}
@@ -96,6 +97,7 @@ def nodes_to_preserve(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, str]
         if runner:
             add([*runner.enqueue_op_name, runner.close_op_name, runner.cancel_op_name], "queue runner op")
     add([n.name for n in meta_graph.graph_def.node if n.op == "Placeholder"], "placeholder (Grappler feeds it)")
+    add([a.tensor_info.name for a in meta_graph.asset_file_def], "asset file path (the SavedModel loader feeds it)")
     present = {n.name for n in meta_graph.graph_def.node}
     return {name: reason for name, reason in why.items() if name in present}
 

@@ -217,6 +217,46 @@ def load_lists(precision: str = "float16", *, lists_file: str | None = None,
     return apply_level(lists, level)
 
 
+def _as_tuple(value) -> tuple:
+    return (value,) if isinstance(value, str) else tuple(value or ())
+
+
+def edit_lists(precision: str, lists: OpLists | None = None, lists_file: str | None = None, allow=(), infer=(),
+               deny=(), clear=(), remove=()) -> OpLists | None:
+    """The op lists a user asked for: `lists` (else the built-in lists with TF's environment variables and
+    `lists_file`), with every op named in allow/infer/deny/clear moved into that list (out of any other), and every
+    op named in `remove` taken out of every list (it then keeps its dtype). The one meaning of the CLI's
+    --lists/--allow/--infer/--deny/--clear/--remove.
+
+    Returns:
+        The OpLists, or None when nothing changes the built-in ones (make_options then loads them, cached).
+
+    Raises:
+        OptionError: an op named for two lists, or both `lists` and `lists_file` given.
+        ListError: a bad lists file, or an op name TensorFlow does not know.
+    """
+    target = {}
+    for name, ops in zip(LIST_NAMES, (allow, infer, deny, clear)):
+        for op in check_op_names(_as_tuple(ops), f"--{name}"):
+            if target.get(op, name) != name:
+                raise OptionError(f"op {op!r} is given to both --{target[op]} and --{name}; give it to one list")
+            target[op] = name
+    for op in check_op_names(_as_tuple(remove), "--remove"):
+        if op in target:
+            raise OptionError(f"op {op!r} is given to both --{target[op]} and --remove; give it to one of them")
+        target[op] = None
+    if lists is not None and lists_file:
+        raise OptionError("give either lists (an OpLists) or lists_file (a TOML file), not both")
+    if lists is None and not lists_file and not target:
+        return None
+    base = lists if lists is not None else load_lists(precision, lists_file=lists_file)
+    if not target:
+        return base
+    add = {name: [op for op, t in target.items() if t == name] for name in LIST_NAMES if name in target.values()}
+    drop = {name: [op for op, t in target.items() if t != name] for name in LIST_NAMES}
+    return base.with_changes(add, drop, source="options")
+
+
 def apply_level(lists: OpLists, level: str | None) -> OpLists:
     """Apply TF's `..._LEVEL` list effects. UNSAFE_FORCE_ALL does not change lists (the pass handles it).
 

@@ -1,8 +1,8 @@
 """The accuracy guard for SavedModels (a front end: it loads the model in TensorFlow).
 
 A TF2 SavedModel computes in function bodies that read variables, which `run_graph_def` cannot run. So one
-signature is frozen into a single graph (`convert_variables_to_constants_v2` inlines the calls, turning the body
-node "model/dense/MatMul" into "StatefulPartitionedCall/model/dense/MatMul"), the guard runs on that graph, and the
+signature is frozen into a single graph (savedmodel/frozen_signature.py, as `convert --freeze` freezes it: the body
+node "model/dense/MatMul" becomes "StatefulPartitionedCall/model/dense/MatMul"), the guard runs on that graph, and the
 nodes it keeps are mapped back to the body nodes, as keep_fp32 patterns for `convert_saved_model`, which rewrites
 the bodies themselves. The calibration inputs are made as `mp-rewrite verify` makes them (an .npz or a dict keyed
 by input name or "SIGNATURE/name"; random for inputs not given), so `convert --guard --verify` checks what the
@@ -48,37 +48,6 @@ class SavedModelGuard:
         return write_overrides(path, data)
 
 
-def frozen_signature(loaded, key: str):
-    """(GraphDef, input name -> placeholder name, output tensor names) of a loaded signature, frozen and inlined.
-
-    Raises:
-        ModelError: the signature cannot be frozen (e.g. it uses lookup tables).
-    """
-    from tensorflow.python.framework import convert_to_constants
-    function = loaded.signatures[key]
-    try:
-        frozen = convert_to_constants.convert_variables_to_constants_v2(function)
-    except Exception as e:  # TF raises ValueError, InvalidArgumentError, ... for what it cannot freeze
-        raise ModelError(f"cannot freeze signature '{key}' into one graph for the guard: {str(e).splitlines()[0]}; "
-                         "convert without --guard, or guard a frozen GraphDef") from None
-    specs = function.structured_input_signature[1]
-    # A signature takes keyword arguments; its flat inputs follow the sorted keys (tf.nest order).
-    placeholders = {name: t.op.name for name, t in zip(sorted(specs), frozen.inputs)}
-    return frozen.graph.as_graph_def(), placeholders, [t.name for t in frozen.outputs]
-
-
-def inlined_patterns(patterns) -> tuple:
-    """The user's keep_fp32/force_low patterns, widened to match the same nodes under inlining prefixes."""
-    out = []
-    for p in patterns:
-        if any(c in p for c in "*?["):
-            out += [p, f"*/{p}"]
-        else:
-            scope = p.rstrip("/")
-            out += [p, f"*/{scope}", f"*/{scope}/*"]
-    return tuple(out)
-
-
 def body_nodes(kept, graph_def) -> tuple:
     """({frozen node: (SavedModel node, exact keep_fp32 pattern)}, unmapped frozen nodes) for the SavedModel nodes
     the frozen `kept` nodes came from.
@@ -102,7 +71,7 @@ def body_nodes(kept, graph_def) -> tuple:
 
 def guard_saved_model(source, inputs=None, signature: str | None = None, precision: str = "float16",
                       rtol: float | None = None, atol: float | None = None, *, batch_size: int = 2, seed: int = 0,
-                      **rewrite_options) -> SavedModelGuard:
+                      tag_set=None, **rewrite_options) -> SavedModelGuard:
     """Run the accuracy guard on one signature of a SavedModel.
 
     Args:
@@ -110,6 +79,7 @@ def guard_saved_model(source, inputs=None, signature: str | None = None, precisi
         inputs: calibration inputs: a dict or an .npz path keyed by input name (or "SIGNATURE/name"); inputs not
             given are random, as `mp-rewrite verify` makes them (batch_size, seed).
         signature: the signature to guard; None takes "serving_default", else the first.
+        tag_set: the MetaGraph to guard ("serve,gpu"); None: the only one, or the only "serve" one.
         precision, rtol, atol, **rewrite_options: as for guard(); keep_fp32/force_low patterns are matched against
             the frozen graph's names with their inlining prefixes too.
 
@@ -119,28 +89,33 @@ def guard_saved_model(source, inputs=None, signature: str | None = None, precisi
     Raises:
         ModelError: the model cannot be loaded, frozen or fed; OptionError: bad options.
     """
-    from ..savedmodel.convert import read_saved_model
+    from ..model.files import read_saved_model
+    from ..model.runtime import load_saved_model
+    from ..model.signatures import check_signature_keys, default_signature
+    from ..model.tags import load_tags, parse_tag_set, single_meta_graph
+    from ..savedmodel.frozen_signature import freeze_signature, inlined_patterns
     from ..savedmodel.inputs import check_finite, check_given_keys, load_inputs, signature_inputs
-    from ..savedmodel.verify import load_saved_model
-    loaded = load_saved_model(source, "original")
+    _, meta_graph = single_meta_graph(read_saved_model(source), parse_tag_set(tag_set), "the accuracy guard")
+    loaded = load_saved_model(source, "original", load_tags(meta_graph))
     keys = sorted(loaded.signatures.keys())
-    key = signature or ("serving_default" if "serving_default" in keys else (keys[0] if keys else None))
-    if key not in keys:
-        raise ModelError(f"the SavedModel has no signature '{key}' (its signatures: {', '.join(keys) or 'none'})")
+    key = check_signature_keys(signature, keys)[0] if signature else default_signature(keys)
+    if key is None:
+        raise ModelError(f"'{source}' has no signatures to guard; export the model with signatures")
     given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
     given = dict(given or {})
     specs = loaded.signatures[key].structured_input_signature[1]
     check_given_keys(given, {key: specs})  # a misspelt key would silently become random data
     check_finite(given)
     arrays, _ = signature_inputs(key, specs, given, batch_size, seed)
-    graph_def, placeholders, outputs = frozen_signature(loaded, key)
+    frozen = freeze_signature(loaded, key)
+    if frozen.captured:
+        raise ModelError(f"cannot guard signature '{key}': it reads lookup tables ({frozen.captured[0][0]}), which "
+                         "a frozen GraphDef cannot hold; convert without --guard")
     for option in ("keep_fp32", "force_low"):
         if rewrite_options.get(option):
-            patterns = rewrite_options[option]
-            rewrite_options[option] = inlined_patterns([patterns] if isinstance(patterns, str) else patterns)
-    result = guard(graph_def, outputs, {placeholders[k]: v for k, v in arrays.items()}, precision, rtol, atol,
-                   **rewrite_options)
-    meta_graph = read_saved_model(source).meta_graphs[0]
+            rewrite_options[option] = inlined_patterns(rewrite_options[option])
+    result = guard(frozen.graph_def, frozen.fetches, {frozen.feeds[k].split(":")[0]: v for k, v in arrays.items()}, precision,
+                   rtol, atol, **rewrite_options)
     nodes, unmapped = body_nodes([k.node for k in result.kept], meta_graph.graph_def)
     keep = tuple(dict.fromkeys(pattern for _, pattern in nodes.values()))
     return SavedModelGuard(result, key, keep, nodes, unmapped)

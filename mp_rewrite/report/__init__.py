@@ -19,7 +19,6 @@ _EXPORTS = {
     "to_dot": "dot", "to_svg": "dot", "picture": "dot", "to_html": "html",
     "write_tensorboard": "tensorboard", "annotated_graph_def": "tensorboard",
     "explain": "explain", "explain_all": "explain", "Explanation": "explain",
-    "load_model": "model_loader", "rewrite_model": "model_loader", "LoadedModel": "model_loader",
     "build_tables": "node_table", "summarize": "stats", "to_model_explorer": "model_explorer",
 }
 __all__ = sorted(_EXPORTS)

@@ -117,8 +117,20 @@ def picture(result, function: str | None = None, around: str | None = None, dept
     return cut(pick_graph(tables, function, around), around, depth, collapse_scopes, max_nodes, control)
 
 
+def is_whole_model(options: dict) -> bool:
+    """True when the options ask for no neighbourhood and no particular collapsing: the whole-model layer picture
+    (whole_model.py) is drawn then."""
+    return options.get("around") is None and options.get("collapse_scopes") is None
+
+
 def to_dot(result, function: str | None = None, **options) -> str:
-    """The DOT text of a RewriteResult's colored graph (options as picture())."""
+    """The DOT text of a RewriteResult's colored graph (options as picture()); without --around or
+    --collapse-scopes, the whole-model layer picture's."""
+    if is_whole_model(options):
+        from .layer_dot import layer_dot
+        from .whole_model import layer_picture
+        graph, title, notes = layer_picture(result, function, options.get("max_nodes", 150))
+        return layer_dot(graph, title, notes, result.precision)
     return to_dot_source(picture(result, function, **options))
 
 
@@ -161,9 +173,18 @@ def picture_svg(pic: Picture, engine: str = "auto") -> str:
 
 
 def to_svg(result, function: str | None = None, engine: str = "auto", **options) -> str:
-    """The SVG of a RewriteResult's colored graph (options as picture(); engine as picture_svg()).
+    """The SVG of a RewriteResult's colored graph (options as picture(); engine as picture_svg()). Without
+    --around or --collapse-scopes it is the whole-model layer picture, laid out in Python (it wraps long chains
+    into columns; Graphviz does not) unless engine is "graphviz".
 
     Raises:
         ModelError: Graphviz asked for and missing or failing. OptionError: as picture().
     """
+    if is_whole_model(options) and engine != "graphviz":
+        if engine not in ENGINES:
+            raise OptionError(f"unknown picture engine {engine!r}: use {', '.join(ENGINES)}")
+        from .whole_model import whole_model_svg
+        return whole_model_svg(result, function, options.get("max_nodes", 150))
+    if is_whole_model(options):
+        return render_svg(to_dot(result, function, **options))
     return picture_svg(picture(result, function, **options), engine)

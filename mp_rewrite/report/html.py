@@ -9,7 +9,7 @@ import html
 import json
 
 from ..errors import ModelError
-from .dot import picture as make_picture, picture_svg
+from .dot import is_whole_model, picture as make_picture, picture_svg
 from .explain import Explainer
 from .html_assets import CSS, JS, PAGE
 from .palette import CLASSES, FILL, dtype_label
@@ -69,7 +69,21 @@ def _picture_html(result, tables, options) -> tuple:
         return f'<p class="muted">No picture: {html.escape(str(e))}</p>', None
     svg = svg[svg.find("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG is inline
     label = html.escape(pic.title if pic.collapsed else f"{pic.title} ({pic.graph.number_of_nodes()} nodes)")
-    return f'<p class="muted">{label}</p><div id="svg-box">{svg}</div>', pic.source or "(main graph)"
+    return (f'<p><button data-zoom="1.25">zoom in</button> <button data-zoom="0.8">zoom out</button> '
+            f'<button data-zoom="0">fit width</button></p><p class="muted">{label}</p><div id="svg-box">{svg}</div>',
+            pic.source or "(main graph)")
+
+
+def _explorer_html(result, tables, data: dict, options: dict) -> str:
+    """The network explorer (explorer.py) of the graph holding the network; adds its data to `data`."""
+    from .explorer import explorer_data, explorer_markup
+    from .whole_model import layer_picture
+    graph, title, notes = layer_picture(result, options.get("function"), options.get("max_nodes", 150), tables)
+    g = next(i for i, t in enumerate(tables) if t.name == graph.source)
+    index = {n[1]: i for i, n in enumerate(data["nodes"]) if n[0] == g}
+    data["explorer"] = explorer_data(graph, result.precision, index)
+    data["pictureGraph"] = data["graphs"][g]
+    return explorer_markup(graph, title, notes)
 
 
 def to_html(result, function: str | None = None, tables=None, model: str | None = None, top: int = 15,
@@ -92,12 +106,18 @@ def to_html(result, function: str | None = None, tables=None, model: str | None 
     summary = summarize(tables, result)
     explainer = Explainer(tables, result.precision)
     data = _node_data(tables, explainer)
-    picture_markup, drawn = _picture_html(result, tables, {"function": function, **picture_options})
-    data["pictureGraph"] = drawn
+    options = {"function": function, **picture_options}
+    scripts = ""
+    if is_whole_model(options):
+        from .explorer import explorer_scripts
+        picture_markup, scripts = _explorer_html(result, tables, data, options), explorer_scripts()
+    else:
+        picture_markup, data["pictureGraph"] = _picture_html(result, tables, options)
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     title = f"mp-rewrite inspect: {model}" if model else "mp-rewrite inspect"
     options = "".join(f'<option value="{c}">{c}</option>' for c, _, _ in CLASSES)
     headers = "".join(f"<th>{h}</th>" for h in ("graph", "node", "op", "color", "dtype", "FLOPs", "reason"))
     return PAGE.substitute(title=html.escape(title), css=CSS, js=JS, payload=payload, options=options,
                            headers=headers, picture=picture_markup, summary=_summary_html(blocks(summary, top)),
-                           precision=html.escape(result.precision), device=html.escape(result.device))
+                           precision=html.escape(result.precision), device=html.escape(result.device),
+                           scripts=scripts)

@@ -134,6 +134,7 @@ JS = r"""
     document.getElementById("panel-title").textContent = n[1];
     document.getElementById("explain-text").textContent = data.explanations[n[7]];
     document.body.classList.add("panel-open");
+    if (window.mpExplorerReveal) { window.mpExplorerReveal(index); }
     var g = svgNode(index);
     if (g) { g.classList.add("mp-selected"); if (scroll) { g.scrollIntoView({block: "center", inline: "center"}); } }
     render();
@@ -185,7 +186,9 @@ JS = r"""
     var tr = ev.target.closest("tr");
     if (tr) { select(Number(tr.dataset.index), true); writeHash(); }
   });
-  document.getElementById("svg-box").addEventListener("click", function (ev) {
+  window.mpSelect = function (index) { select(index, false); writeHash(); };
+  var svgBox = document.getElementById("svg-box");
+  if (svgBox) svgBox.addEventListener("click", function (ev) {
     var g = ev.target.closest("g.node");
     if (!g) { return; }
     ev.preventDefault();
@@ -233,8 +236,7 @@ click a node in the table or the picture to see why it has its dtype</p></header
 <main>
 <section id="summary"><h2>Summary</h2>$summary</section>
 <section id="picture"><h2>Picture</h2>
-<p><button data-zoom="1.25">zoom in</button> <button data-zoom="0.8">zoom out</button>
-<button data-zoom="0">fit width</button></p>$picture</section>
+$picture</section>
 <section id="nodes"><h2>Nodes</h2>
 <div id="controls"><input id="search" type="search" placeholder="search: name, op, color or reason (all words)"
  aria-label="search nodes"> <select id="class-filter" aria-label="color"><option value="">every color</option>
@@ -245,6 +247,7 @@ $options</select> <span id="count" class="muted"></span></div>
 <pre id="explain-text"></pre></aside>
 <script id="mp-data" type="application/json">$payload</script>
 <script>$js</script>
+$scripts
 </body></html>
 """)
 """The page; $$-fields are filled by html.to_html (values HTML-escaped there)."""

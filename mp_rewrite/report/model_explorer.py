@@ -95,6 +95,15 @@ def _stderr_silenced(quiet: bool):
 def adapter_graphs(source: ModelSource, quiet: bool = False) -> list[dict]:
     """The graphs Model Explorer shows for `source`, as its adapter makes them (dicts with "id" and "nodes").
 
+    Raises:
+        OptionError, ModelError: as adapter_collections.
+    """
+    return [graph for collection in adapter_collections(source, quiet) for graph in collection.graphs]
+
+
+def adapter_collections(source: ModelSource, quiet: bool = False) -> list:
+    """The GraphCollections Model Explorer's adapter makes of `source`.
+
     Args:
         source: model_source(model).
         quiet: keep the adapter's C++ log lines out of stderr.
@@ -114,7 +123,35 @@ def adapter_graphs(source: ModelSource, quiet: bool = False) -> list[dict]:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ModelError(f"Model Explorer's adapter '{source.adapter}' cannot read '{source.path}': "
                              f"{first}") from None
-    return [graph for collection in collections for graph in collection.graphs]
+    return list(collections)
+
+
+def network_first(collections: list, network: str, label: str) -> dict:
+    """The adapter's graphs with the network's graph alone in a first collection: Model Explorer sorts a
+    collection's graphs by node count and opens the first, which for a SavedModel is the signatures' "main"
+    graph (mostly variable handles). Graph ids are unchanged, so the overlay still applies.
+
+    Args:
+        collections: adapter_collections(source).
+        network: the graph id to open on.
+        label: the first collection's label (the model's name).
+
+    Returns:
+        A ModelExplorerGraphs dict ({"graphCollections": [...]}) for ModelExplorerConfig.graphs_list.
+    """
+    from model_explorer.graph_builder import GraphCollection
+    graphs = [g for c in collections for g in c.graphs]
+    chosen = [g for g in graphs if _graph_id(g) == network]
+    rest = [g for g in graphs if _graph_id(g) != network]
+    if not chosen:
+        return {"graphCollections": list(collections)}
+    return {"graphCollections": [GraphCollection(label=f"{label} (network)", graphs=chosen),
+                                 GraphCollection(label=f"{label} (all other graphs)", graphs=rest)]}
+
+
+def _graph_id(graph) -> str:
+    """The id of an adapter graph (the direct TF adapter gives dicts, others Graph objects)."""
+    return graph["id"] if isinstance(graph, dict) else graph.id
 
 
 def node_value(row) -> str:
@@ -147,6 +184,8 @@ class Overlay:
     casts: int = 0
     missing: list = dataclasses.field(default_factory=list)
     graphs_without_table: list = dataclasses.field(default_factory=list)
+    network: str = MAIN_GRAPH
+    collections: list = dataclasses.field(default_factory=list, repr=False)
 
     def to_json(self, indent: int | None = 1) -> str:
         """The node data file Model Explorer loads ({graph id: {"results": ...}})."""
@@ -160,6 +199,8 @@ class Overlay:
             line += f"; {self.casts} inserted Casts are not in the model Model Explorer reads"
         if self.missing:
             line += f"; {len(self.missing)} nodes not found in Model Explorer's graphs (e.g. {self.missing[0][1]})"
+        if self.network != MAIN_GRAPH:
+            line += f"; the network is graph '{self.network}' (the function the signatures call)"
         return line
 
 
@@ -228,7 +269,11 @@ def to_model_explorer(result, model, function: str | None = None, tables=None, q
         ModelError: Model Explorer cannot open the model.
     """
     from .node_table import build_tables
+    from .network import network_table
     source = model_source(model)
-    graphs = adapter_graphs(source, quiet)
+    collections = adapter_collections(source, quiet)
     tables = build_tables(result, function, with_flops=False) if tables is None else tables
-    return build_overlay(tables, graphs, source, result.precision)
+    overlay = build_overlay(tables, [g for c in collections for g in c.graphs], source, result.precision)
+    overlay.network = network_table(tables).name or MAIN_GRAPH
+    overlay.collections = collections
+    return overlay

@@ -32,8 +32,3 @@ def reason_text(reason) -> str:
     if template is None:
         return reason.detail or reason.rule.replace("_", " ")
     return template.format(source=reason.source or "?", via=reason.via or "?", detail=reason.detail)
-
-
-def decision_text(decision) -> str:
-    """"float16 — allow list" style: the final dtype and the reason for it."""
-    return f"{dtype_label(decision.dtype_after)} — {reason_text(decision.reason)}"

@@ -24,6 +24,9 @@ import numpy as np
 
 from ..errors import ModelError, OptionError
 
+# DataType enums random inputs are made for: floating, integer and bool (types_pb2 values).
+FEEDABLE_DTYPES = frozenset({1, 2, 19, 14, 3, 4, 5, 6, 9, 17, 22, 23, 10})  # float double half bfloat16 int* uint* bool
+
 DEFAULT_DIM = 16
 DEFAULT_ID_LIMIT = 1000
 _OUT_OF_RANGE = re.compile(r"is not in \[0, (\d+)\)")
@@ -100,6 +103,26 @@ def missing_inputs(specs_by_signature: dict, given: dict) -> list[str]:
             if spec.shape.rank is None or not (kind.is_floating or kind.is_integer or kind.is_bool):
                 what = "unknown rank" if spec.shape.rank is None else kind.name
                 missing.append(f"{signature}/{name} ({what})")
+    return missing
+
+
+def unfeedable_inputs(meta_graph, keys, given) -> list[str]:
+    """missing_inputs from a MetaGraph's signature protos, before anything is loaded or written: "SIGNATURE/input
+    (dtype)" for every input of the `keys` (None: every user signature) that is not in `given` (names or
+    "SIGNATURE/name") and that random data cannot make."""
+    from tensorflow.core.framework import types_pb2
+
+    from ..core.meta_graph import INTERNAL_PREFIX
+    missing = []
+    for key, signature in sorted(meta_graph.signature_def.items()):
+        if key.startswith(INTERNAL_PREFIX) or (keys and key not in keys):
+            continue
+        for name, info in sorted(signature.inputs.items()):
+            if f"{key}/{name}" in given or name in given:
+                continue
+            if info.tensor_shape.unknown_rank or info.dtype not in FEEDABLE_DTYPES:
+                what = "unknown rank" if info.tensor_shape.unknown_rank else types_pb2.DataType.Name(info.dtype)[3:]
+                missing.append(f"{key}/{name} ({what.lower()})")
     return missing
 
 

@@ -1,4 +1,4 @@
-"""A SavedModel directory on disk: finding its proto, checking where a converted copy may go, and writing that copy
+"""A SavedModel directory on disk: checking where a converted copy may go, and writing that copy
 so that it appears only when complete.
 
 The copy is built in a temporary sibling of the output (same file system, so the final move is a rename); an
@@ -20,28 +20,10 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from ..errors import ModelError
+from ..model.files import saved_model_file
 from .output_lock import NEW, OLD, PREVIOUS_DIR, TARGET_FILE, temporary_prefix
 
-MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 FINGERPRINT_FILE = "fingerprint.pb"
-
-
-def model_file(directory) -> Path:
-    """Return the path of the SavedModel proto in `directory` (saved_model.pb, else saved_model.pbtxt).
-
-    Raises:
-        ModelError: the directory does not exist, is not a directory, or holds no SavedModel.
-    """
-    path = Path(directory)
-    if not path.exists():
-        raise ModelError(f"'{directory}' does not exist; give the path of a SavedModel directory")
-    if not path.is_dir():
-        raise ModelError(f"'{directory}' is not a directory; a SavedModel is a directory holding saved_model.pb")
-    for name in MODEL_FILES:
-        if (path / name).is_file():
-            return path / name
-    raise ModelError(f"'{directory}' is not a SavedModel: it has no saved_model.pb (or saved_model.pbtxt); "
-                     "write one with tf.saved_model.save(obj, path) or model.export(path)")
 
 
 def absolute_output(output) -> Path:
@@ -60,7 +42,7 @@ def check_output(source, output, overwrite: bool = False) -> tuple[Path, Path]:
             exists without overwrite; or it exists but is neither a SavedModel nor an empty directory (replacing it
             could lose someone's files).
     """
-    model_file(source)
+    saved_model_file(source)
     src, out = Path(source).resolve(), Path(output).resolve()
     if out == src or src in out.parents:
         raise ModelError(f"output '{output}' is inside the source '{source}'; write the converted model outside "
@@ -139,7 +121,7 @@ def serialize(message) -> bytes:
 
 def _fill(staging: Path, source: Path, saved_model, drop=()) -> None:
     """Copy the source's files except its proto, fingerprint and `drop`, then write the new proto and fingerprint."""
-    proto = model_file(source)
+    proto = saved_model_file(source)
     _copy_tree(source, staging, skip={proto.name, FINGERPRINT_FILE, *drop})
     if proto.suffix == ".pbtxt":
         (staging / proto.name).write_text(text_format.MessageToString(saved_model), encoding="utf-8")

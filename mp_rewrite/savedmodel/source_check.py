@@ -20,6 +20,7 @@ from ..core import dtypes
 
 from ..core.graph_view import parse_input
 from ..errors import GraphError, ModelError
+from ..model.runtime import first_line
 
 VARIABLES_INDEX = Path("variables") / "variables.index"
 KNOWN_DTYPES = dtypes.KNOWN
@@ -80,15 +81,8 @@ def check_variables(directory: Path, saved_model) -> None:
         for name in sorted(reader.get_variable_to_dtype_map()):
             reader.get_tensor(name)
     except Exception as e:  # TF raises DataLossError, NotFoundError, OutOfRangeError, ... for damaged files
-        raise ModelError(f"the variables of '{directory}' are incomplete or corrupt ({_first_line(e)}); export the "
+        raise ModelError(f"the variables of '{directory}' are incomplete or corrupt ({first_line(e)}); export the "
                          "model again") from None
-
-
-def _first_line(error: BaseException) -> str:
-    """TF's message, first line, control characters escaped (a corrupt model's names can hold any byte)."""
-    text = str(error).strip()
-    line = text.splitlines()[0][:300] if text else type(error).__name__
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
 
 
 def check_references(meta_graph) -> None:
@@ -192,7 +186,7 @@ def load_error(directory, saved_model) -> str | None:
             try:
                 tf.saved_model.load(str(directory), tags=tag_set)
             except Exception as e:  # TF raises ValueError, KeyError, OpError, ... for a model it cannot load
-                return _first_line(e)
+                return first_line(e)
     return None
 
 

@@ -28,9 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..core.oplists import load_lists
+from ..core.options import make_options
+from ..model.tags import load_tags, parse_tag_set, single_meta_graph
 from ..errors import ModelError
-from .convert import convert_saved_model, read_saved_model
+from ..model.files import read_saved_model
+from .convert import check_conversion, convert_saved_model
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 
@@ -68,8 +70,7 @@ class TuneResult:
             f"\nchose '{self.chosen}' (the fastest candidate that verifies)"
 
 
-def _candidate_lists(name: str, precision: str, lists):
-    base = lists if lists is not None else load_lists(precision)
+def _candidate_lists(name: str, base):
     if name == "grappler":
         return base
     if name == "matmul-conv":
@@ -80,16 +81,18 @@ def _candidate_lists(name: str, precision: str, lists):
     return base.with_changes(None, {"allow": base.allow}, source="tune: float32")
 
 
-def tune_saved_model(source, output, precision: str = "bfloat16", *, freeze: bool = False, overwrite: bool = False,
-                     lists=None, rounds: int = 5, calls: int = 3, inputs=None, seed: int = 0, batch_size: int = 2,
-                     **options):
+def tune_saved_model(source, output, precision: str = "bfloat16", *, options=None, freeze: bool = False,
+                     overwrite: bool = False, lists=None, rounds: int = 5, calls: int = 3, inputs=None, seed: int = 0,
+                     batch_size: int = 2, tag_set=None, signatures=None, weights: str = "keep", **rewrite_options):
     """Convert each candidate, time and verify it here, and write the fastest that verifies to `output`.
 
     Args:
-        source, output, precision, freeze, overwrite, lists: as for convert_saved_model.
+        source, output, precision, lists, freeze, overwrite, tag_set, signatures, weights: as for
+            convert_saved_model; or
+        options: an Options made with make_options (each candidate changes only its lists).
         rounds, calls: interleaved timing rounds, and calls of each signature per round.
         inputs, seed, batch_size: the inputs every candidate runs on (as for verify_saved_models).
-        **options: passed on to convert_saved_model (device, keep_fp32, force_low, ...).
+        **rewrite_options: the other make_options arguments (device, keep_fp32, force_low, ...).
 
     Returns:
         A TuneResult.
@@ -97,19 +100,23 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, freeze: boo
     Raises:
         ModelError: no candidate met the tolerance (nothing is written), or a conversion error.
     """
-    check_output(source, output, overwrite)
+    options = options or make_options(precision, lists=lists, **rewrite_options)
+    precision = options.precision
+    saved_model = check_conversion(source, output, parse_tag_set(tag_set), signatures, freeze, overwrite)[2]
+    tags = load_tags(single_meta_graph(saved_model, parse_tag_set(tag_set), "--tune")[1])
     depthwise = _has_ops(source, DEPTHWISE)
     candidates = {name: freeze for name in CANDIDATES if name != "no-depthwise" or depthwise}
     candidates |= {ORIGINAL: False} if freeze else {}
     with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work:
         converted = {}
         for name, frozen in candidates.items():
-            lists_of = _candidate_lists(name if name != ORIGINAL else "float32", precision, lists)
-            converted[name] = convert_saved_model(source, Path(work) / name, precision, freeze=frozen,
-                                                  lists=lists_of, **options)
-        passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size)
+            lists_of = _candidate_lists(name if name != ORIGINAL else "float32", options.lists)
+            converted[name] = convert_saved_model(source, Path(work) / name, options=dataclasses.replace(
+                options, lists=lists_of), freeze=frozen, tag_set=tag_set, signatures=signatures,
+                weights=weights if frozen else "keep")
+        passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size, tag_set)
                   for name in candidates}
-        milliseconds = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size,
+        milliseconds = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size, tags,
                                         rounds, calls, precision)
         fine = [name for name in candidates if passed[name]]
         if not fine:
@@ -142,13 +149,13 @@ def _has_ops(source, ops) -> bool:
     return False
 
 
-def _verifies(original, converted, precision, inputs, seed, batch_size) -> bool:
+def _verifies(original, converted, precision, inputs, seed, batch_size, tag_set) -> bool:
     from .verify import verify_saved_models
     return verify_saved_models(original, converted, inputs=inputs, precision=precision, seed=seed,
-                               batch_size=batch_size).passed
+                               batch_size=batch_size, tag_set=tag_set).passed
 
 
-def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, rounds: int, calls: int,
+def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, tags, rounds: int, calls: int,
                      precision: str) -> dict:
     """Median CPU ms of one call of every signature, per candidate, timed in rotated interleaved rounds, on the
     inputs verify makes (ids inside the tables they index, learned on the original)."""
@@ -157,13 +164,13 @@ def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, ro
     from .inputs import load_inputs
     from .verify import signature_feeds
     given = load_inputs(inputs) if inputs else {}
-    original = tf.saved_model.load(str(source))
+    original = tf.saved_model.load(str(source), tags=tags)
     feeds = {key: {k: tf.constant(v) for k, v in signature_feeds(function, key, given, batch_size, seed,
                                                                     precision).items()}
              for key, function in original.signatures.items()}
     runs = {}
     for name, path in paths.items():
-        loaded = tf.saved_model.load(str(path))
+        loaded = tf.saved_model.load(str(path), tags=tags)
         for key, function in loaded.signatures.items():
             function(**feeds[key])  # the first call builds and optimizes the graph
             runs.setdefault(name, []).append((function, feeds[key]))

@@ -13,6 +13,10 @@ import time
 
 from ..analysis.compare import OutputCheck, compare_outputs, default_tolerance
 from ..errors import ModelError
+from ..model.files import read_saved_model
+from ..model.runtime import first_line, load_saved_model
+from ..model.signatures import check_signature_keys, require_signatures
+from ..model.tags import load_tags, parse_tag_set, single_meta_graph
 from .inputs import (DEFAULT_DIM, DEFAULT_ID_LIMIT, check_given_keys, check_input_options, id_limit_from_error,
                      load_inputs, missing_inputs, parse_input_shapes, signature_inputs)
 
@@ -70,7 +74,6 @@ def detect_precision(path) -> str:
     """The low precision a converted SavedModel uses: "bfloat16" if any node attr is bfloat16, else "float16"."""
     from tensorflow.core.framework import types_pb2
 
-    from .convert import read_saved_model
     seen = set()
     for meta_graph in read_saved_model(path).meta_graphs:
         bodies = [meta_graph.graph_def.node] + [f.node_def for f in meta_graph.graph_def.library.function]
@@ -82,55 +85,17 @@ def detect_precision(path) -> str:
     return "bfloat16" if types_pb2.DT_BFLOAT16 in seen else "float16"
 
 
-
-
-def load_saved_model(path, which: str = "original"):
-    """`tf.saved_model.load(path)`, with a one-line ModelError naming the model (`which`) if TF cannot load it."""
-    import tensorflow as tf
-    try:
-        return tf.saved_model.load(str(path))
-    except Exception as e:  # TF raises OSError, ValueError, OpError, ... for unloadable models
-        lines = str(e).strip().splitlines() or [type(e).__name__]
-        # TF's first line is often just "Graph execution error:"; the line naming the failing op says why.
-        message = next((line.strip() for line in lines if "is not in [0," in line), lines[0])
-        raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{path}': {message}") from None
-
-
-
-
-
-
-
-
-
-
 def _run(function, inputs: dict, which: str, signature: str, precision: str) -> dict:
     import tensorflow as tf
     try:
         outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
     except (tf.errors.OpError, ValueError, TypeError) as e:
-        lines = str(e).strip().splitlines() or [type(e).__name__]
-        # TF's first line is often just "Graph execution error:"; the line naming the failing op says why.
-        message = next((line.strip() for line in lines if "is not in [0," in line), lines[0])
+        message = first_line(e)
         hint = ""
         if "OpKernel" in message and precision == "float16":
             hint = " (a float16 model converted for --device gpu needs a GPU; convert with --device cpu to run here)"
         raise ModelError(f"the {which} model failed to run signature '{signature}': {message}{hint}") from None
     return {k: v.numpy() for k, v in outputs.items()}
-
-
-def _check_keys(loaded, signatures) -> list[str]:
-    keys = sorted(loaded.signatures.keys())
-    if not keys:
-        raise ModelError("the original SavedModel has no signatures, so there is nothing to run and compare; save "
-                         "it with signatures (tf.saved_model.save(obj, path, signatures=...) or model.export)")
-    if not signatures:
-        return keys
-    wanted = [signatures] if isinstance(signatures, str) else list(signatures)
-    for key in wanted:
-        if key not in keys:
-            raise ModelError(f"the SavedModel has no signature '{key}' (its signatures: {', '.join(keys) or 'none'})")
-    return list(dict.fromkeys(wanted))
 
 
 def _interface(function) -> tuple:
@@ -142,7 +107,7 @@ def _interface(function) -> tuple:
 
 def verify_saved_models(original, converted, *, signatures=None, inputs=None, batch_size: int = 2, seed: int = 0,
                         rtol: float | None = None, atol: float | None = None, precision: str | None = None,
-                        input_shapes: str | dict | None = None, dim: int = DEFAULT_DIM,
+                        input_shapes: str | dict | None = None, dim: int = DEFAULT_DIM, tag_set=None,
                         progress=None) -> VerifyReport:
     """Run every (or the given) signature of both SavedModels on the same inputs and compare the outputs.
 
@@ -155,6 +120,7 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
         input_shapes: "name=2x128,..." (or a dict name -> shape) for made-up inputs.
         rtol, atol: the tolerance; None takes the default of the precision.
         precision: "float16" or "bfloat16" for the default tolerance; None detects it from the converted model.
+        tag_set: the MetaGraph to load from both ("serve,gpu"); None: the only one, or the only "serve" one.
         progress: optional callable (done, total, step name), after each model run.
 
     Returns:
@@ -165,10 +131,14 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
             input that needs data is named).
         OptionError: a bad precision, tolerance, seed, shape or inputs file.
     """
-    from .model_dir import model_file
     start = time.perf_counter()
-    model_file(original)
-    model_file(converted)
+    _, meta_graph = single_meta_graph(read_saved_model(original), parse_tag_set(tag_set), "verifying")
+    tags = load_tags(meta_graph)
+    converted_graphs = read_saved_model(converted).meta_graphs
+    if len(converted_graphs) == 1:  # a frozen conversion keeps one MetaGraph, with the tags it was made from
+        converted_tags = load_tags(converted_graphs[0])
+    else:
+        converted_tags = tags
     shapes = input_shapes if isinstance(input_shapes, dict) else parse_input_shapes(input_shapes)
     check_input_options(seed=seed, batch_size=batch_size, dim=dim, rtol=rtol, atol=atol)
     precision = precision or detect_precision(converted)
@@ -177,8 +147,9 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
     rtol, atol = (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
     given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
     given = dict(given or {})
-    models = load_saved_model(original, "original"), load_saved_model(converted, "converted")
-    keys = _check_keys(models[0], signatures)
+    models = load_saved_model(original, "original", tags), load_saved_model(converted, "converted", converted_tags)
+    keys = check_signature_keys(signatures, models[0].signatures.keys(), "the original SavedModel") or \
+        require_signatures(list(models[0].signatures.keys()), original)
     specs = {k: models[0].signatures[k].structured_input_signature[1] for k in keys}
     check_given_keys(given, specs)
     missing = missing_inputs(specs, given)

@@ -48,8 +48,8 @@ import re
 import tensorflow as tf
 
 from . import cost_hook, function_hook
-from .loss_scale_optimizer import LossScaleOptimizer
-from .settings import LossScaleError, _optimizer_family, is_loss_scale_optimizer, settings_from_loss_scale
+from .loss_scale.optimizer import LossScaleOptimizer
+from .loss_scale.settings import LossScaleError, _optimizer_family, is_loss_scale_optimizer, settings_from_loss_scale
 
 logger = logging.getLogger("mp_rewrite")
 
@@ -68,7 +68,7 @@ _MAX_NAMED = 5  # function names listed in a warning
 class _Enabled:
     precision: str
     device: str
-    options: object  # rewrite.Options, or None when no rewrite runs (float16 without a GPU, device=None)
+    options: object  # core.options.Options, or None when no rewrite runs (float16 without a GPU, device=None)
 
 
 _STATE = {"enabled": None, "warned": set()}
@@ -197,8 +197,8 @@ def rewrite_failures() -> dict:
 
 
 def _rewrite_options(precision, device, rewrite_options):
-    from .loss_scale_optimizer import UNSCALE_SCOPE
-    from ..core.body import make_options
+    from .loss_scale.optimizer import UNSCALE_SCOPE
+    from ..core.options import make_options
 
     unknown = sorted(set(rewrite_options) - {"keep_fp32", "force_low", "lists", "level", "assign", "costs"})
     if unknown:

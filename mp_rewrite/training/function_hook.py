@@ -92,7 +92,7 @@ def install(options, veto=None) -> None:
     Installing again replaces the options (functions rewritten before keep their rewrite).
 
     Args:
-        options: a validated `rewrite.Options` (see `rewrite.make_options`).
+        options: a validated `core.options.Options` (see `core.options.make_options`).
         veto: optional callable returning a reason (str) to skip rewriting at this moment, or None to go ahead.
 
     Raises:
@@ -123,7 +123,7 @@ def uninstall() -> None:
 
 
 def active_options():
-    """Return the `rewrite.Options` new functions are rewritten with, or None when the hook is not installed."""
+    """Return the `core.options.Options` new functions are rewritten with, or None when the hook is not installed."""
     return _HOOK.options
 
 
@@ -168,7 +168,7 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
 
     Args:
         name: the function's name in the eager context.
-        options: a `rewrite.Options`.
+        options: a `core.options.Options`.
         fdef: its current FunctionDef, if the caller read it already.
         atomic: its AtomicFunction, if known: its cached definition is refreshed, and the record is dropped when
             TF collects it.

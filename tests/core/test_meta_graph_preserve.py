@@ -10,7 +10,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from mp_rewrite.core.meta_graph import nodes_to_preserve
 from mp_rewrite.core.rewrite import rewrite_meta_graph_def
-from mp_rewrite.report.model_loader import load_model, rewrite_model
+from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.testing.oracle import grappler_rewrite_meta_graph
 from test_grappler_conformance import diff_graphs, fail_on
 

@@ -100,11 +100,15 @@ def test_a_refused_conversion_leaves_no_parent_directories(source, tmp_path, cap
     assert entries(tmp_path) == [] and "does not exist" in capsys.readouterr().err
 
 
-def test_preflight_checks_what_convert_checks_and_writes_nothing(source, tmp_path):
-    from mp_rewrite.savedmodel.preflight import check_conversion
-    check_conversion(source, tmp_path / "out", "bfloat16", keep_fp32=["MatMul"], force_low=["Soft*"])
+def test_the_check_step_checks_what_convert_checks_and_writes_nothing(source, tmp_path):
+    from mp_rewrite.core.options import make_options
+    from mp_rewrite.savedmodel.convert import check_conversion
+
+    def check(signatures=None, **options):
+        check_conversion(source, tmp_path / "out", None, signatures, options=make_options("bfloat16", **options))
+    check(keep_fp32=["MatMul"], force_low=["Soft*"])
     for kwargs, error in (({"keep_fp32": ["dense_9"]}, OptionError), ({"deny": ["NoSuchOp"]}, ListError),
                           ({"signatures": ["predict"]}, ModelError)):
         with pytest.raises(error):
-            check_conversion(source, tmp_path / "out", "bfloat16", **kwargs)
+            check(**kwargs)
     assert entries(tmp_path) == []

@@ -19,7 +19,7 @@ from google.protobuf import text_format
 import mp_rewrite.testing.examples as ex
 from mp_rewrite.commands.cli import main as cli_main
 from mp_rewrite.report.model_explorer import is_installed
-from mp_rewrite.report.model_loader import load_model, rewrite_model
+from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.report.node_table import build_tables
 from mp_rewrite.report.palette import FILL
 
@@ -180,8 +180,9 @@ def _get(url: str, data: dict | None = None):
         return response.status, response.read().decode()
 
 
-def _url_from(proc, deadline: float) -> str:
+def _url_from(proc, deadline: float, printed: list) -> str:
     for line in proc.stdout:
+        printed.append(line)
         if line.startswith("http://127.0.0.1:"):
             return line.strip()
         assert time.monotonic() < deadline, "view did not print its URL in time"
@@ -195,11 +196,19 @@ def test_view_serves_model_explorer_with_the_overlay_on_localhost(saved_model, o
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=ROOT)
     try:
-        url = _url_from(proc, time.monotonic() + 90)
+        lines = []
+        url = _url_from(proc, time.monotonic() + 90, lines)
+        printed = "".join(lines)
+        network = printed.split("opens on graph '", 1)[1].split("'", 1)[0] if "opens on graph '" in printed else ""
         base = url.split("/?")[0]
         data = json.loads(urllib.parse.unquote(urllib.parse.urlparse(url).query.split("data=", 1)[1]))
-        assert data["models"] == [{"url": os.path.abspath(os.path.join(saved_model, "saved_model.pb")),
-                                   "adapterId": "builtin_tf_direct"}]
+        # Model Explorer opens the first graph of the first collection: the network (the function the serving
+        # signature calls), not the signatures' main graph.
+        assert data["models"] == [{"url": f"graphs://{os.path.basename(saved_model)}/0"}]
+        status, body = _get(base + "/api/v1/load_graphs_json?graph_index=0")
+        first, rest = json.loads(body)["graphCollections"]
+        assert [g["id"] for g in first["graphs"]] == [network] and "main" in {g["id"] for g in rest["graphs"]}
+        assert "___call___" in network and f"opens on graph '{network}'" in printed
         status, page = _get(base + "/")
         assert status == 200 and "<html" in page.lower()
         status, body = _get(base + "/api/v1/load_node_data?node_data_index=0")
@@ -212,8 +221,9 @@ def test_view_serves_model_explorer_with_the_overlay_on_localhost(saved_model, o
                    for r in d["results"].values())
         # the server converts the model as the page asks it to: the overlay's ids are the ids it shows
         status, body = _get(base + "/apipost/v1/send_command",
-                            {"cmdId": "convert", "extensionId": "builtin_tf_direct", "modelPath": data["models"][0]
-                             ["url"], "settings": {}, "deleteAfterConversion": False})
+                            {"cmdId": "convert", "extensionId": "builtin_tf_direct", "modelPath":
+                             os.path.abspath(os.path.join(saved_model, "saved_model.pb")), "settings": {},
+                             "deleteAfterConversion": False})
         shown = {g["id"]: {n["id"] for n in g["nodes"]} for c in json.loads(body)["graphCollections"]
                  for g in c["graphs"]}
         for graph_id, graph_data in overlay_file.items():

@@ -21,7 +21,7 @@ from mp_rewrite.commands.cli import main as cli_main
 from mp_rewrite.report.dump import ENV_VAR, dump_rewrite
 from mp_rewrite.errors import OptionError
 from mp_rewrite.report import dot, json_report, tensorboard, text
-from mp_rewrite.report.model_loader import load_model, rewrite_model
+from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.report.palette import FILL
 
 SVG = "{http://www.w3.org/2000/svg}"

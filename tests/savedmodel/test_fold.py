@@ -1,4 +1,4 @@
-"""Folding Keras BatchNormalization into the convolution or matmul before it, in frozen graphs (savedmodel/fold.py),
+"""Folding Keras BatchNormalization into the convolution or matmul before it, in frozen graphs (rules/batchnorm.py),
 and folding the Casts of constants: on real Keras models with trained-looking normalization statistics."""
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from mp_rewrite.savedmodel import fold, freeze  # noqa: E402
+from mp_rewrite.rules import batchnorm as fold, constants  # noqa: E402
+from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
+from mp_rewrite.savedmodel.frozen_function import prune  # noqa: E402
+from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 
 CONTRACTIONS = {"Conv2D", "DepthwiseConv2dNative", "MatMul"}
@@ -56,10 +59,10 @@ def cnn(tmp_path_factory):
 def _frozen_folded(path):
     """(the signature, its frozen graph after Grappler's folding, the feed and fetch names)."""
     loaded = tf.saved_model.load(str(path))  # kept alive: the signature reads its variables
-    graph_def, feeds = freeze.frozen_graph_def(loaded.signatures["serving_default"], "serving_default")
+    frozen = freeze_signature(loaded, "serving_default")
     signature = loaded.signatures["serving_default"]
     fetches = [t.name for t in signature.outputs]
-    return freeze.optimize_graph(graph_def, fetches, freeze.FOLDING), feeds, fetches
+    return optimize_graph(frozen.graph_def, fetches, FOLDING), [name for _, name in frozen.inputs], fetches
 
 
 def _run(graph_def, feed, fetch, x):
@@ -87,7 +90,7 @@ def test_every_normalization_is_folded_and_the_values_stay(cnn):
     # Grappler pushes one multiply into the conv before it; three, and the shift after that conv, stay.
     assert _after(graph_def, {"Mul", "AddV2"}) == 4
     folded, names = fold.fold_batch_norms(graph_def, fetches)
-    folded = freeze.prune(folded, fetches)
+    folded = prune(folded, fetches)
     assert len(names) == 4  # three scale-and-shift chains and one shift the conv before it kept
     assert _after(folded, {"Mul", "Add", "AddV2"}) == 0
     assert {n.op for n in folded.node} & {"Mul", "Add", "AddV2"} == set()
@@ -101,7 +104,7 @@ def test_the_input_graph_is_not_modified(cnn):
     graph_def, _, fetches = _frozen_folded(cnn)
     snapshot = graph_def.SerializeToString(deterministic=True)
     fold.fold_batch_norms(graph_def, fetches)
-    fold.fold_constant_casts(graph_def, fetches)
+    constants.fold_constant_casts(graph_def, fetches)
     assert graph_def.SerializeToString(deterministic=True) == snapshot
 
 
@@ -118,7 +121,7 @@ def test_what_is_not_per_channel_or_is_shared_stays():
     frozen = convert_to_constants.convert_variables_to_constants_v2(
         tf.function(model).get_concrete_function(tf.TensorSpec((1, 6, 6, 4))))
     fetches = [t.name for t in frozen.outputs]
-    graph_def = freeze.optimize_graph(frozen.graph.as_graph_def(), fetches, freeze.FOLDING)
+    graph_def = optimize_graph(frozen.graph.as_graph_def(), fetches, FOLDING)
     _, names = fold.fold_batch_norms(graph_def, fetches)
     assert names == []
 

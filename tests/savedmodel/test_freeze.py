@@ -14,7 +14,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from mp_rewrite.errors import ModelError, OptionError  # noqa: E402
-from mp_rewrite.savedmodel import freeze  # noqa: E402
+from mp_rewrite.model.files import read_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.frozen_function import remove_tree  # noqa: E402
+from mp_rewrite.savedmodel.loadable_copy import loadable_copy  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.verify import verify_saved_models  # noqa: E402
 from mp_rewrite.testing import example_models  # noqa: E402
@@ -263,11 +265,11 @@ def test_the_source_is_loaded_without_its_saver_functions_and_its_assets_are_kep
     before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "vocab").rglob("*"))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
     (tmp_path / "scratch").mkdir()
-    copy = freeze._loadable_copy(tmp_path / "vocab")
+    copy = loadable_copy(tmp_path / "vocab", read_saved_model(tmp_path / "vocab"))
     saver = [name for name in _functions(tmp_path / "vocab") if "traced_save" in name or "traced_restore" in name]
     assert len(saver) == 2 and not set(saver) & set(_functions(copy)) and _functions(copy)
     assert tf.saved_model.load(copy).signatures["serving_default"](words=tf.constant(["b"]))["y"].shape == (1, 3)
-    freeze.remove_tree(copy)
+    remove_tree(copy)
     convert_saved_model(tmp_path / "vocab", tmp_path / "out", "bfloat16", freeze=True)
     assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "vocab").rglob("*")) == before
     assert list((tmp_path / "scratch").iterdir()) == []  # the loading copy is gone, not the source it linked to

@@ -23,7 +23,8 @@ from google.protobuf import text_format  # noqa: E402
 from tensorflow.core.protobuf import saved_model_pb2  # noqa: E402
 
 from mp_rewrite.errors import ListError, ModelError, OptionError  # noqa: E402
-from mp_rewrite.savedmodel.convert import convert_saved_model, read_saved_model  # noqa: E402
+from mp_rewrite.model.files import read_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.analysis.compare import compare_outputs, default_tolerance  # noqa: E402
 from mp_rewrite.savedmodel.verify import verify_saved_models  # noqa: E402
 

@@ -83,7 +83,7 @@ def custom_loop(strategy):
     import numpy as np
 
     from mp_rewrite.training import api as training
-    from mp_rewrite.training.dynamic_scale import all_finite
+    from mp_rewrite.training.loss_scale.dynamic_scale import all_finite
 
     replicas = strategy.num_replicas_in_sync
     per_replica = GLOBAL_BATCH // replicas
@@ -128,7 +128,7 @@ def custom_loop(strategy):
 
 def float32_scaled_gradients_finite(model, loss_fn, x, y, opt):
     """Whether the scaled gradients of a batch are finite in float32 (eager ops: the rewrite does not touch them)."""
-    from mp_rewrite.training.dynamic_scale import all_finite
+    from mp_rewrite.training.loss_scale.dynamic_scale import all_finite
 
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(loss_fn(y, model(x))) * opt.loss_scale

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from mp_rewrite.errors import MpRewriteError
 from mp_rewrite.training.api import wrap_optimizer
-from mp_rewrite.training.loss_scale_optimizer import (
+from mp_rewrite.training.loss_scale.optimizer import (
     MAX_LOSS_SCALE,
     SCALE_HISTORY_SIZE,
     LossScaleOptimizer,
@@ -709,7 +709,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras, numpy as np
-    from mp_rewrite.training.loss_scale_optimizer import LossScaleOptimizer
+    from mp_rewrite.training.loss_scale.optimizer import LossScaleOptimizer
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     out = {}

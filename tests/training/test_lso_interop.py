@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from mp_rewrite import LossScaleOptimizer
-from mp_rewrite.training.settings import LossScaleError
+from mp_rewrite.training.loss_scale.settings import LossScaleError
 
 tf_keras = pytest.importorskip("tf_keras")
 

@@ -24,7 +24,7 @@ from mp_rewrite.training import function_hook
 from mp_rewrite.training import api as training
 from mp_rewrite.errors import OptionError
 from mp_rewrite.training.api import wrap_optimizer
-from mp_rewrite.training.loss_scale_optimizer import UNSCALE_SCOPE, LossScaleOptimizer
+from mp_rewrite.training.loss_scale.optimizer import UNSCALE_SCOPE, LossScaleOptimizer
 from mp_rewrite.training.api import (
     disable_mixed_precision_graph_rewrite,
     enable_graph_rewrite,

@@ -12,8 +12,8 @@ float32 arithmetic (W * s is one float32 multiply per weight).
 Only what is certainly per output channel is folded: a constant `s` (and `t`) of one value or one value per output
 channel, a contraction whose filter is a constant, NHWC convolutions, nothing preserved or shared along the chain.
 
-After the rewrite, the Casts of constants are folded too (fold_constant_casts), and `--weights low` checks that no
-weight is read in both precisions (check_weights_low).
+Every chain found but not folded is recorded with the reason (a Record of the rules package, rule "batchnorm_fold"):
+not per channel, a contraction read by another node (it would see the folded filter), a fetched node, ...
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import dataclasses
 
 import numpy as np
 
+from .record import APPLIED, DECLINED, Record
+
 # Contractions whose constant filter can take a per-output-channel scale (how, per op: _scaled_filter).
 CONTRACTIONS = ("Conv2D", "DepthwiseConv2dNative", "MatMul")
 # What may sit between the contraction and the scale: its bias, or the Identity Grappler leaves for an all-zero one.
@@ -29,7 +31,7 @@ BETWEEN = ("BiasAdd", "Identity")
 SHIFTS = ("Add", "AddV2")
 FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 FLOAT = 1  # types_pb2.DT_FLOAT: the fold is done in float32 only
-LOW_TYPES = (19, 14)  # types_pb2.DT_HALF, DT_BFLOAT16
+RULE = "batchnorm_fold"
 
 
 @dataclasses.dataclass
@@ -53,20 +55,35 @@ def fold_batch_norms(graph_def, fetches) -> tuple[object, list[str]]:
     Returns:
         (a new GraphDef, the names of the nodes that became BiasAdds).
     """
+    out, records = fold_batch_norms_recorded(graph_def, fetches)
+    return out, [r.node for r in records if r.applied]
+
+
+def fold_batch_norms_recorded(graph_def, fetches) -> tuple[object, list[Record]]:
+    """fold_batch_norms, returning a Record per chain folded or declined (with the reason) instead of names.
+
+    Returns:
+        (a new GraphDef, [Record]); an applied record is named after the node that became the BiasAdd.
+    """
     out = type(graph_def)()
     out.CopyFrom(graph_def)
     nodes = {node.name: node for node in out.node}
     consumers = _data_consumers(out)
     kept = {f.split(":")[0].lstrip("^") for f in fetches}
-    folded = []
+    records = []
     for node in list(out.node):
         # A Mul's chain takes the Add after it; an Add reached first finds no contraction behind its Mul.
-        if node.op in ("Mul",) + SHIFTS + FUSED_NORMS and node.name not in kept:
+        if node.op in ("Mul",) + SHIFTS + FUSED_NORMS:
             chain = _chain(node, nodes, consumers, kept)
-            if chain is not None:
+            if isinstance(chain, str):
+                records.append(Record(RULE, node.name, DECLINED, chain))
+            elif chain is not None:
                 _rewrite(out, chain, nodes)
-                folded.append(chain.last.name)
-    return out, folded
+                what = f"folded {'the scale and shift' if chain.scale is not None else 'the shift'} into " \
+                       f"'{chain.contraction.name}'"
+                records.append(Record(RULE, chain.last.name, APPLIED, what, f"{chain.contraction.op} + BiasAdd",
+                                      (chain.contraction.name, node.name, chain.last.name)))
+    return out, records
 
 
 def _data_consumers(graph_def) -> dict:
@@ -103,53 +120,66 @@ def _only_output(name: str, consumers: dict, kept: set) -> bool:
     return consumers.get(name, 0) == 1 and name not in kept
 
 
-def _chain(end, nodes: dict, consumers: dict, kept: set) -> _Chain | None:
+def _chain(end, nodes: dict, consumers: dict, kept: set) -> _Chain | str | None:
     """The foldable chain that ends at `end` (a Mul or an Add), or just after it when `end` is a Mul whose only
-    reader adds a constant; None if there is none."""
+    reader adds a constant; why not, when a contraction with a constant is there but cannot be folded; None if
+    the pattern is not there."""
     if end.op in FUSED_NORMS:
         return _norm_chain(end, nodes, consumers, kept)
     if end.attr["T"].type != FLOAT or len([i for i in end.input if not i.startswith("^")]) != 2:
         return None
+    reason = None
     for data, other in ((end.input[0], end.input[1]), (end.input[1], end.input[0])):
         value, producer = _constant(other, nodes), _producer(data, nodes)
         found = _contraction_before(producer, nodes, consumers, kept) if value is not None else None
-        if found is None:
+        if found is None or isinstance(found, str):
+            # A scalar times a shared contraction output is usually part of an activation (GELU's 0.5 * x):
+            # not a normalization worth a line in the report.
+            reason = reason or (found if value is not None and value.size > 1 else None)
             continue
         contraction, bias = found
         channels, rank = _output_channels(contraction, nodes), 2 if contraction.op == "MatMul" else 4
-        if channels is None or not _per_channel(value, channels, rank):
+        if not _per_channel(value, channels, rank):
+            reason = f"the constant of shape {value.shape} is not one value per output channel of " \
+                     f"'{contraction.name}' ({channels} channels)"
             continue
+        if end.name in kept:
+            return f"'{end.name}' is fetched, so it must keep its op"
         if end.op != "Mul":
             return _Chain(contraction, bias, None, value, end)
         last, shift = _shift_after(end, nodes, consumers, kept, channels, rank) or (end, None)
         return _Chain(contraction, bias, value, shift, last)
-    return None
+    return reason
 
 
-def _norm_chain(norm, nodes: dict, consumers: dict, kept: set) -> _Chain | None:
+def _norm_chain(norm, nodes: dict, consumers: dict, kept: set) -> _Chain | str | None:
     """The chain that ends at an inference FusedBatchNorm of constant float32 parameters whose batch statistics
-    (outputs 1 to 5) nobody reads, as a scale and a shift; None if there is none."""
-    if (norm.attr["is_training"].b or norm.attr["T"].type != FLOAT or norm.attr["data_format"].s not in (b"", b"NHWC")
-            or any(f"{norm.name}:{port}" in consumers for port in range(1, 6))):
-        return None
-    params = [_constant(name, nodes) for name in norm.input[1:5]]
+    (outputs 1 to 5) nobody reads, as a scale and a shift; a reason or None if there is none."""
     found = _contraction_before(_producer(norm.input[0], nodes), nodes, consumers, kept)
-    if found is None or any(p is None for p in params):
-        return None
+    if found is None or isinstance(found, str):
+        return found
+    if norm.attr["is_training"].b or norm.attr["T"].type != FLOAT or norm.attr["data_format"].s not in (b"", b"NHWC"):
+        return "the FusedBatchNorm is in training mode, not float32 or not NHWC"
+    if any(f"{norm.name}:{port}" in consumers for port in range(1, 6)) or norm.name in kept:
+        return "the FusedBatchNorm's statistics are read, or it is fetched"
+    params = [_constant(name, nodes) for name in norm.input[1:5]]
+    if any(p is None for p in params):
+        return "the FusedBatchNorm's scale, offset, mean or variance is not a constant"
     contraction, bias = found
     channels = _output_channels(contraction, nodes)
     gamma, beta, mean, variance = (p.astype(np.float64) for p in params)
     if any(p.shape != (channels,) for p in (gamma, beta, mean, variance)):
-        return None
+        return f"the FusedBatchNorm's parameters are not one value per channel of '{contraction.name}'"
     scale = gamma / np.sqrt(variance + norm.attr["epsilon"].f)
     return _Chain(contraction, bias, scale.astype(np.float32), (beta - mean * scale).astype(np.float32), norm)
 
 
 def _contraction_before(node, nodes: dict, consumers: dict, kept: set):
     """(the constant-filter contraction `node` computes, possibly through a BiasAdd and Identities, that bias or
-    None), when nothing else reads that chain; else None."""
-    bias = None
-    while node is not None and node.op in BETWEEN and _only_output(node.name, consumers, kept):
+    None), when nothing else reads that chain; why not when there is one; None when there is none."""
+    bias, chain = None, []
+    while node is not None and node.op in BETWEEN:
+        chain.append(node)
         if node.op == "BiasAdd":
             if bias is not None or node.attr["data_format"].s not in (b"", b"NHWC"):
                 return None
@@ -157,10 +187,16 @@ def _contraction_before(node, nodes: dict, consumers: dict, kept: set):
             if bias is None:
                 return None
         node = _producer(node.input[0], nodes)
-    if node is None or node.op not in CONTRACTIONS or not _only_output(node.name, consumers, kept):
+    if node is None or node.op not in CONTRACTIONS:
         return None
+    for member in chain + [node]:
+        if not _only_output(member.name, consumers, kept):
+            return f"'{member.name}' is read by {consumers.get(member.name, 0)} nodes or fetched: another " \
+                   "reader would see the folded filter"
     channels = _output_channels(node, nodes)
-    if channels is None or (bias is not None and bias.shape != (channels,)):
+    if channels is None:
+        return f"the filter of '{node.name}' is not a float32 constant (or not NHWC)"
+    if bias is not None and bias.shape != (channels,):
         return None
     return node, bias
 
@@ -242,79 +278,3 @@ def _add_constant(graph_def, name: str, value: np.ndarray, device: str, nodes: d
     const.attr["dtype"].type = FLOAT
     const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value.astype(np.float32)))
     nodes[name] = const
-
-
-def fold_constant_casts(graph_def, fetches) -> tuple[object, int]:
-    """Replace every Cast of a float constant to float16 or bfloat16 by a constant of the cast value.
-
-    What Grappler's constant folding does for these Casts, without sending the whole graph (every weight) through
-    it again: on ResNet-50 1.7 s, and 0.5 s more to turn Grappler's one-varint-per-value constants into raw bytes.
-    The value is TensorFlow's own Cast kernel's (round to nearest even), stored as raw bytes.
-
-    Args:
-        graph_def: a GraphDef; not modified.
-        fetches: tensor or node names whose nodes must keep their op.
-
-    Returns:
-        (a new GraphDef, how many Casts became constants).
-    """
-    import tensorflow as tf
-
-    out = type(graph_def)()
-    out.CopyFrom(graph_def)
-    nodes = {node.name: node for node in out.node}
-    kept = {f.split(":")[0].lstrip("^") for f in fetches}
-    count = 0
-    for node in out.node:
-        source = _producer(node.input[0], nodes) if node.op == "Cast" and node.input else None
-        if (source is None or source.op != "Const" or node.name in kept or node.attr["Truncate"].b
-                or node.attr["DstT"].type not in LOW_TYPES or node.attr["SrcT"].type != FLOAT):
-            continue
-        target = tf.dtypes.as_dtype(node.attr["DstT"].type)
-        value = tf.cast(tf.make_ndarray(source.attr["value"].tensor), target).numpy()
-        node.op = "Const"
-        del node.input[:]
-        node.attr.clear()
-        node.attr["dtype"].type = target.as_datatype_enum
-        node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, dtype=target))
-        count += 1
-    return out, count
-
-
-def check_weights_low(graph_def, key: str) -> None:
-    """Refuse a weight (a float32 constant of more than one value) that is read both in low precision (through a
-    Cast) and in float32: it cannot be stored in low precision only. Freezing makes one constant per read of a
-    variable, so the constants of one weight are found by their equal values.
-
-    Raises:
-        ModelError: naming the weight and its float32 reader.
-    """
-    import hashlib
-
-    from ..errors import ModelError
-
-    weight_of = {}
-    for node in graph_def.node:
-        tensor = node.attr["value"].tensor if node.op == "Const" else None
-        if tensor is not None and tensor.dtype == FLOAT and _elements(tensor.tensor_shape) > 1:
-            weight_of[node.name] = hashlib.sha1(tensor.SerializeToString(deterministic=True)).digest()
-    low, other, names = {}, {}, {}
-    for node in graph_def.node:
-        for name in node.input:
-            weight = weight_of.get(name.split(":")[0]) if not name.startswith("^") else None
-            if weight is not None:
-                names.setdefault(weight, name.split(":")[0])
-                is_low = node.op == "Cast" and node.attr["DstT"].type in LOW_TYPES
-                (low if is_low else other).setdefault(weight, node)
-    for weight, reader in other.items():
-        if weight in low:
-            raise ModelError(f"--weights low: weight '{names[weight]}' of signature '{key}' is read in low precision "
-                             f"and in float32 (by '{reader.name}', {reader.op}), so it cannot be stored in low "
-                             "precision only; convert without --weights low (--freeze then stores it in both)")
-
-
-def _elements(shape) -> int:
-    count = 1
-    for dim in shape.dim:
-        count *= max(dim.size, 0)
-    return count

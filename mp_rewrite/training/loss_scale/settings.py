@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from ..errors import OptionError
+from ...errors import OptionError
 
 MIN_LOSS_SCALE = 1.0
 MAX_LOSS_SCALE = 2.0**64  # far above any useful scale, and its reciprocal is still a normal float32

@@ -1,0 +1,175 @@
+"""The whole-model picture as SVG: one box per layer of the LayerGraph, filled with the color of the precision it
+computes in (striped, with counts, when its ops differ), Casts as marks on the edges where they sit.
+
+Each box is `<g class="node mp-layer mp-CLASS">` with the box key as `<title>` (the HTML page finds boxes by it);
+cast marks are `<g class="mp-cast-mark">`. Text is 11 and 9.5 px, never scaled down: a big model wraps into columns
+(layer_layout) rather than shrinking.
+"""
+
+from __future__ import annotations
+
+import html
+
+from .layer_layout import lay_out
+from .palette import CLASS_NAMES, FILL, LEGEND
+
+FONT = "Helvetica,Arial,sans-serif"
+CHAR, SMALL_CHAR, LINE, PAD = 6.6, 5.5, 14.0, 7.0
+MIN_WIDTH, MAX_CHARS, MARGIN, HEADER = 120.0, 34, 16.0, 74.0
+SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "half": "f16", "float": "f32"}
+# Ops named first in a box: what the layer is (a Dense layer's Tensordot also gathers shapes with GatherV2).
+PRIMARY_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMulV2", "BatchMatMulV3",
+                         "Einsum", "_FusedConv2D", "_FusedMatMul", "While", "StatelessWhile", "Softmax"})
+KEPT = {"deny": "f32 deny", "infer-kept": "f32 infer", "clear-kept": "f32 clear", "allow-kept": "f32 allow-list",
+        "untouched": "other"}
+
+
+def _short(direction: str) -> str:
+    a, b = direction.split("→")
+    return f"{SHORT.get(a, a)}→{SHORT.get(b, b)}"
+
+
+def _clip(text: str, limit: int = MAX_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def shown_classes(layer) -> list:
+    """(class, count) of a box, legend order; "untouched" only when nothing else is there."""
+    present = [(c, layer.classes[c]) for c in CLASS_NAMES if layer.classes.get(c)]
+    colored = [(c, n) for c, n in present if c != "untouched"]
+    return colored or present
+
+
+def box_lines(layer, precision: str) -> list:
+    """The text lines of a box: name, its main ops, precision counts with variables and Casts."""
+    if layer.kind in ("input", "output"):
+        return [_clip(f"{layer.kind}: {layer.label}")]
+    from .network import WEIGHT_OPS
+    ops = sorted(layer.ops, key=lambda op: (op not in PRIMARY_OPS, op not in WEIGHT_OPS, -layer.ops[op]))
+    shown = ", ".join(f"{op}×{layer.ops[op]}" if layer.ops[op] > 1 else op for op in ops[:2])
+    more = f" +{len(ops) - 2}" if len(ops) > 2 else ""
+    low = SHORT.get(precision, precision)
+    counts = " · ".join(f"{low if c == 'allow' else KEPT.get(c, c)} {n}" for c, n in shown_classes(layer))
+    extra = []
+    if layer.variables:
+        extra.append(f"{len(layer.variables)} var{'s' if len(layer.variables) > 1 else ''}")
+    if layer.casts:
+        extra.append(f"{sum(layer.casts.values())} cast{'s' if sum(layer.casts.values()) > 1 else ''}")
+    return [_clip(layer.label), _clip(shown + more, 40), " · ".join([counts] + extra)]
+
+
+def box_size(lines: list) -> tuple:
+    width = max([len(lines[0]) * CHAR] + [len(line) * SMALL_CHAR for line in lines[1:]]) + 2 * PAD
+    return max(MIN_WIDTH, width), len(lines) * LINE + PAD
+
+
+def _fill(index: int, layer, x: float, y: float, w: float, h: float) -> str:
+    """The box: one fill, or vertical stripes in proportion to its classes."""
+    classes = shown_classes(layer) if layer.kind not in ("input", "output") else [("untouched", 1)]
+    total, left, parts = sum(n for _, n in classes), x - w / 2, []
+    for c, n in classes:
+        part = w * n / total
+        parts.append(f'<rect class="mp-stripe mp-{c}" x="{left:.1f}" y="{y - h / 2:.1f}" width="{part:.1f}" '
+                     f'height="{h:.1f}" fill="{FILL[c]}"/>')
+        left += part
+    rx = h / 2 if layer.kind in ("input", "output") else 4
+    clip = f"clip-{index}"
+    return (f'<clipPath id="{clip}"><rect x="{x - w / 2:.1f}" y="{y - h / 2:.1f}" width="{w:.1f}" '
+            f'height="{h:.1f}" rx="{rx}"/></clipPath><g clip-path="url(#{clip})">{"".join(parts)}</g>'
+            f'<rect x="{x - w / 2:.1f}" y="{y - h / 2:.1f}" width="{w:.1f}" height="{h:.1f}" rx="{rx}" '
+            'fill="none" stroke="#333" stroke-width="1.2"/>')
+
+
+def _box(index: int, key: str, layer, lines: list, center: tuple, size: tuple) -> str:
+    (x, y), (w, h) = center, size
+    top = y - h / 2 + PAD / 2 + LINE - 3
+    texts = []
+    for i, line in enumerate(lines):
+        bold, font = (' font-weight="bold"', 11) if i == 0 else ("", 9.5)
+        texts.append(f'<text x="{x:.1f}" y="{top + i * LINE:.1f}" text-anchor="middle" font-family="{FONT}" '
+                     f'font-size="{font}"{bold}>{html.escape(line)}</text>')
+    main = shown_classes(layer)[0][0] if layer.kind not in ("input", "output") else "untouched"
+    tip = f"{key}: {len(layer.members)} ops; " + ", ".join(f"{c} {n}" for c, n in layer.classes.items())
+    return (f'<g class="node mp-layer mp-{main}" data-kind="{layer.kind}"><title>{html.escape(key)}</title>'
+            f'<desc>{html.escape(tip)}</desc>{_fill(index, layer, x, y, w, h)}{"".join(texts)}</g>')
+
+
+def _clip_to_box(point, center, size) -> tuple:
+    """Where the segment from `center` toward `point` leaves the box."""
+    (px, py), (cx, cy), (w, h) = point, center, size
+    dx, dy = px - cx, py - cy
+    if dx == 0 and dy == 0:
+        return cx, cy
+    scale = min((w / 2) / abs(dx) if dx else float("inf"), (h / 2) / abs(dy) if dy else float("inf"))
+    return cx + dx * min(scale, 1.0), cy + dy * min(scale, 1.0)
+
+
+def _edge(points: list, data: dict, a: tuple, b: tuple) -> str:
+    points = list(points)
+    points[0] = _clip_to_box(points[1], *a)
+    points[-1] = _clip_to_box(points[-2], *b)
+    d = "M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    width = 1.2 + min(data["count"] - 1, 4) * 0.5
+    out = (f'<g class="edge"><path d="{d}" fill="none" stroke="#555" stroke-width="{width:.1f}" '
+           'marker-end="url(#arrow)"/></g>')
+    if data["casts"]:
+        text = ", ".join(f"{n}× {_short(c)}" if n > 1 else _short(c) for c, n in data["casts"].items())
+        (x1, y1), (x2, y2) = points[-2], points[-1]
+        mx, my = (x1 + x2) / 2, (y1 + y2) / 2
+        w = len(text) * SMALL_CHAR + 10
+        out += (f'<g class="mp-cast-mark"><title>Casts inserted on this edge: {html.escape(text)}</title>'
+                f'<rect x="{mx - w / 2:.1f}" y="{my - 7:.1f}" width="{w:.1f}" height="14" rx="7" fill="#fff" '
+                f'stroke="#c5221f" stroke-dasharray="3,2"/><text x="{mx:.1f}" y="{my + 3.5:.1f}" '
+                f'text-anchor="middle" font-family="{FONT}" font-size="9" fill="#c5221f">{html.escape(text)}'
+                '</text></g>')
+    return out
+
+
+def _legend(classes: list, notes: list, width: float) -> str:
+    parts, x = [], MARGIN
+    for c in classes:
+        text = LEGEND[c].split(":")[0] if c != "cast" else "cast"
+        w = len(text) * SMALL_CHAR + 16
+        parts.append(f'<g class="legend"><title>{html.escape(LEGEND[c])}</title><rect x="{x:.1f}" y="30" '
+                     f'width="{w:.1f}" height="14" rx="3" fill="{FILL[c]}" stroke="#333"/><text x="{x + w / 2:.1f}" '
+                     f'y="40.5" text-anchor="middle" font-family="{FONT}" font-size="9">{html.escape(text)}</text></g>')
+        x += w + 6
+    parts.append(f'<g class="legend mp-cast-mark"><rect x="{x:.1f}" y="30" width="70" height="14" rx="7" '
+                 'fill="#fff" stroke="#c5221f" stroke-dasharray="3,2"/><text x="{:.1f}" y="40.5" '
+                 'text-anchor="middle" font-family="{}" font-size="9" fill="#c5221f">casts on edge</text></g>'
+                 .format(x + 35, FONT))
+    for i, note in enumerate(notes):
+        parts.append(f'<text x="{MARGIN}" y="{60 + 12 * i}" font-family="{FONT}" font-size="9.5" fill="#444">'
+                     f'{html.escape(note)}</text>')
+    return "".join(parts)
+
+
+def layer_svg(graph, title: str, notes: list, precision: str) -> tuple:
+    """(SVG text, (width, height)) of a LayerGraph.
+
+    Args:
+        graph: a layer_graph.LayerGraph.
+        title: the first line.
+        notes: lines under the legend (what is not drawn, how it was collapsed).
+        precision: "float16" or "bfloat16" (names the low precision in the boxes).
+    """
+    lines = {k: box_lines(layer, precision) for k, layer in graph.layers.items()}
+    sizes = {k: box_size(v) for k, v in lines.items()}
+    placed = lay_out(sizes, [e for e in graph.edges])
+    top = HEADER + 12 * max(len(notes) - 1, 0)
+    width = max(placed.width + 2 * MARGIN, 700.0)
+    height = placed.height + top + 2 * MARGIN
+    centers = {k: (x + MARGIN, y + top) for k, (x, y) in placed.centers.items()}
+    edges = "".join(_edge([(x + MARGIN, y + top) for x, y in placed.paths[key]], data,
+                          (centers[key[0]], sizes[key[0]]), (centers[key[1]], sizes[key[1]]))
+                    for key, data in graph.edges.items() if key in placed.paths)
+    boxes = "".join(_box(i, k, graph.layers[k], lines[k], centers[k], sizes[k]) for i, k in enumerate(graph.layers))
+    classes = [c for c in CLASS_NAMES if c != "cast" and any(layer.classes.get(c) for layer in graph.layers.values())]
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+           f'viewBox="0 0 {width:.0f} {height:.0f}" class="mp-layers"><title>{html.escape(title)}</title>'
+           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+           'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>'
+           '<rect width="100%" height="100%" fill="white"/>'
+           f'<text x="{MARGIN}" y="20" font-family="{FONT}" font-size="13" font-weight="bold">{html.escape(title)}'
+           f'</text>{_legend(classes, notes, width)}<g class="graph">{edges}{boxes}</g></svg>')
+    return svg, (width, height)

@@ -1,0 +1,132 @@
+"""`canonicalize`: rewrite a GraphDef into the patterns TensorFlow's CPU remapper fuses, with a record of every
+rule applied or declined (and why).
+
+The rules are data (RULES): a name, the ops a pattern is rooted at, a matcher (conditions included: it returns a
+declined Match with a reason), a rewrite, and the fusion it enables. They run to a fixed point, since one rule's
+output is another's input (a batched matmul becomes a MatMul between Reshapes, the Reshapes merge, the bias and the
+activation move next to the MatMul).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from .batchnorm import fold_batch_norms_recorded
+from .bias import match_bias_add, rewrite_bias_add
+from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activation, rewrite_dense_bias
+from .gelu import match_gelu, rewrite_gelu
+from .graph import EditableGraph
+from .record import APPLIED, DECLINED, Match, Record
+from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, rewrite_batch_matmul, rewrite_einsum,
+                      rewrite_reshape_pair)
+
+MAX_ROUNDS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A graph rewrite rule.
+
+    Attributes:
+        name: what records call it.
+        anchors: the ops its pattern is rooted at.
+        match: (graph, node) -> None (not this pattern), a Match, or a declined Match (`.fail(reason)`).
+        rewrite: (graph, match) -> what it did (one line); edits the graph.
+        fusion: match -> the fusion it enables in TensorFlow's remapper (for records).
+    """
+
+    name: str
+    anchors: tuple
+    match: Callable
+    rewrite: Callable
+    fusion: Callable = lambda match: ""
+
+
+def _contraction_fusion(match: Match) -> str:
+    return f"{match.nodes['contraction'].op} + BiasAdd"
+
+
+RULES = (
+    Rule("batch_matmul", ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"), match_batch_matmul, rewrite_batch_matmul,
+         lambda m: "MatMul (the remapper fuses no BatchMatMul with a bias)"),
+    Rule("einsum", ("Einsum",), match_einsum, rewrite_einsum, lambda m: "MatMul (the remapper fuses no Einsum)"),
+    Rule("reshape_pair", ("Reshape",), match_reshape_pair, rewrite_reshape_pair),
+    Rule("bias_add", ("Add", "AddV2"), match_bias_add, rewrite_bias_add, _contraction_fusion),
+    Rule("dense_bias", ("Reshape",), match_dense_bias, rewrite_dense_bias, lambda m: "MatMul + BiasAdd"),
+    Rule("dense_activation", ("Reshape",), match_dense_activation, rewrite_dense_activation,
+         lambda m: f"MatMul + BiasAdd + {m.values['activation']}"),
+    Rule("conv1d_bias", ("Squeeze",), match_dense_bias, rewrite_dense_bias, lambda m: "Conv2D + BiasAdd"),
+    Rule("conv1d_activation", ("Squeeze",), match_dense_activation, rewrite_dense_activation,
+         lambda m: f"Conv2D + BiasAdd + {m.values['activation']}"),
+    Rule("gelu", ("BiasAdd",), match_gelu, rewrite_gelu, lambda m: f"MatMul + BiasAdd + {m.values['form']}"),
+)
+
+
+def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = True,
+                 shapes=None) -> tuple[object, list]:
+    """Rewrite a graph so that TensorFlow's remapper can fuse its contractions with their bias and activation.
+
+    Args:
+        graph_def: a GraphDef (frozen: the rules that need weights read them from Consts); not modified.
+        fetches: tensor or node names whose nodes keep their name, op and value.
+        rules: the rules to run (RULES by default).
+        fold_batch_norms: first fold per-channel scales and shifts (BatchNormalization) into the contraction
+            before them (batchnorm.py); this needs a frozen, constant-folded graph.
+        shapes: {node name: shape} of weights that are not constants (a traced training step's variables, keyed
+            by their resource placeholder or ReadVariableOp), for the rules that need a channel count.
+
+    Returns:
+        (a new GraphDef, [Record]): every rule applied and every rule declined where its pattern was found, with
+        the reason, in the order they happened; a decline later made moot by another rule's rewrite is dropped.
+    """
+    records, needed = [], _reachable(graph_def, fetches)
+    if fold_batch_norms:
+        graph_def, records = fold_batch_norms_recorded(graph_def, fetches)
+    graph = EditableGraph(graph_def, fetches, shapes)
+    declined = {}
+    for _ in range(MAX_ROUNDS):
+        applied = _run_round(graph, rules, records, declined)
+        if not applied:
+            break
+    records += [r for r in declined.values() if r.node in graph.nodes]
+    # What a rewrite left unread (the chain a BatchNorm was folded out of) would keep the contraction "read by 2
+    # nodes" for whoever looks next; what was dead before is not ours to remove.
+    graph.remove(needed - _reachable(graph.graph_def, fetches))
+    return graph.graph_def, records
+
+
+def _reachable(graph_def, fetches) -> set:
+    """The names of the nodes the fetches depend on (data or control); empty without fetches."""
+    inputs = {node.name: node.input for node in graph_def.node}
+    found, stack = set(), [f.lstrip("^").split(":")[0] for f in fetches]
+    while stack:
+        name = stack.pop()
+        if name not in found and name in inputs:
+            found.add(name)
+            stack.extend(i.lstrip("^").split(":")[0] for i in inputs[name])
+    return found
+
+
+def _run_round(graph: EditableGraph, rules, records: list, declined: dict) -> int:
+    """Run every rule once over the graph; return how many rewrites were made."""
+    applied = 0
+    for rule in rules:
+        anchors = [node for node in graph.graph_def.node if node.op in rule.anchors]
+        for node in anchors:
+            if graph.nodes.get(node.name) is not node or node.op not in rule.anchors:
+                continue  # removed or changed by an earlier rewrite of this round
+            match = rule.match(graph, node)
+            if match is None:
+                continue
+            covered = tuple(n.name for n in match.nodes.values())
+            if not match.ok:
+                declined[(rule.name, node.name)] = Record(rule.name, node.name, DECLINED, match.reason,
+                                                          nodes=covered)
+                continue
+            name, fusion = node.name, rule.fusion(match)
+            done = rule.rewrite(graph, match)
+            declined.pop((rule.name, name), None)
+            records.append(Record(rule.name, name, APPLIED, done, fusion, covered))
+            applied += 1
+    return applied

@@ -1,0 +1,112 @@
+"""`fusion_groups`: the sets of nodes TensorFlow's CPU remapper (oneDNN build, TF 2.21) would fuse into one kernel.
+
+A precision pass that puts a Cast inside a group (between a MatMul and its BiasAdd or activation) breaks the
+fusion, and the standalone elementwise ops it leaves are the slow ones in bfloat16; so each group should take one
+precision. The groups are plain data (node names), for a stage of the core to read without importing this package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .activation import GELUS, activation_name, activation_region
+from .graph import FLOAT_TYPES, EditableGraph
+
+CONTRACTIONS = {"MatMul": "_FusedMatMul", "Conv2D": "_FusedConv2D",
+                "DepthwiseConv2dNative": "_FusedDepthwiseConv2dNative", "Conv3D": "_FusedConv3D"}
+ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
+REGION_ACTIVATIONS = GELUS  # MatMul only, several nodes each
+FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionGroup:
+    """Nodes the remapper fuses into one op.
+
+    Attributes:
+        root: the contraction (or FusedBatchNorm, or Sigmoid of a swish).
+        op: the fused op TensorFlow makes ("_FusedMatMul", "_FusedConv2D", "_FusedBatchNormEx", "_MklSwish").
+        fused_ops: its `fused_ops` attribute, e.g. ("BiasAdd", "GeluExact").
+        nodes: every node of the group, root included.
+    """
+
+    root: str
+    op: str
+    fused_ops: tuple
+    nodes: frozenset
+
+
+def fusion_groups(graph_def, fetches=()) -> list[FusionGroup]:
+    """The groups of nodes the remapper would fuse, in graph order.
+
+    Args:
+        graph_def: a GraphDef; not modified.
+        fetches: tensor or node names that are preserved (the remapper does not fuse a preserved inner node).
+
+    Returns:
+        [FusionGroup]; a node is in at most one group.
+    """
+    graph = EditableGraph(graph_def, fetches)
+    groups = []
+    for node in graph.graph_def.node:
+        if node.op in CONTRACTIONS:
+            group = _contraction_group(graph, node)
+        elif node.op in FUSED_NORMS:
+            group = _norm_group(graph, node)
+        elif node.op == "Sigmoid":
+            group = _swish_group(graph, node)
+        else:
+            group = None
+        if group is not None:
+            groups.append(group)
+    return groups
+
+
+def _sole_reader(graph: EditableGraph, node, ops):
+    """The node's only reader when its op is one of `ops` and the node is not preserved, else None."""
+    reader = graph.only_reader(node.name)
+    return reader if reader is not None and reader.op in ops and not graph.is_kept(node) else None
+
+
+def _contraction_group(graph: EditableGraph, node) -> FusionGroup | None:
+    if node.attr["T"].type not in FLOAT_TYPES:
+        return None
+    squeeze = _sole_reader(graph, node, ("Squeeze",)) if node.op == "Conv2D" else None
+    bias = _sole_reader(graph, squeeze or node, ("BiasAdd",))
+    if bias is None or graph.producer(bias.input[0]) is not (squeeze or node):
+        return None
+    members, fused = [node, bias] + ([squeeze] if squeeze is not None else []), ["BiasAdd"]
+    # Conv + BiasAdd + Add (+ Relu), a residual, is in remapper.cc but TF 2.21 did not fuse it on this CPU, and no
+    # activation is fused after a Squeeze: those groups end at the BiasAdd.
+    activation = _sole_reader(graph, bias, ACTIVATIONS) if squeeze is None else None
+    if activation is not None:
+        members.append(activation)
+        fused.append(activation.op)
+    elif node.op == "MatMul" and not graph.is_kept(bias):
+        found = activation_region(graph, bias)
+        if found is not None and found.ok and activation_name(found.values["region"]) in REGION_ACTIVATIONS:
+            members += found.values["region"]
+            fused.append(activation_name(found.values["region"]))
+    return FusionGroup(node.name, CONTRACTIONS[node.op], tuple(fused), frozenset(n.name for n in members))
+
+
+def _norm_group(graph: EditableGraph, node) -> FusionGroup | None:
+    relu = _sole_reader(graph, node, ("Relu",))
+    if relu is None or any(":" in t and not t.endswith(":0") for r in [relu] for t in r.input):
+        return None
+    return FusionGroup(node.name, "_FusedBatchNormEx", ("Relu",), frozenset({node.name, relu.name}))
+
+
+def _swish_group(graph: EditableGraph, node) -> FusionGroup | None:
+    mul = _sole_reader(graph, node, ("Mul",))
+    if mul is None or _source(graph, node.input[0]) not in {_source(graph, t) for t in mul.input}:
+        return None
+    return FusionGroup(node.name, "_MklSwish", (), frozenset({node.name, mul.name}))
+
+
+def _source(graph: EditableGraph, tensor: str) -> str:
+    """The node name behind `tensor`, looking through Identities (TF's dependency optimizer removes them first)."""
+    node = graph.producer(tensor)
+    while node is not None and node.op == "Identity" and node.input:
+        tensor, node = node.input[0], graph.producer(node.input[0])
+    return tensor.split(":")[0]

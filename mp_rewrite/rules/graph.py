@@ -1,0 +1,142 @@
+"""`EditableGraph`: a private copy of a GraphDef that rules read and edit (the caller's proto is never touched).
+
+It answers the questions every rule asks (who produces an input, who reads an output, what value a Const holds,
+is a node preserved) and makes the edits they need (new nodes with fresh names, renames, removals).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FLOAT_TYPES = (1, 14)  # types_pb2.DT_FLOAT, DT_BFLOAT16: the contraction types the CPU remapper fuses
+
+
+def node_name(tensor: str) -> str:
+    """'a' for 'a', 'a:1' and '^a'."""
+    return tensor.lstrip("^").split(":")[0]
+
+
+def is_first_output(tensor: str) -> bool:
+    """Whether an input reads a node's output 0 as data (not a control input, not another port)."""
+    return not tensor.startswith("^") and tensor.partition(":")[2] in ("", "0")
+
+
+class EditableGraph:
+    """A copy of a GraphDef with lookups by name and the consumers of each node, kept current across edits."""
+
+    def __init__(self, graph_def, fetches=(), shapes=None):
+        """Args: graph_def, copied (never modified); fetches: tensor or node names whose nodes keep their name,
+        op and output; shapes: {node name: shape} of tensors the graph does not state, e.g. the variables a
+        traced training step reads (keyed by the resource placeholder or the ReadVariableOp)."""
+        self.graph_def = type(graph_def)()
+        self.graph_def.CopyFrom(graph_def)
+        self.nodes = {node.name: node for node in self.graph_def.node}
+        self.kept = {node_name(f) for f in fetches}
+        self.shapes = {name: tuple(shape) for name, shape in (shapes or {}).items()}
+        self._readers = None
+
+    def readers(self, name: str) -> list:
+        """The nodes that read any output of `name` as data (a node reading it twice appears twice)."""
+        if self._readers is None:
+            self._readers = {}
+            for node in self.graph_def.node:
+                for tensor in node.input:
+                    if not tensor.startswith("^"):
+                        self._readers.setdefault(node_name(tensor), []).append(node)
+        return self._readers.get(name, [])
+
+    def only_reader(self, name: str):
+        """The one node that reads `name`'s output (once), or None."""
+        readers = self.readers(name)
+        return readers[0] if len(readers) == 1 else None
+
+    def producer(self, tensor: str):
+        """The node whose output 0 the input `tensor` reads, or None (control input, other port, unknown)."""
+        return self.nodes.get(node_name(tensor)) if is_first_output(tensor) else None
+
+    def constant(self, tensor: str) -> np.ndarray | None:
+        """The value of the Const the input `tensor` reads, or None."""
+        import tensorflow as tf
+        node = self.producer(tensor)
+        if node is None or node.op != "Const":
+            return None
+        return tf.make_ndarray(node.attr["value"].tensor)
+
+    def weight_shape(self, tensor: str) -> tuple | None:
+        """The shape of a weight: a Const's, or one given in `shapes` (for a ReadVariableOp, its variable's)."""
+        value = self.constant(tensor)
+        if value is not None:
+            return value.shape
+        node = self.producer(tensor)
+        if node is None:
+            return None
+        if node.name not in self.shapes and node.op == "ReadVariableOp":
+            return self.shapes.get(node_name(node.input[0]))
+        return self.shapes.get(node.name)
+
+    def data_inputs(self, node) -> list:
+        """The node's data inputs (control inputs left out)."""
+        return [tensor for tensor in node.input if not tensor.startswith("^")]
+
+    def fresh_name(self, base: str) -> str:
+        """`base`, or `base_1`, `base_2`, ... whichever no node has."""
+        name, count = base, 0
+        while name in self.nodes:
+            count += 1
+            name = f"{base}_{count}"
+        return name
+
+    def add_node(self, name: str, op: str, inputs, device: str = "", attrs: dict | None = None):
+        """Add a node named `fresh_name(name)`; attrs maps names to AttrValue protos. Returns the node."""
+        node = self.graph_def.node.add(name=self.fresh_name(name), op=op, device=device)
+        node.input.extend(inputs)
+        for key, value in (attrs or {}).items():
+            node.attr[key].CopyFrom(value)
+        self.nodes[node.name] = node
+        self._readers = None
+        return node
+
+    def add_constant(self, name: str, value: np.ndarray, device: str = ""):
+        """Add a Const node holding `value` (its dtype kept); returns the node."""
+        import tensorflow as tf
+        node = self.add_node(name, "Const", [], device)
+        tensor = tf.make_tensor_proto(value)
+        node.attr["dtype"].type = tensor.dtype
+        node.attr["value"].tensor.CopyFrom(tensor)
+        return node
+
+    def rename(self, node, new: str) -> None:
+        """Give `node` the name `new` (unused) and point every input that read it at the new name."""
+        old = node.name
+        readers = {id(n): n for n in self.readers(old) + self._control_readers(old)}
+        for reader in readers.values():
+            for index, tensor in enumerate(reader.input):
+                if node_name(tensor) == old:
+                    reader.input[index] = tensor.replace(old, new, 1)
+        del self.nodes[old]
+        node.name = new
+        self.nodes[new] = node
+        self._readers = None
+
+    def _control_readers(self, name: str) -> list:
+        return [node for node in self.graph_def.node if f"^{name}" in node.input]
+
+    def set_inputs(self, node, inputs) -> None:
+        """Replace the node's data inputs by `inputs`, keeping its control inputs after them."""
+        controls = [tensor for tensor in node.input if tensor.startswith("^")]
+        del node.input[:]
+        node.input.extend(list(inputs) + controls)
+        self._readers = None
+
+    def remove(self, names) -> None:
+        """Remove the named nodes (nothing may read them any more)."""
+        names = set(names)
+        for index in reversed([i for i, node in enumerate(self.graph_def.node) if node.name in names]):
+            del self.graph_def.node[index]
+        for name in names:
+            self.nodes.pop(name, None)
+        self._readers = None
+
+    def is_kept(self, node) -> bool:
+        """Whether the node is a fetch (its name, op and output must stay)."""
+        return node.name in self.kept

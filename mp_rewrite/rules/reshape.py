@@ -1,0 +1,161 @@
+"""Reshapes around a matmul: a batched matmul of a constant matrix becomes `Reshape -> MatMul -> Reshape`, and two
+Reshapes in a row become one.
+
+Keras 3's EinsumDense (every projection of MultiHeadAttention) freezes, after Grappler's folding, to
+`BatchMatMulV2(x, W)` of a rank-3 `x` and a constant matrix, often followed by a Reshape to heads and an `AddV2` of
+a bias of shape (heads, head size). TensorFlow's remapper fuses no BatchMatMul with a BiasAdd; as a 2-D MatMul the
+Dense rules (dense.py) can bring bias and activation next to it. Exact: a batched matmul with a broadcast matrix is
+the matmul of the rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .graph import FLOAT_TYPES, EditableGraph
+from .record import Match
+
+BATCH_MATMULS = ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+
+
+def match_reshape_pair(graph: EditableGraph, reshape) -> Match | None:
+    """`Reshape(Reshape(t))` whose inner Reshape nothing else reads; None otherwise (nothing to decline)."""
+    inner = graph.producer(reshape.input[0])
+    if inner is None or inner.op != "Reshape" or graph.is_kept(inner) or len(graph.readers(inner.name)) != 1:
+        return None
+    return Match(nodes={"inner": inner, "outer": reshape})
+
+
+def rewrite_reshape_pair(graph: EditableGraph, match: Match) -> str:
+    """The outer Reshape reads what the inner one read; the inner one goes."""
+    inner, outer = match.nodes["inner"], match.nodes["outer"]
+    graph.set_inputs(outer, [inner.input[0], outer.input[1]])
+    graph.remove([inner.name])
+    return f"merged Reshape '{inner.name}' into '{outer.name}'"
+
+
+def match_batch_matmul(graph: EditableGraph, node) -> Match | None:
+    """A batched matmul of a tensor and a constant matrix (not adjoint on the left)."""
+    weight = graph.constant(node.input[1]) if len(node.input) > 1 else None
+    if weight is None or weight.ndim != 2:
+        return None
+    if node.attr["adj_x"].b:
+        return Match().fail("the left operand is adjoint")
+    dtype = node.attr["T"].type if "T" in node.attr else node.attr["Ta"].type
+    if dtype not in FLOAT_TYPES or "Tout" in node.attr and node.attr["Tout"].type != dtype:
+        return Match().fail("not a float32 or bfloat16 matmul")
+    if graph.is_kept(node):
+        return Match().fail("the matmul is fetched (its op must stay)")
+    columns = weight.shape[0] if node.attr["adj_y"].b else weight.shape[1]
+    return Match(nodes={"matmul": node}, values={"rows": weight.shape[1 - int(node.attr["adj_y"].b)],
+                                                 "columns": columns, "dtype": dtype})
+
+
+def rewrite_batch_matmul(graph: EditableGraph, match: Match) -> str:
+    """`Reshape(x, [-1, K]) -> MatMul -> Reshape(to x's shape with the last axis N)`, the last keeping the name."""
+    node = match.nodes["matmul"]
+    x, weight = node.input[0], node.input[1]
+    dtype, columns, device = match.values["dtype"], match.values["columns"], node.device
+    rows = graph.add_constant(f"{node.name}/rows_shape", np.array([-1, match.values["rows"]], np.int32), device)
+    flat = graph.add_node(f"{node.name}/rows", "Reshape", [x, rows.name], device)
+    _types(flat, T=dtype, Tshape=3)
+    matmul = graph.add_node(f"{node.name}/matmul", "MatMul", [flat.name, weight], device)
+    _types(matmul, T=dtype)
+    matmul.attr["transpose_b"].b = node.attr["adj_y"].b
+    shape = _output_shape(graph, node, x, -1, [columns])
+    node.op = "Reshape"
+    node.attr.clear()
+    _types(node, T=dtype, Tshape=3)
+    graph.set_inputs(node, [matmul.name, shape])
+    return f"'{node.name}' is now Reshape -> MatMul -> Reshape"
+
+
+def _output_shape(graph: EditableGraph, node, x: str, leading: int, tail: list) -> str:
+    """A tensor holding x's first `leading` dimensions (all but the last when -1) followed by `tail`: a constant
+    when x's shape is known up to one dimension (a Placeholder's shape, a Reshape's constant target), else computed
+    from Shape(x)."""
+    known = _static_shape(graph, x)
+    if known is not None and sum(d < 0 for d in known[:leading]) <= 1:
+        value = np.array(known[:leading] + list(tail), np.int32)
+        return graph.add_constant(f"{node.name}/shape", value, node.device).name
+    device = node.device
+    shape = graph.add_node(f"{node.name}/input_shape", "Shape", [x], device)
+    _types(shape, T=graph.nodes[node.name].attr["T"].type, out_type=3)
+    consts = [graph.add_constant(f"{node.name}/{n}", np.array(v, np.int32), device).name
+              for n, v in (("begin", [0]), ("end", [leading]), ("stride", [1]), ("tail", list(tail)), ("axis", 0))]
+    first = graph.add_node(f"{node.name}/leading_dims", "StridedSlice", [shape.name, *consts[:3]], device)
+    _types(first, T=3, Index=3)
+    joined = graph.add_node(f"{node.name}/output_shape", "ConcatV2", [first.name, consts[3], consts[4]], device)
+    _types(joined, T=3, Tidx=3)
+    joined.attr["N"].i = 2
+    return joined.name
+
+
+def match_einsum(graph: EditableGraph, node) -> Match | None:
+    """An Einsum of a tensor and a constant weight that is a plain dense contraction: `FK,KO->FO` (tf_keras'
+    EinsumDense, MultiHeadAttention's projections)."""
+    weight = graph.constant(node.input[1]) if len(graph.data_inputs(node)) == 2 else None
+    if weight is None:
+        return None
+    equation = node.attr["equation"].s.decode().replace(" ", "")
+    split = _dense_equation(equation)
+    if split is None:
+        return Match().fail(f"equation '{equation}' is not a dense contraction of the input's last axes "
+                            "with the weight's first axes")
+    if node.attr["T"].type not in FLOAT_TYPES or graph.is_kept(node):
+        return Match().fail("not a float32 or bfloat16 Einsum, or fetched")
+    free, contracted, out = split
+    if weight.ndim != len(contracted) + len(out):
+        return Match().fail(f"the weight has rank {weight.ndim}, the equation says {len(contracted) + len(out)}")
+    rows = int(np.prod(weight.shape[:len(contracted)]))
+    return Match(nodes={"einsum": node}, values={"free": len(free), "rows": rows, "tail": list(weight.shape[
+        len(contracted):]), "matrix": weight.reshape(rows, -1)})
+
+
+def _dense_equation(equation: str):
+    """(free, contracted, output letters) of 'FK,KO->FO' with distinct letters, or None."""
+    if "..." in equation or "->" not in equation or equation.count(",") != 1:
+        return None
+    inputs, out = equation.split("->")
+    lhs, rhs = inputs.split(",")
+    contracted = [c for c in lhs if c in rhs and c not in out]
+    free, tail = lhs[:len(lhs) - len(contracted)], rhs[len(contracted):]
+    letters = lhs + tail
+    if (lhs != free + "".join(contracted) or rhs != "".join(contracted) + tail or out != free + tail
+            or len(set(letters)) != len(letters) or not contracted or not tail):
+        return None
+    return free, contracted, tail
+
+
+def rewrite_einsum(graph: EditableGraph, match: Match) -> str:
+    """`Reshape(x, [-1, K]) -> MatMul(weight as a K x O matrix) -> Reshape(F + O dims)`, the last keeping the name."""
+    node = match.nodes["einsum"]
+    x, dtype, device = node.input[0], node.attr["T"].type, node.device
+    matrix = graph.add_constant(f"{node.name}/matrix", match.values["matrix"], device)
+    rows = graph.add_constant(f"{node.name}/rows_shape", np.array([-1, match.values["rows"]], np.int32), device)
+    flat = graph.add_node(f"{node.name}/rows", "Reshape", [x, rows.name], device)
+    _types(flat, T=dtype, Tshape=3)
+    matmul = graph.add_node(f"{node.name}/matmul", "MatMul", [flat.name, matrix.name], device)
+    _types(matmul, T=dtype)
+    shape = _output_shape(graph, node, x, match.values["free"], match.values["tail"])
+    node.op = "Reshape"
+    node.attr.clear()
+    _types(node, T=dtype, Tshape=3)
+    graph.set_inputs(node, [matmul.name, shape])
+    return f"'{node.name}' is now Reshape -> MatMul -> Reshape"
+
+
+def _static_shape(graph: EditableGraph, tensor: str) -> list | None:
+    """The shape of `tensor` when a Placeholder or a Reshape with a constant target states it (-1: unknown)."""
+    node = graph.producer(tensor)
+    if node is not None and node.op == "Placeholder" and not node.attr["shape"].shape.unknown_rank:
+        return [d.size for d in node.attr["shape"].shape.dim]
+    if node is not None and node.op == "Reshape":
+        value = graph.constant(node.input[1])
+        return [int(v) for v in value] if value is not None and value.ndim == 1 else None
+    return None
+
+
+def _types(node, **types) -> None:
+    for key, value in types.items():
+        node.attr[key].type = value

@@ -1,0 +1,62 @@
+"""The in-place strategy of `convert`: rewrite the functions a SavedModel's signatures and restored objects run, and
+keep everything else (variables, assets, object graph, other MetaGraphs) as it is.
+
+A TF2 SavedModel computes in its function library: each signature's output is a StatefulPartitionedCall in the
+MetaGraph's main graph into a signature wrapper, which calls the traced `__inference_*` function, which may call
+more (While/If/Case bodies, nested tf.functions). Every function reachable from the selected signatures -- and,
+when no signature is selected, from the concrete functions the object graph restores (what
+`tf.saved_model.load(...).__call__` runs) -- is rewritten on its own by the core's one MetaGraph rewrite,
+Grappler-style. The main graph is rewritten too, with what Grappler keeps for a MetaGraphDef preserved (it holds the
+compute of TF1 SavedModels; in TF2 ones it only calls functions). Save/restore functions and variables are left
+untouched. Only protos are read and written here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tensorflow.core.protobuf import saved_model_pb2
+
+from ..core.rewrite import rewrite_meta_graph_def
+from ..model.signatures import signature_keys
+from ..model.tags import select_meta_graphs, tag_text
+from .keras_metadata import METADATA_FILE, has_keras_metadata, metadata_note
+from .result import Rewritten
+from .source_check import node_names
+
+
+def rewrite_in_place(source_dir: Path, saved_model, options, keys=None, tag_set=None, progress=None, *,
+                     keras_metadata: str = "keep", output=None) -> Rewritten:
+    """Rewrite the MetaGraphs of `saved_model` (those tagged `tag_set`, else every one); the others are kept as they
+    are.
+
+    Args:
+        source_dir: the SavedModel directory (its other files are copied with the new proto).
+        saved_model: its proto (never modified).
+        options: the rewrite Options.
+        keys: signature keys whose functions to rewrite; None: every signature and the object graph's functions.
+        tag_set: a frozenset of tags, or None for every MetaGraph.
+        progress: optional callable (done, total, function name), after each function.
+        keras_metadata: "keep" or "drop" a tf_keras model's keras_metadata.pb.
+        output: the output path, for the notes.
+
+    Raises:
+        GraphError, StageError, ModelError, OptionError: a graph or function body the pass cannot rewrite.
+    """
+    chosen = dict(select_meta_graphs(saved_model, tag_set))
+    new = saved_model_pb2.SavedModel(saved_model_schema_version=saved_model.saved_model_schema_version)
+    graphs, skipped = {}, {}
+    for index, meta_graph in enumerate(saved_model.meta_graphs):
+        if index not in chosen:
+            new.meta_graphs.add().CopyFrom(meta_graph)
+            continue
+        result = rewrite_meta_graph_def(meta_graph, options=options, signatures=keys, progress=progress)
+        new.meta_graphs.add().CopyFrom(result.meta_graph_def)
+        label = tag_text(meta_graph) if meta_graph.meta_info_def.tags else f"metagraph {index}"
+        graphs[label if label not in graphs else f"{label} ({index})"] = result
+        skipped.update(result.skipped)
+    names = node_names(new, {name for result in graphs.values() for name in result.functions})
+    notes = [metadata_note(output, keras_metadata)] if has_keras_metadata(source_dir) else []
+    drop = (METADATA_FILE,) if keras_metadata == "drop" else ()
+    return Rewritten(new, source_dir, graphs, skipped, names,
+                     keys or tuple(signature_keys(m for _, m in chosen.items())), drop, notes)

@@ -1,0 +1,95 @@
+"""What a conversion produces: a strategy's `Rewritten` SavedModel (before it is written) and the
+`ConversionResult` the orchestrator returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+
+@dataclasses.dataclass
+class Rewritten:
+    """A strategy's output, ready to be checked and written by the orchestrator.
+
+    Attributes:
+        saved_model: the new SavedModel proto.
+        files: the directory whose other files (variables, assets, assets.extra, ...) go with it.
+        graphs: label -> RewriteResult (MetaGraph tags, or "signature KEY (frozen)").
+        skipped: function name -> why it was reachable but not rewritten.
+        node_names: the names the user's keep_fp32/force_low patterns are checked against.
+        keys: the signature keys converted.
+        drop: top-level file names of `files` not to copy.
+        notes: what the user must know about the output.
+        staging: a temporary directory of the strategy's, removed once written (None: nothing to remove).
+    """
+
+    saved_model: object
+    files: Path
+    graphs: dict
+    skipped: dict
+    node_names: object
+    keys: tuple
+    drop: tuple = ()
+    notes: list = dataclasses.field(default_factory=list)
+    staging: str | None = None
+
+
+@dataclasses.dataclass
+class ConversionResult:
+    """What `convert_saved_model` did.
+
+    Attributes:
+        source, output: the SavedModel directories read and written.
+        precision, device: the options used.
+        signatures: the signature keys whose functions were rewritten.
+        graphs: MetaGraph tags ("serve") -> RewriteResult of its main graph; `.functions` holds the RewriteResult
+            of every function body rewritten in that MetaGraph.
+        skipped: function name -> why it was reachable but not rewritten (parametrised, tf.data).
+        flops: mp_rewrite.flops.FlopShare over everything rewritten, or None when not estimated.
+        function_flops: function name -> its own FlopShare.
+        graph_flops: MetaGraph tags -> FlopShare of its main graph (where TF1 SavedModels compute).
+        seconds: wall time of the conversion.
+        notes: what the user must know about the output (e.g. how to load a converted tf_keras model).
+        frozen: True for a --freeze conversion (graphs then maps "signature KEY (frozen)" to its RewriteResult).
+    """
+
+    source: str
+    output: str
+    precision: str
+    device: str
+    signatures: tuple
+    graphs: dict
+    skipped: dict
+    flops: object = None
+    function_flops: dict = dataclasses.field(default_factory=dict)
+    graph_flops: dict = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+    frozen: bool = False
+    notes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def functions(self) -> dict:
+        """Function name -> RewriteResult, over every MetaGraph."""
+        return {name: r for g in self.graphs.values() for name, r in g.functions.items()}
+
+    @property
+    def converted_nodes(self) -> int:
+        """Nodes now computing in low precision, main graphs and functions together (shared graphs once)."""
+        return sum(len(r.converted_nodes) for r in self._results())
+
+    @property
+    def casts(self) -> int:
+        """Casts inserted, main graphs and functions together (a graph frozen for two signatures counts once)."""
+        return sum(len(r.casts) for r in self._results())
+
+    def _results(self) -> list:
+        return list({id(r): r for r in list(self.graphs.values()) + list(self.functions.values())}.values())
+
+    def summary(self) -> str:
+        """One line: what was converted, with how many casts, and the low-precision share of matmul/conv FLOPs."""
+        line = (f"converted {self.converted_nodes} nodes in {len(self.functions)} functions to {self.precision} "
+                f"with {self.casts} casts")
+        share = self.flops.share if self.flops is not None else None
+        if share is not None:
+            line += f"; {share:.1%} of matmul/conv FLOPs now in {self.precision}"
+        return f"{line} ({self.seconds:.1f} s) -> {self.output}"

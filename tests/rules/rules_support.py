@@ -1,0 +1,87 @@
+"""Real Keras 3 graphs for the rules' tests: frozen, folded by Grappler as `--freeze` folds them, run in TF, and
+optimized by the Grappler TF runs before every call (remapper included) to see what it fuses."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2  # noqa: E402
+from tensorflow.python.framework import convert_to_constants  # noqa: E402
+from tensorflow.python.grappler import tf_optimizer  # noqa: E402
+
+from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
+
+
+def with_nonzero_biases(model, seed: int = 0):
+    """Biases and normalization statistics a trained model has: a zero bias is folded away by Grappler, and the
+    fusion it would join cannot happen."""
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        path = weight.path
+        if path.endswith("bias") or path.endswith("beta") or path.endswith("moving_mean"):
+            weight.assign(rng.normal(0, 0.3, weight.shape).astype(np.float32))
+        elif path.endswith("gamma") or path.endswith("moving_variance"):
+            weight.assign(rng.uniform(0.5, 2, weight.shape).astype(np.float32))
+    return model
+
+
+def frozen(model, shape, batch=None):
+    """(the model's frozen GraphDef folded as `--freeze` folds it, its fetches, its feed): the input's first
+    dimension is left unknown unless `batch` is given, as in a serving signature."""
+    spec = tf.TensorSpec((batch,) + tuple(shape[1:]), tf.float32, name="x")
+    function = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
+    constant = convert_to_constants.convert_variables_to_constants_v2(function)
+    fetches = [t.name for t in constant.outputs]
+    feed = constant.inputs[0].name
+    return optimize_graph(constant.graph.as_graph_def(), fetches, FOLDING), fetches, feed
+
+
+def run(graph_def, feed: str, fetch: str, x: np.ndarray) -> np.ndarray:
+    """The value of `fetch` when `feed` is `x` (float32, TF's default optimizations on)."""
+    wrapped = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(graph_def, name=""), [])
+    pruned = wrapped.prune(wrapped.graph.get_tensor_by_name(feed), wrapped.graph.get_tensor_by_name(fetch))
+    return pruned(tf.constant(x)).numpy()
+
+
+def runtime_graph(graph_def, fetches):
+    """The graph after the Grappler TF runs before executing it on this CPU (every default optimizer, remapper
+    included, two iterations); nodes are placed on the CPU first, as the placer does (the remapper fuses only
+    placed nodes)."""
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph_def)
+    for node in meta.graph_def.node:
+        node.device = "/device:CPU:0"
+    meta.collection_def["train_op"].node_list.value.extend(dict.fromkeys(f.split(":")[0] for f in fetches))
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.min_graph_nodes = -1
+    return tf_optimizer.OptimizeGraph(config, meta)
+
+
+def fused(graph_def) -> list:
+    """[(fused op, [fused_ops])] of a runtime graph, in graph order."""
+    return [(n.op, [s.decode() for s in n.attr["fused_ops"].list.s]) for n in graph_def.node
+            if n.op.startswith("_Fused") or n.op.startswith("_Mkl")]
+
+
+def ops(graph_def) -> list:
+    """The op types of the graph's computing nodes (no Const, Identity, NoOp, Placeholder)."""
+    return [n.op for n in graph_def.node if n.op not in ("Const", "Identity", "NoOp", "Placeholder")]
+
+
+def assert_same(before: np.ndarray, after: np.ndarray) -> None:
+    """Equal within float32 rounding of a reordered sum (and not trivially: the values are not all ~0)."""
+    scale = np.abs(before).max()
+    assert scale > 0.1
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5 * scale)
+
+
+def dense_gelu(approximate: bool = False, units: int = 64):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 32))
+    act = (lambda t: keras.activations.gelu(t, approximate=True)) if approximate else "gelu"
+    return with_nonzero_biases(keras.Model(inp, keras.layers.Dense(units, activation=act)(inp)))
