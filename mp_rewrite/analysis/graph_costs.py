@@ -196,7 +196,7 @@ def cost_table(table, graph_def, fetches=(), batch=None):
         known += spec.key in table.ops
         if times is not None:
             nodes.setdefault(spec.label, {})[spec.name] = _within_noise(*times)
-    if specs and not known:
+    if specs and not known and not table.measure:  # a measuring table (training) only lacks what it could not time
         raise CostTableError(f"the cost table ({table.source}) holds none of this model's {len(specs)} candidate "
                              "op signatures (another model, batch size or op set); measure it for this one with: "
                              "mp-rewrite costs MODEL -o FILE")
