@@ -94,7 +94,9 @@ def _spec(label, fp32_node, low_node, before, nodes, shapes) -> NodeSpec:
         const32 = const32 if getattr(const32, "op", "") == "Const" else None
         const_low = _constant_source(nodes, src)
         if const32 is not None and const_low is not None:
-            consts.append("float" if t32 in FLOAT_TYPES else _const_text(const32))
+            # A float constant (a weight) is keyed like a fed tensor: the same signature whether the graph is frozen
+            # or reads variables, so a table measured on a SavedModel's functions serves its frozen graph.
+            consts.append(None if t32 in FLOAT_TYPES else _const_text(const32))
         else:
             const32 = const_low = None
             known = shape is not None and all(d is not None for d in shape)
@@ -131,8 +133,16 @@ def _skip_identities(nodes: dict, name: str):
 
 
 def _attrs_text(node, types_only: bool = False) -> dict:
+    """The node's attrs as text, OpDef defaults filled in (FunctionDefs drop attrs at their default values, frozen
+    graphs keep them: both must give the same signature)."""
     from google.protobuf import text_format
-    return {k: text_format.MessageToString(v, as_one_line=True) for k, v in sorted(node.attr.items())
+    from tensorflow.python.framework import op_def_registry
+    attrs = dict(node.attr.items())
+    op_def = op_def_registry.get(node.op)
+    for attr in op_def.attr if op_def is not None else ():
+        if attr.name not in attrs and attr.HasField("default_value"):
+            attrs[attr.name] = attr.default_value
+    return {k: text_format.MessageToString(v, as_one_line=True) for k, v in sorted(attrs.items())
             if not k.startswith("_") and (not types_only or v.HasField("type") or v.list.type)}
 
 
@@ -196,7 +206,7 @@ def cost_table(table, graph_def, fetches=(), batch=None):
         known += spec.key in table.ops
         if times is not None:
             nodes.setdefault(spec.label, {})[spec.name] = _within_noise(*times)
-    if specs and not known:
+    if specs and not known and not table.measure:  # a measuring table (training) only lacks what it could not time
         raise CostTableError(f"the cost table ({table.source}) holds none of this model's {len(specs)} candidate "
                              "op signatures (another model, batch size or op set); measure it for this one with: "
                              "mp-rewrite costs MODEL -o FILE")
