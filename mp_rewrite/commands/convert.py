@@ -125,13 +125,15 @@ def _run(args) -> int:
 
 
 def _assign(args) -> dict:
-    """--assign cost: the costs of this machine (or --costs FILE) for the op signatures of the source's graphs; a
-    frozen graph runs the same ops at the same shapes, so its table is made from these (MachineCosts.for_graph)."""
-    if (args.assign or ("cost" if args.costs else "lists")) == "lists":
-        return assign_from_args(args, None)  # refuses --costs with --assign lists
-    from ..model.loaded import load_model
-    model = load_model(args.source, args.tag_set)
-    return assign_from_args(args, model.graph_def, model.fetches)
+    """--assign cost: a cost table file (--costs, measured where the model is served), else this machine's table in
+    measuring mode: each graph the conversion rewrites (a frozen signature, a function body) has what the cache
+    lacks measured when it is rewritten, at --batch-size."""
+    if (args.assign or ("cost" if args.costs else "lists")) == "lists" or args.costs:
+        return assign_from_args(args, None)  # the file, or {} for the lists (refusing --costs with --assign lists)
+    from ..analysis.op_costs import this_machine
+    table = this_machine(args.precision)
+    table.batch = args.batch_size
+    return {"assign": "cost", "costs": table}
 
 
 def check_before_writing(args, options) -> None:
