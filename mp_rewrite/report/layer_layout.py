@@ -122,11 +122,11 @@ def _wrap(layout, vertices: list, edge_views: dict) -> tuple:
         ranks = range(r0, r1 + 1) if r0 <= r1 else range(r0, r1 - 1, -1)
         points = view.points or [edge.v[0].view.xy, edge.v[1].view.xy]
         pairs = list(zip(points, ranks)) if len(points) == len(ranks) else [(points[0], r0), (points[-1], r1)]
-        paths[key] = _through_gutters(pairs, moved, column_of, shifts, height, starts, layout)
+        paths[key] = _through_gutters(pairs, moved, column_of, shifts, height)
     return centers, paths, width, height, len(starts)
 
 
-def _through_gutters(pairs, moved, column_of, shifts, height, starts, layout) -> list:
+def _through_gutters(pairs, moved, column_of, shifts, height) -> list:
     """The points of an edge, with a detour below, through the gutter and above where it changes column."""
     out = []
     for (point, rank), nxt in zip(pairs, pairs[1:] + [None]):

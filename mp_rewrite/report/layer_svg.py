@@ -125,7 +125,7 @@ def _edge(points: list, data: dict, a: tuple, b: tuple) -> str:
     return out
 
 
-def _legend(classes: list, notes: list, width: float) -> str:
+def _legend(classes: list, notes: list) -> str:
     parts, x = [], MARGIN
     for c in classes:
         text = LEGEND[c].split(":")[0] if c != "cast" else "cast"
@@ -192,5 +192,5 @@ def layer_svg(graph, title: str, notes: list, precision: str) -> tuple:
            'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>'
            '<rect width="100%" height="100%" fill="white"/>'
            f'<text x="{MARGIN}" y="20" font-family="{FONT}" font-size="13" font-weight="bold">{html.escape(title)}'
-           f'</text>{_legend(classes, notes, width)}<g class="graph">{drawn}{boxes}</g></svg>')
+           f'</text>{_legend(classes, notes)}<g class="graph">{drawn}{boxes}</g></svg>')
     return svg, (width, height)
