@@ -38,7 +38,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # the `tensorflow` wheel leaves oneDNN off (see tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "ours", "ours_freeze", "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")
+VARIANTS = ("fp32", "ours", "ours_freeze", "ours_cost", "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")
 PEERS = ("inc", "openvino")  # each only if its Python is given
 TUNE_BATCH = 8
 # An extra variant, not Grappler's lists: only the allow ops (matmul/conv) in bf16, every elementwise op float32.
@@ -137,7 +137,8 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
     from mp_rewrite.savedmodel.convert import convert_saved_model
     paths = {"fp32": workdir / name / "fp32", "ours": workdir / name / "ours_bf16",
              "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16",
-             "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned"}
+             "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned",
+             "ours_cost": workdir / name / "ours_cost_bf16"}
     paths["tf_amp"] = paths["fp32"]
     if openvino_python:
         paths["openvino"] = paths["fp32"]  # OpenVINO converts the float32 SavedModel itself, in its worker
@@ -163,10 +164,19 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         start = time.perf_counter()
         convert_saved_model(paths["fp32"], paths["ours_freeze"], "bfloat16", freeze=True, overwrite=True)
         freeze_times.append(time.perf_counter() - start)
+    from mp_rewrite.analysis.op_costs import this_machine
+    costs = this_machine("bfloat16")  # measured here, cached, for each frozen graph at the tuning batch size
+    costs.batch = TUNE_BATCH
+    start = time.perf_counter()
+    convert_saved_model(paths["fp32"], paths["ours_cost"], "bfloat16", freeze=True, assign="cost", costs=costs,
+                        overwrite=True)
+    cost_seconds = time.perf_counter() - start
     from mp_rewrite.savedmodel.tune import tune_saved_model
     # Tuned at the first serving batch size measured (the tuner times on this machine, at this batch).
+    start = time.perf_counter()
     tuned = tune_saved_model(paths["fp32"], paths["ours_tuned"], "bfloat16", freeze=True, overwrite=True, rounds=3,
                              batch_size=TUNE_BATCH)
+    tune_seconds = time.perf_counter() - start
     lists = workdir / "matmul_conv_only.toml"
     lists.write_text(MATMUL_CONV_ONLY)
     convert_saved_model(paths["fp32"], paths["ours_mm"], "bfloat16", lists_file=str(lists), overwrite=True)
@@ -175,6 +185,7 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         paths["inc"] = workdir / name / "inc_bf16"
         inc = inc_convert(inc_python, paths["fp32"], paths["inc"], workdir)
     facts = {"convert_s": statistics.median(times), "freeze_s": statistics.median(freeze_times),
+             "cost_s": cost_seconds, "tune_s": tune_seconds,
              "inc_s": inc.get("seconds"),
              "tuned": tuned.chosen,
              "freeze_mb": sum(f.stat().st_size for f in paths["ours_freeze"].rglob("*") if f.is_file()) / 1e6,

@@ -7,6 +7,7 @@ import platform
 from pathlib import Path
 
 LABELS = {"fp32": "float32", "ours": "mp-rewrite bf16", "ours_freeze": "mp-rewrite bf16 --freeze",
+          "ours_cost": "mp-rewrite --freeze --assign cost",
           "ours_tuned": "mp-rewrite --freeze --tune",
           "tf_amp": "TF AMP (oneDNN bf16)", "keras_mixed": "Keras mixed_bfloat16",
           "ours_mm": "mp-rewrite bf16, matmul/conv only", "inc": "Intel Neural Compressor bf16",
@@ -106,12 +107,13 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
               "processes on a shared machine):", ""] + table(rows, "cpu_ms")
     lines += ["", "Conversion (`convert_saved_model`, bfloat16, in-process median of 3; CLI wall time includes "
               "starting TensorFlow):", "", "| model | SavedModel MB | --freeze MB | convert s | --freeze s | CLI s "
-              "(--freeze) | INC s | --tune chose | nodes converted | casts | matmul/conv FLOPs in bf16 |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "(--freeze) | --assign cost s | --tune s | INC s | --tune chose | nodes converted | casts | "
+              "matmul/conv FLOPs in bf16 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, f in facts.items():
         cli = "{:.1f} ({:.1f})".format(*cli_seconds[name]) if name in cli_seconds else "-"
         lines.append(f"| {name} | {f['size_mb']:.0f} | {f['freeze_mb']:.0f} | {f['convert_s']:.2f} | "
-                     f"{f['freeze_s']:.2f} | {cli} | {'-' if f['inc_s'] is None else format(f['inc_s'], '.1f')} | "
+                     f"{f['freeze_s']:.2f} | {cli} | {f.get('cost_s', 0):.1f} | {f.get('tune_s', 0):.1f} | "
+                     f"{'-' if f['inc_s'] is None else format(f['inc_s'], '.1f')} | "
                      f"{f['tuned']} | {f['converted']} | {f['casts']} | "
                      f"{f['flop_share']:.1%} |")
     lines += ["", "Cast nodes TensorFlow executed per call (from run metadata; a frozen conversion has folded the weight "
