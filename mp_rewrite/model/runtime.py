@@ -12,9 +12,9 @@ def first_line(error: BaseException) -> str:
     return next((line for line in lines if "is not in [0," in line), lines[0])
 
 
-def load_saved_model(path, which: str = "original", tags=None):
-    """`tf.saved_model.load(path, tags=tags)`, with a one-line ModelError naming the model (`which`) if TF cannot
-    load it.
+def load_saved_model(path, which: str = "original", tags=None, shown_as=None):
+    """`tf.saved_model.load(path, tags=tags)`, with a one-line ModelError naming the model (`which`, at `shown_as`,
+    default `path`: the user's path where a temporary copy is loaded) if TF cannot load it.
 
     Raises:
         ModelError: TensorFlow cannot load it (the line says why and which model).
@@ -23,4 +23,5 @@ def load_saved_model(path, which: str = "original", tags=None):
     try:
         return tf.saved_model.load(str(path), tags=tags)
     except Exception as e:  # TF raises OSError, ValueError, OpError, RuntimeError, ... for unloadable models
-        raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{path}': {first_line(e)}") from None
+        raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{shown_as or path}': {first_line(e)}; "
+                         "export the model again") from None

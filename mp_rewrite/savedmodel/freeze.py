@@ -63,7 +63,7 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
     form, why = weights_form(source_dir, freeze_weights)
     staging = loadable_copy(source_dir, saved_model)
     try:  # kept until saved: the assets of a restored table are copied from where it was loaded
-        loaded = load_saved_model(staging or source_dir, "source", tags)
+        loaded = load_saved_model(staging or source_dir, "source", tags, shown_as=source_dir)
         module, functions, graphs, names = _frozen_module(loaded, source_dir, keys, options, progress, weights,
                                                           form == "variables")
         frozen_keys = tuple(functions)

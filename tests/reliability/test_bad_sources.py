@@ -56,6 +56,27 @@ DAMAGE = {
 }
 
 
+def _relu_typed_int32(meta_graph) -> None:
+    from tensorflow.core.framework import types_pb2
+    for function in meta_graph.graph_def.library.function:
+        for node in function.node_def:
+            if node.op == "Relu":
+                node.attr["T"].type = types_pb2.DT_INT32  # valid on its own; TensorFlow refuses it when loading
+
+
+@pytest.mark.parametrize("freeze", [[], ["--freeze"]], ids=["in-place", "frozen"])
+def test_a_source_tensorflow_cannot_load_is_one_line_and_writes_nothing(source, tmp_path, capsys, freeze):
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    _edit_proto(src, _relu_typed_int32)
+    before = tree_hash(src)
+    assert cli.main(["convert", str(src), str(tmp_path / "out"), "--precision", "bfloat16", *freeze]) == 2
+    error = capsys.readouterr().err
+    one_line_error(error, "load")
+    assert f"'{src}'" in error and "export the model again" in error
+    assert "out" not in entries(tmp_path) and tree_hash(src) == before
+
+
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_damaged_source_is_one_line_and_writes_nothing(source, tmp_path, capsys, damage):
     src = tmp_path / "src"
