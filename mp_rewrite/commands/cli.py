@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         _import_tensorflow_keeping_sigterm(previous is not None, args.verbose)
         return int(args.func(args) or 0)
     except MpRewriteError as e:
-        print(f"mp-rewrite: error: {e}", file=sys.stderr)
+        print(f"mp-rewrite: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except Terminated:
         print("mp-rewrite: terminated (SIGTERM); nothing half-written was left", file=sys.stderr)
@@ -148,3 +148,8 @@ def _main_thread() -> bool:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def one_line(message: str) -> str:
+    """The message on one line: control characters (a corrupt model's names can hold any) written as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)

@@ -136,6 +136,9 @@ def _check_body(nodes, where: str, args: set, known) -> None:
 
 def _check_attr(node: str, key: str, value, where: str, known) -> None:
     kind = value.WhichOneof("value")
+    if kind is None:  # TensorFlow loads it, then fails when the function runs ("Failed to bind all placeholders")
+        raise GraphError(f"node {node!r} of {where}: attr {key!r} has no value (a corrupt model?); export the model "
+                         "again")
     types = [value.type] if kind == "type" else list(value.list.type) if kind == "list" else []
     bad = [d for d in types if d not in KNOWN_DTYPES]
     if bad:

@@ -43,6 +43,11 @@ def _control_input_to_nowhere(meta_graph) -> None:
     node.input.append("^dense/vanished")
 
 
+def _attr_without_a_value(meta_graph) -> None:
+    node = next(f for f in meta_graph.graph_def.library.function if "inner" in f.signature.name).node_def[0]
+    node.attr["T"].Clear()  # what a flipped byte can leave; TF loads it and fails only when the function runs
+
+
 DAMAGE = {
     "dangling variables link": (_dangling_variables, "is a symbolic link to"),
     "link loop": (lambda src: os.symlink(src, src / "assets" / "loop"), "is a symbolic link back into"),
@@ -53,6 +58,7 @@ DAMAGE = {
     "cleared function library": (lambda src: _edit_proto(src, lambda mg: mg.graph_def.library.Clear()),
                                  "which is not in the SavedModel's library"),
     "control input to nowhere": (lambda src: _edit_proto(src, _control_input_to_nowhere), "'^dense/vanished'"),
+    "attr without a value": (lambda src: _edit_proto(src, _attr_without_a_value), "has no value"),
 }
 
 
