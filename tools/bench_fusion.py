@@ -38,15 +38,8 @@ def ffn():
 
 def transformer():
     """The Transformer encoder of tools/bench_saved_model.py: 4 layers, d=256, 8 heads, sequence 128."""
-    import keras
-    tokens = keras.Input((128,), dtype="int32", name="tokens")
-    x = keras.layers.Embedding(8000, 256)(tokens)
-    for _ in range(4):
-        attention = keras.layers.MultiHeadAttention(num_heads=8, key_dim=32)(x, x)
-        x = keras.layers.LayerNormalization()(x + attention)
-        hidden = keras.layers.Dense(256)(keras.layers.Dense(1024, activation="gelu")(x))
-        x = keras.layers.LayerNormalization()(x + hidden)
-    return keras.Model(tokens, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(x)))
+    from mp_rewrite.testing.example_models import token_transformer
+    return token_transformer()
 
 
 def hub(name: str):

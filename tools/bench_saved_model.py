@@ -72,7 +72,8 @@ def build_model(name: str):
         if name == "bert":
             return keras_hub.models.BertBackbone(vocabulary_size=30522, **size)
         return keras_hub.models.GPT2Backbone(vocabulary_size=50257, **size)
-    return _transformer()
+    from mp_rewrite.testing.example_models import token_transformer
+    return token_transformer()
 
 
 def with_random_biases(model):
@@ -110,20 +111,6 @@ def with_statistics(model):
             kernel, bias = layer.get_weights()
             layer.set_weights([kernel, rng.normal(0, 0.05, bias.shape)])
     return model
-
-
-def _transformer():
-    """A Transformer encoder: 4 layers, d=256, 8 heads, sequence 128."""
-    import keras
-    tokens = keras.Input((128,), dtype="int32", name="tokens")
-    x = keras.layers.Embedding(8000, 256)(tokens)
-    for _ in range(4):
-        attention = keras.layers.MultiHeadAttention(num_heads=8, key_dim=32)(x, x)
-        x = keras.layers.LayerNormalization()(x + attention)
-        ffn = keras.layers.Dense(256)(keras.layers.Dense(1024, activation="gelu")(x))
-        x = keras.layers.LayerNormalization()(x + ffn)
-    pooled = keras.layers.GlobalAveragePooling1D()(x)
-    return keras.Model(tokens, keras.layers.Dense(10)(pooled))
 
 
 def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: str | None = None) -> tuple[dict, dict]:

@@ -47,6 +47,7 @@ from mp_rewrite.training.api import wrap_optimizer  # noqa: E402
 from mp_rewrite.core.op_support import Signatures  # noqa: E402
 from mp_rewrite.core.body import rewrite_body  # noqa: E402
 from mp_rewrite.core.options import make_options  # noqa: E402
+from mp_rewrite.testing.example_models import TOKENS, VOCABULARY, token_transformer  # noqa: E402
 
 # name -> (rewrite precision or None, loss_scale for the LSO or "none" for the plain optimizer, keras policy)
 VARIANTS = {
@@ -66,25 +67,9 @@ OVERHEAD_PAIRS = (("float32 + LSO dynamic", "float32 + LSO fixed"),
                   ("rewrite float16 + LSO dynamic", "rewrite float16 + LSO fixed"))
 
 
-TRANSFORMER_SEQUENCE, TRANSFORMER_VOCABULARY = 128, 8000
-
-
-def transformer_encoder():
-    """4 encoder layers (post-norm), d=256, 8 heads, FFN 1024 with GELU, over 128 tokens; logits for 10 classes."""
-    tokens = keras.Input((TRANSFORMER_SEQUENCE,), dtype="int32", name="tokens")
-    x = keras.layers.Embedding(TRANSFORMER_VOCABULARY, 256)(tokens)
-    for _ in range(4):
-        attention = keras.layers.MultiHeadAttention(num_heads=8, key_dim=32)(x, x)
-        x = keras.layers.LayerNormalization()(x + attention)
-        ffn = keras.layers.Dense(256)(keras.layers.Dense(1024, activation="gelu")(x))
-        x = keras.layers.LayerNormalization()(x + ffn)
-    pooled = keras.layers.GlobalAveragePooling1D()(x)
-    return keras.Model(tokens, keras.layers.Dense(10)(pooled))
-
-
 def build_model(name, size):
     if name == "transformer":
-        return transformer_encoder()
+        return token_transformer()
     if name == "resnet50":
         return keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=10,
                                            classifier_activation=None)
@@ -113,8 +98,8 @@ class Variant:
         self.opt = opt
         self.step = make_step(self.model, opt, scaled=loss_scale != "none")
         if model_name == "transformer":
-            self.x = tf.random.stateless_uniform((batch, TRANSFORMER_SEQUENCE), seed=(1, 2),
-                                                 maxval=TRANSFORMER_VOCABULARY, dtype=tf.int32)
+            self.x = tf.random.stateless_uniform((batch, TOKENS), seed=(1, 2),
+                                                 maxval=VOCABULARY, dtype=tf.int32)
         else:
             shape = (batch, size, size, 3) if model_name == "resnet50" else (batch, 32, 32, 3)
             self.x = tf.random.stateless_normal(shape, seed=(1, 2))
@@ -230,7 +215,7 @@ def render(results, args, facts):
     for model_name, (variants, cost) in results.items():
         title = {"resnet50": f"ResNet-50, {args.size}x{args.size}x3, batch {args.batch}",
                  "transformer": f"Transformer encoder (4 layers, d=256, 8 heads, FFN 1024, GELU), "
-                                f"{TRANSFORMER_SEQUENCE} tokens, batch {args.transformer_batch}"}.get(
+                                f"{TOKENS} tokens, batch {args.transformer_batch}"}.get(
                      model_name, "Small CNN (4 conv + dense), 32x32x3, batch 32")
         base = variants[0].median
         cpu_base = variants[0].cpu_median

@@ -141,6 +141,25 @@ def transformer_encoder(
     return _randomize_statistics(keras.Model(inp, out, name="transformer_encoder"))
 
 
+TOKENS, VOCABULARY = 128, 8000  # the benchmark Transformer's sequence length and vocabulary
+
+
+def token_transformer(layers: int = 4, d_model: int = 256, heads: int = 8, ff: int = 1024,
+                      classes: int = 10) -> keras.Model:
+    """The benchmarks' Transformer encoder (tools/bench_saved_model.py, bench_fusion.py, bench_training.py): int32
+    token ids (TOKENS of them, ids below VOCABULARY) through an Embedding, `layers` post-norm encoder layers with a
+    GELU feed-forward network, GlobalAveragePooling1D and a logits Dense. Fresh weights, biases zero."""
+    tokens = keras.Input((TOKENS,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(VOCABULARY, d_model)(tokens)
+    for _ in range(layers):
+        attention = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=d_model // heads)(x, x)
+        x = keras.layers.LayerNormalization()(x + attention)
+        hidden = keras.layers.Dense(d_model)(keras.layers.Dense(ff, activation="gelu")(x))
+        x = keras.layers.LayerNormalization()(x + hidden)
+    pooled = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(tokens, keras.layers.Dense(classes)(pooled))
+
+
 def lstm(timesteps: int = 6, features: int = 8, units: int = 16, classes: int = 10) -> keras.Model:
     """A ``keras.layers.LSTM`` over a sequence and a logits Dense (a ``While`` loop with TensorLists).
 
