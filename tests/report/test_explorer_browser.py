@@ -5,32 +5,22 @@ clicks a layer's box (a real click event on the drawn SVG) and the layer opens i
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 import pytest
 
 from mp_rewrite.report import to_html
 from mp_rewrite.report.explain import Explainer
+from headless_browser import dump_dom, needs_chromium
 from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.report.node_table import build_tables
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no headless browser: apt-get install chromium")
+pytestmark = needs_chromium
 ATTENTION = "bert_backbone_1/transformer_layer_0_1/self_attention_layer_1/"
 DENSE = "bert_backbone_1/transformer_layer_1_1/feedforward_intermediate_dense_1/"
 
 
 def _dump(url: str) -> str:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-           "--window-size=1400,1000", "--virtual-time-budget=5000", "--dump-dom", url]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.skip("chromium did not finish in 120 s")
-    if done.returncode != 0 or "<html" not in done.stdout:
-        pytest.skip(f"chromium cannot run here: {done.stderr.strip().splitlines()[-1:]}")
-    return done.stdout
+    return dump_dom(url, "--window-size=1400,1000")
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import html.parser
 import re
-import shutil
-import subprocess
 
 import pytest
 
 import mp_rewrite.testing.examples as ex
+from headless_browser import dump_dom, needs_chromium
 from mp_rewrite import rewrite_graph_def
 from mp_rewrite.report import explain, to_html
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no headless browser: apt-get install chromium "
-                                "(.ci/run installs it)")
+pytestmark = needs_chromium
 
 
 class _Dom(html.parser.HTMLParser):
@@ -59,16 +56,8 @@ class _Dom(html.parser.HTMLParser):
 
 
 def _dump_dom(url: str) -> _Dom:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-           "--no-first-run", "--virtual-time-budget=5000", "--dump-dom", url]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.skip("chromium did not finish in 120 s")
-    if done.returncode != 0 or "<html" not in done.stdout:
-        pytest.skip(f"chromium cannot run here: {done.stderr.strip().splitlines()[-1:]}")
     dom = _Dom()
-    dom.feed(done.stdout)
+    dom.feed(dump_dom(url))
     return dom
 
 
