@@ -137,23 +137,30 @@ def _assign(args) -> dict:
 
 
 def check_before_writing(args, options) -> None:
-    """Everything the conversion and what follows it (--verify, --guard, --tune) need, checked before the first
-    byte is written: the source, output, tag-set and signatures, and that verify can feed every input.
+    """What comes after the conversion (--verify) or before it (--guard, --tune: minutes of work) needs, checked before
+    that work and before the first byte is written: the whole source, output, tag-set and signatures before the guard
+    or tune (the conversion checks them itself otherwise), and that verify can feed every input.
 
     Raises:
         ModelError: naming what is wrong and the option that fixes it.
     """
     from ..errors import ModelError
+    from ..model.files import read_saved_model
+    from ..model.signatures import check_signature_keys, signature_keys
     from ..model.tags import parse_tag_set, single_meta_graph
     from ..savedmodel.convert import check_conversion
     from ..savedmodel.inputs import load_inputs, unfeedable_inputs
     tags = parse_tag_set(args.tag_set)
-    _, _, saved_model, keys = check_conversion(args.source, args.output, tags, args.signature or None, args.freeze,
-                                               args.overwrite, options)
-    if not (args.verify or args.guard or args.tune):
+    if args.guard or args.tune:
+        saved_model = check_conversion(args.source, args.output, tags, args.signature or None, args.freeze,
+                                       args.overwrite, options, args.freeze_weights)[2]
+    elif args.verify:
+        saved_model = read_saved_model(args.source)
+    else:
         return
     what = "--verify" if args.verify else "--guard" if args.guard else "--tune"
     _, meta_graph = single_meta_graph(saved_model, tags, what)
+    keys = check_signature_keys(args.signature or None, signature_keys([meta_graph]))
     missing = unfeedable_inputs(meta_graph, keys, load_inputs(args.inputs) if args.inputs else {})
     if missing:
         raise ModelError(f"{what} cannot make up {len(missing)} input(s): {', '.join(missing)}; give them in "

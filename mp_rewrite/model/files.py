@@ -4,6 +4,7 @@ are imported where they are used: the CLI checks paths with this module before T
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..errors import ModelError
@@ -11,6 +12,7 @@ from ..errors import ModelError
 MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 TEXT_SUFFIXES = (".pbtxt", ".pbtext", ".txt", ".prototxt")
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+OP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_>]*$")
 
 
 def keras_file_hint(path) -> str:
@@ -73,10 +75,8 @@ def read_saved_model(directory):
 
 def _plausible(graph_def) -> bool:
     """True if the nodes look like real NodeDefs (a proto of another type parses into nonsense or nothing)."""
-    import re
-    op_name = re.compile(r"^[A-Za-z_][A-Za-z0-9_>]*$")
     nodes = graph_def.node
-    return len(nodes) > 0 and all(n.name and op_name.match(n.op) for n in nodes[:200])
+    return len(nodes) > 0 and all(n.name and OP_NAME.match(n.op) for n in nodes[:200])
 
 
 def _main_graph(proto):

@@ -13,7 +13,7 @@ from ..core.meta_graph import INTERNAL_PREFIX, functions_to_rewrite, nodes_to_pr
 from ..core.rewrite import rewrite_graph_def, rewrite_meta_graph_def
 from .files import read_model_file
 from .keras_file import saved_model_of
-from .tags import SERVE, select_meta_graphs
+from .tags import inspected_meta_graph
 
 
 @dataclasses.dataclass
@@ -51,21 +51,11 @@ def _from_meta_graph(meta: meta_graph_pb2.MetaGraphDef, path: str, kind: str) ->
                        nodes_to_preserve(meta), meta)
 
 
-def _meta_graph(saved: saved_model_pb2.SavedModel, tag_set) -> meta_graph_pb2.MetaGraphDef:
-    """The MetaGraph tagged `tag_set`; without one, the one tagged exactly "serve", else one tagged "serve",
-    else the first."""
-    if tag_set is not None:
-        return select_meta_graphs(saved, tag_set)[0][1]
-    graphs = list(saved.meta_graphs)
-    return next((m for m in graphs if frozenset(m.meta_info_def.tags) == SERVE),
-                next((m for m in graphs if "serve" in m.meta_info_def.tags), graphs[0]))
-
-
 def load_model(path: str, tag_set=None, on_note=None) -> LoadedModel:
     """Read a SavedModel directory, a GraphDef file, a MetaGraphDef file or a Keras .keras/.h5 file.
 
     Args:
-        tag_set: for a SavedModel, the MetaGraph to read (see _meta_graph for the default).
+        tag_set: for a SavedModel, the MetaGraph to read (see tags.inspected_meta_graph for the default).
         on_note: optional callable(str), told when a Keras file is exported to be read.
 
     Raises:
@@ -74,7 +64,7 @@ def load_model(path: str, tag_set=None, on_note=None) -> LoadedModel:
     with saved_model_of(path, on_note) as readable:
         proto = read_model_file(readable)
     if isinstance(proto, saved_model_pb2.SavedModel):
-        return _from_meta_graph(_meta_graph(proto, tag_set), path, "saved_model")
+        return _from_meta_graph(inspected_meta_graph(proto, tag_set), path, "saved_model")
     if isinstance(proto, meta_graph_pb2.MetaGraphDef):
         return _from_meta_graph(proto, path, "meta_graph")
     return LoadedModel(path, "graph_def", proto, [])

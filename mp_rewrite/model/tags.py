@@ -79,6 +79,20 @@ def single_meta_graph(saved_model, tag_set=None, purpose: str = "loading the mod
                      f"{tag_text(graphs[0][1]) if graphs[0][1].meta_info_def.tags else 'serve'}")
 
 
+def inspected_meta_graph(saved_model, tag_set=None):
+    """The MetaGraph `inspect` and `explain` show: the one tagged `tag_set`; without one, the one tagged exactly
+    "serve", else one tagged "serve", else the first (a picture or a report never refuses to guess).
+
+    Raises:
+        ModelError: no MetaGraph has `tag_set`.
+    """
+    if tag_set is not None:
+        return select_meta_graphs(saved_model, tag_set)[0][1]
+    graphs = list(saved_model.meta_graphs)
+    return next((m for m in graphs if frozenset(m.meta_info_def.tags) == SERVE),
+                next((m for m in graphs if "serve" in m.meta_info_def.tags), graphs[0]))
+
+
 def load_tags(meta_graph) -> list | None:
     """The `tags=` argument of tf.saved_model.load for this MetaGraph (None: TF's default, "serve")."""
     tags = list(meta_graph.meta_info_def.tags)
