@@ -4,6 +4,7 @@ and passed down whole to every front end and every graph the pass rewrites."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 
 from . import dtypes
@@ -62,8 +63,6 @@ def make_options(precision="float16", device=None, lists=None, keep_fp32=(), for
     Raises:
         OptionError, ListError: a bad precision, device, level, pattern, lists or list edit.
     """
-    if isinstance(precision, Options):
-        raise OptionError("pass either an Options or the options it is made of, not both")
     target = dtypes.target_dtype(precision)
     device = _check_device(device, precision)
     env_level = os.environ.get("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL")
@@ -77,6 +76,28 @@ def make_options(precision="float16", device=None, lists=None, keep_fp32=(), for
     _check_assign(assign, costs, precision, emulate)
     return Options(precision, target, device, lists, as_tuple(keep_fp32), as_tuple(force_low),
                    level == "UNSAFE_FORCE_ALL", emulate, assign, costs if assign == "cost" else None)
+
+
+def given_or_made(options: Options | None, precision: str = "float16", **parts) -> Options:
+    """`options` when given, else make_options(precision, **parts): the one way an API that takes either an Options
+    or the options it is made of builds it.
+
+    Raises:
+        OptionError: both an Options and some of its parts (they would be silently ignored), as make_options does
+            for bad parts.
+    """
+    if options is None:
+        return make_options(precision, **parts)
+    if not isinstance(options, Options):
+        raise OptionError(f"options must be an Options (mp_rewrite.make_options), got {type(options).__name__}")
+    defaults = inspect.signature(make_options).parameters
+    unset = lambda name, value: (name in defaults and value == defaults[name].default  # noqa: E731
+                                 or not isinstance(value, bool) and not value)  # None, (), [], ""
+    mixed = sorted(name for name, value in parts.items() if not unset(name, value))
+    if mixed:
+        raise OptionError(f"give either options= (an Options) or {', '.join(mixed)}, not both: make the Options with "
+                          "them (mp_rewrite.make_options)")
+    return options
 
 
 def _check_assign(assign, costs, precision: str, emulate: bool) -> None:

@@ -11,7 +11,7 @@ from .functions import graph_functions
 from .library import rewrite_library, skipped_functions
 from .meta_graph import functions_to_rewrite, nodes_to_preserve, signature_nodes
 from .oplists import OpLists
-from .options import Options, make_options
+from .options import Options, given_or_made
 from .op_support import Signatures
 
 
@@ -62,8 +62,8 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
         GraphError: a malformed graph (unknown op, missing input, unknown fetch).
         StageError: a stage failed on a node (e.g. a NextIteration that does not feed a Merge).
     """
-    opts = options or make_options(precision, device, lists, keep_fp32, force_low, level, emulate, assign=assign,
-                                   costs=costs)
+    opts = given_or_made(options, precision, device=device, lists=lists, keep_fp32=keep_fp32, force_low=force_low,
+                         level=level, emulate=emulate, assign=assign, costs=costs)
     if not isinstance(graph_def, graph_pb2.GraphDef):
         raise GraphError(f"expected a tf GraphDef, got {type(graph_def).__name__}; pass graph.as_graph_def()")
     with gc_paused():

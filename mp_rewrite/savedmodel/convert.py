@@ -14,7 +14,7 @@ import time
 
 from ..analysis.flops import estimate_flops
 from ..core.meta_graph import functions_to_rewrite
-from ..core.options import Options, make_options
+from ..core.options import Options, given_or_made
 from ..core.pass_context import check_patterns_match
 from ..errors import MpRewriteError, OptionError, StageError
 from ..model.files import read_saved_model
@@ -77,10 +77,9 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
         handle. Nothing is written on any error.
     """
     start = time.perf_counter()
-    if options is None:
-        options = make_options(precision, device, lists, keep_fp32, force_low, level, emulate, lists_file=lists_file,
-                               allow=allow, infer=infer, deny=deny, clear=clear, remove=remove, assign=assign,
-                               costs=costs)
+    options = given_or_made(options, precision, device=device, lists=lists, keep_fp32=keep_fp32,
+                            force_low=force_low, level=level, emulate=emulate, lists_file=lists_file, allow=allow,
+                            infer=infer, deny=deny, clear=clear, remove=remove, assign=assign, costs=costs)
     check_modes(weights, freeze, keras_metadata)
     tags = parse_tag_set(tag_set)
     with saved_model_of(source, on_note) as source_path:

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..core.options import make_options
+from ..core.options import given_or_made
 from ..model.tags import load_tags, parse_tag_set, single_meta_graph
 from ..errors import ModelError
 from ..model.files import read_saved_model
@@ -100,7 +100,7 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     Raises:
         ModelError: no candidate met the tolerance (nothing is written), or a conversion error.
     """
-    options = options or make_options(precision, lists=lists, **rewrite_options)
+    options = given_or_made(options, precision, lists=lists, **rewrite_options)
     precision = options.precision
     saved_model = check_conversion(source, output, parse_tag_set(tag_set), signatures, freeze, overwrite)[2]
     tags = load_tags(single_meta_graph(saved_model, parse_tag_set(tag_set), "--tune")[1])

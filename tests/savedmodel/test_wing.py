@@ -182,3 +182,16 @@ def test_weights_too_large_for_constants_stay_low_precision_variables(tmp_path, 
     assert verify_saved_models(tmp_path / "m", tmp_path / "out").passed
     size = lambda d: sum(f.stat().st_size for f in (d / "variables").glob("*.data-*"))  # noqa: E731
     assert size(tmp_path / "out") < 0.6 * size(tmp_path / "m")
+
+
+def test_an_options_and_its_parts_together_are_refused_not_ignored(dense_model, tmp_path):
+    import mp_rewrite
+    source, _ = dense_model
+    options = mp_rewrite.make_options("bfloat16")
+    with pytest.raises(OptionError, match=r"either options= \(an Options\) or keep_fp32, not both"):
+        convert_saved_model(source, tmp_path / "out", options=options, keep_fp32=["*head*"])
+    assert not (tmp_path / "out").exists()
+    graph = tf.function(lambda x: tf.matmul(x, x)).get_concrete_function(tf.TensorSpec([2, 2])).graph.as_graph_def()
+    with pytest.raises(OptionError, match=r"or level, not both"):
+        mp_rewrite.rewrite_graph_def(graph, options=options, level="TREAT_INFER_AS_DENY")
+    assert mp_rewrite.rewrite_graph_def(graph, options=options, keep_fp32=[]).precision == "bfloat16"
