@@ -242,7 +242,6 @@ def _add_fusions(ctx, paint, var_of, groups, fusions, problem) -> None:
 
 def _record(ctx, paint, problem, nodes, groups, low, precision, note, measured) -> None:
     """Demote the float32 variables; restate every candidate's Reason with its times and casts."""
-    view = ctx.view
     cast_ms = [0.0] * len(nodes)
     side = lambda x: x == LOW if x < 0 else low[x]  # noqa: E731
     for producer, consumers, to_low, to_fp32 in problem.tensors:
