@@ -91,16 +91,14 @@ def guard_saved_model(source, inputs=None, signature: str | None = None, precisi
     """
     from ..model.files import read_saved_model
     from ..model.runtime import load_saved_model
-    from ..model.signatures import check_signature_keys, default_signature
+    from ..model.signatures import check_signature_keys, default_signature, require_signatures
     from ..model.tags import load_tags, parse_tag_set, single_meta_graph
     from ..savedmodel.frozen_signature import freeze_signature, inlined_patterns
     from ..savedmodel.inputs import check_finite, check_given_keys, load_inputs, signature_inputs
     _, meta_graph = single_meta_graph(read_saved_model(source), parse_tag_set(tag_set), "the accuracy guard")
     loaded = load_saved_model(source, "original", load_tags(meta_graph))
     keys = sorted(loaded.signatures.keys())
-    key = check_signature_keys(signature, keys)[0] if signature else default_signature(keys)
-    if key is None:
-        raise ModelError(f"'{source}' has no signatures to guard; export the model with signatures")
+    key = check_signature_keys(signature, keys)[0] if signature else default_signature(require_signatures(keys, source))
     given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
     given = dict(given or {})
     specs = loaded.signatures[key].structured_input_signature[1]

@@ -29,6 +29,7 @@ from ..core.rewrite import rewrite_graph_def
 from ..errors import ModelError, OptionError
 from ..model.files import read_saved_model
 from ..model.runtime import load_saved_model
+from ..model.signatures import require_signatures
 from ..model.tags import load_tags, single_meta_graph
 from ..rules import canonicalize, check_weights_low, fold_constant_casts
 from .frozen_function import as_function, compact, prune, remove_tree
@@ -133,10 +134,7 @@ def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, ke
     the names of the frozen graphs' nodes and every suffix of them)."""
     import tensorflow as tf
 
-    chosen = list(keys or loaded.signatures.keys())
-    if not chosen:
-        raise ModelError(f"'{source_dir}' has no signatures to freeze; export the model with signatures "
-                         "(model.export(path) or tf.saved_model.save(obj, path, signatures=...))")
+    chosen = list(keys or require_signatures(loaded.signatures.keys(), source_dir))
     options = dataclasses.replace(options, keep_fp32=inlined_patterns(options.keep_fp32),
                                   force_low=inlined_patterns(options.force_low))
     module, results, names = tf.Module(), {}, set()
