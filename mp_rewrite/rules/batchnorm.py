@@ -22,15 +22,14 @@ import dataclasses
 
 import numpy as np
 
+from ..core.dtypes import FLOAT
+from ..core.op_facts import CONTRACTIONS  # how each takes a per-output-channel scale: _scaled_filter
 from .record import APPLIED, DECLINED, Record
 
-# Contractions whose constant filter can take a per-output-channel scale (how, per op: _scaled_filter).
-CONTRACTIONS = ("Conv2D", "DepthwiseConv2dNative", "MatMul")
 # What may sit between the contraction and the scale: its bias, or the Identity Grappler leaves for an all-zero one.
 BETWEEN = ("BiasAdd", "Identity")
 SHIFTS = ("Add", "AddV2")
 FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
-FLOAT = 1  # types_pb2.DT_FLOAT: the fold is done in float32 only
 RULE = "batchnorm_fold"
 
 

@@ -3,8 +3,7 @@ weight stored in low precision only is read only in low precision (check_weights
 
 from __future__ import annotations
 
-FLOAT = 1  # types_pb2.DT_FLOAT
-LOW_TYPES = (19, 14)  # types_pb2.DT_HALF, DT_BFLOAT16
+from ..core.dtypes import FLOAT, LOW
 
 
 def _producer(name: str, nodes: dict):
@@ -37,7 +36,7 @@ def fold_constant_casts(graph_def, fetches) -> tuple[object, int]:
     for node in out.node:
         source = _producer(node.input[0], nodes) if node.op == "Cast" and node.input else None
         if (source is None or source.op != "Const" or node.name in kept or node.attr["Truncate"].b
-                or node.attr["DstT"].type not in LOW_TYPES or node.attr["SrcT"].type != FLOAT):
+                or node.attr["DstT"].type not in LOW or node.attr["SrcT"].type != FLOAT):
             continue
         target = tf.dtypes.as_dtype(node.attr["DstT"].type)
         value = tf.cast(tf.make_ndarray(source.attr["value"].tensor), target).numpy()
@@ -73,7 +72,7 @@ def check_weights_low(graph_def, key: str) -> None:
             weight = weight_of.get(name.split(":")[0]) if not name.startswith("^") else None
             if weight is not None:
                 names.setdefault(weight, name.split(":")[0])
-                is_low = node.op == "Cast" and node.attr["DstT"].type in LOW_TYPES
+                is_low = node.op == "Cast" and node.attr["DstT"].type in LOW
                 (low if is_low else other).setdefault(weight, node)
     for weight, reader in other.items():
         if weight in low:
