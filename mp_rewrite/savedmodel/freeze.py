@@ -27,14 +27,16 @@ import tempfile
 from ..analysis.grappler import FOLDING, optimize_graph
 from ..core.rewrite import rewrite_graph_def
 from ..errors import ModelError, OptionError
-from ..model.files import read_saved_model
+from ..model.files import MODEL_FILES, read_saved_model
 from ..model.runtime import load_saved_model
 from ..model.signatures import require_signatures
 from ..model.tags import load_tags, single_meta_graph
 from ..rules import canonicalize, check_weights_low, fold_constant_casts
 from .frozen_function import as_function, compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
+from .keras_metadata import METADATA_FILE
 from .loadable_copy import loadable_copy
+from .model_dir import FINGERPRINT_FILE
 from .result import Rewritten
 from .variable_weights import lower_variable_reads, stored_variables
 
@@ -45,7 +47,7 @@ DROPPED = ("trainable variables (the model can no longer be trained or fine-tune
 GRAPH_LIMIT = 2**31 - 2**26
 WEIGHT_FORMS = ("auto", "constants", "variables")
 # What the saver writes for the frozen module; everything else of the source's directory is copied over.
-WRITTEN = ("saved_model.pb", "saved_model.pbtxt", "variables", "assets", "fingerprint.pb", "keras_metadata.pb")
+WRITTEN = (*MODEL_FILES, "variables", "assets", FINGERPRINT_FILE, METADATA_FILE)
 
 
 def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None, progress=None, *,
