@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
@@ -66,6 +68,8 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
                          level=level, emulate=emulate, assign=assign, costs=costs)
     if not isinstance(graph_def, graph_pb2.GraphDef):
         raise GraphError(f"expected a tf GraphDef, got {type(graph_def).__name__}; pass graph.as_graph_def()")
+    if opts.assign == "cost" and hasattr(opts.costs, "for_graph"):  # a machine's table: this graph's costs from it
+        opts = dataclasses.replace(opts, costs=opts.costs.for_graph(graph_def, opts.precision, fetches=fetches))
     with gc_paused():
         signatures = Signatures(graph_def.library)
         result = rewrite_body(graph_def, opts, fetches, preserve, signatures)
