@@ -68,7 +68,10 @@ def rewrite_graph_def(graph_def: graph_pb2.GraphDef, precision: str = "float16",
                          level=level, emulate=emulate, assign=assign, costs=costs)
     if not isinstance(graph_def, graph_pb2.GraphDef):
         raise GraphError(f"expected a tf GraphDef, got {type(graph_def).__name__}; pass graph.as_graph_def()")
-    if opts.assign == "cost" and hasattr(opts.costs, "for_graph"):  # a machine's table: this graph's costs from it
+    # A machine's table becomes this graph's, made once for the graph and every function it reaches (one label per
+    # function; a function body alone would miss signatures measured on the whole model). rewrite_body makes one
+    # itself only when called directly (the training hook, one traced function at a time).
+    if opts.assign == "cost" and hasattr(opts.costs, "for_graph"):
         opts = dataclasses.replace(opts, costs=opts.costs.for_graph(graph_def, opts.precision, fetches=fetches))
     with gc_paused():
         signatures = Signatures(graph_def.library)
