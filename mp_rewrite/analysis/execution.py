@@ -66,20 +66,22 @@ def tensor_name(name: str) -> str:
     return name if ":" in name else f"{name}:0"
 
 
-def session_config(optimize: bool = True) -> config_pb2.ConfigProto:
+def session_config(optimize: bool = True, fuse: bool = False) -> config_pb2.ConfigProto:
     """The ConfigProto ``run_graph_def`` uses (see the module docstring for why).
 
     Args:
         optimize: False turns all graph optimization off (Grappler and the classic L1 optimizer).
+        fuse: keep the remapper on, as TF serves a model (for timing, not for comparing outputs).
 
     Returns:
-        A ConfigProto with TF's defaults, but auto mixed precision and the remapper OFF.
+        A ConfigProto with TF's defaults, but auto mixed precision (and unless `fuse`, the remapper) OFF.
     """
     config = config_pb2.ConfigProto()
     rewrite = config.graph_options.rewrite_options
     for toggle in _AMP_TOGGLES:
         setattr(rewrite, toggle, rewriter_config_pb2.RewriterConfig.OFF)
-    rewrite.remapping = rewriter_config_pb2.RewriterConfig.OFF
+    if not fuse:
+        rewrite.remapping = rewriter_config_pb2.RewriterConfig.OFF
     if not optimize:
         rewrite.disable_meta_optimizer = True
         config.graph_options.optimizer_options.opt_level = config_pb2.OptimizerOptions.L0

@@ -158,8 +158,7 @@ def measure_missing(table, graph_def, fetches=(), batch=None, progress=None) -> 
     Returns:
         True if anything was measured.
     """
-    from .op_timing import CAST_SIZES, Timer
-    from ..core import dtypes
+    from .op_timing import Timer
     specs, _, _ = graph_candidates(graph_def, table.precision, fetches, batch)
     todo = list({s.key: s for s in specs if s.key not in table.ops}.values())
     timer = Timer()
@@ -173,12 +172,20 @@ def measure_missing(table, graph_def, fetches=(), batch=None, progress=None) -> 
                 progress(done, len(todo))
     finally:
         tf.get_logger().setLevel(level)
-    if not table.casts:
-        low = dtypes.target_dtype(table.precision)
-        table.casts = [(n, round(timer.time_cast(n, dtypes.FLOAT, low), 6),
-                        round(timer.time_cast(n, low, dtypes.FLOAT), 6)) for n in CAST_SIZES]
-        return True
-    return bool(todo)
+    return measure_casts(table, timer) or bool(todo)
+
+
+def measure_casts(table, timer=None) -> bool:
+    """Time a Cast each way per tensor size into `table` unless it has them. Returns True if it measured."""
+    from .op_timing import CAST_SIZES, Timer
+    from ..core import dtypes
+    if table.casts or not table.low_units:
+        return False
+    timer = timer or Timer()
+    low = dtypes.target_dtype(table.precision)
+    table.casts = [(n, round(timer.time_cast(n, dtypes.FLOAT, low), 6),
+                    round(timer.time_cast(n, low, dtypes.FLOAT), 6)) for n in CAST_SIZES]
+    return True
 
 
 def _measure(timer, spec):
@@ -205,12 +212,12 @@ def cost_table(table, graph_def, fetches=(), batch=None):
         times = table.ops.get(spec.key)
         known += spec.key in table.ops
         if times is not None:
-            nodes.setdefault(spec.label, {})[spec.name] = _within_noise(*times)
+            nodes.setdefault(spec.label, {})[spec.name] = within_noise(*times)
     if specs and not known and not table.measure:  # a measuring table (training) only lacks what it could not time
         raise CostTableError(f"the cost table ({table.source}) holds none of this model's {len(specs)} candidate "
                              "op signatures (another model, batch size or op set); measure it for this one with: "
                              "mp-rewrite costs MODEL -o FILE")
-    casts = {label: _cast_costs(table, label_shapes, _constants(originals.get(label)))
+    casts = {label: cast_costs(table, label_shapes, constant_names(originals.get(label)))
              for label, label_shapes in shapes.items()}
     fusions = {}
     for label, original in originals.items():
@@ -222,7 +229,7 @@ def cost_table(table, graph_def, fetches=(), batch=None):
     return CostTable(table.precision, nodes, casts, fusions, True, note)
 
 
-def _within_noise(fp32: float, low: float) -> tuple:
+def within_noise(fp32: float, low: float) -> tuple:
     """(fp32, low), or their mean twice when they differ by less than timing resolves (NOISE_MS, or NOISE_SHARE of
     the larger): a difference that small is noise, and the tie then goes to float32 unless casts say otherwise."""
     if abs(fp32 - low) < max(NOISE_MS, NOISE_SHARE * max(fp32, low)):
@@ -230,7 +237,7 @@ def _within_noise(fp32: float, low: float) -> tuple:
     return fp32, low
 
 
-def _constants(graph_def) -> set:
+def constant_names(graph_def) -> set:
     """Names of the Const nodes and the Identity chains reading them: TF folds a Cast of them into a constant, so
     casting them costs nothing at run time (a frozen graph's weights)."""
     if graph_def is None:
@@ -239,7 +246,7 @@ def _constants(graph_def) -> set:
     return {name for name in nodes if getattr(_skip_identities(nodes, name), "op", "") == "Const"}
 
 
-def _cast_costs(table, shapes: dict, constants=frozenset()) -> dict:
+def cast_costs(table, shapes: dict, constants=frozenset()) -> dict:
     casts = {}
     for name, outs in shapes.items():
         if name in constants:

@@ -105,8 +105,8 @@ def _run(args) -> int:
         options = options_from_args(args, keep + list(guarded.keep_fp32), **assign)
     _say_what_this_cpu_computes(args)
     result = _tune(args, options) if args.tune else _convert(args, options)
-    for graph in result.graphs.values():
-        say_assignment(graph)
+    for label, graph in result.graphs.items():
+        say_assignment(graph, label)
     print_result(result)
     for note in result.notes:
         stdout_console().print(f"[bold yellow]warning:[/] {note}", soft_wrap=True)

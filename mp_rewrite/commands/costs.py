@@ -7,6 +7,7 @@ import collections
 import json
 
 from .inspect import check_model_path
+from .list_options import predicted
 
 
 def register(sub) -> None:
@@ -47,9 +48,9 @@ def run(args) -> int:
                                function_names=model.function_names)
     rows = _rows(specs, mine)
     if args.json:
-        print(json.dumps({"machine": mine.machine, "rows": rows, "prediction": _prediction(result)}, indent=1))
+        print(json.dumps({"machine": mine.machine, "rows": rows, "prediction": predicted(result)}, indent=1))
     else:
-        _print(args, mine, rows, _prediction(result))
+        _print(args, mine, rows, predicted(result))
     if args.output:
         mine.save(args.output)
         print(f"wrote {args.output}: {len(mine.ops)} op signatures; convert with --assign cost --costs "
@@ -69,16 +70,6 @@ def _rows(specs, table) -> list[dict]:
         rows.append({"op": spec.fp32_node.op, "shapes": shapes, "nodes": count[key],
                      "fp32_ms": times[0] if times else None, "low_ms": times[1] if times else None})
     return sorted(rows, key=lambda r: -(r["fp32_ms"] or 0) * r["nodes"])
-
-
-def _prediction(result) -> dict:
-    """Predicted ms summed over the main graph and its functions: the cut, the lists, float32, the bound."""
-    parts = [r.assignment for r in (result, *result.functions.values()) if r.assignment is not None]
-    total = {k: sum(getattr(a, k) for a in parts) for k in ("cost", "lists_cost", "fp32_cost", "bound")}
-    total["demoted"] = sum(len(a.demoted) for a in parts)
-    total["candidates"] = sum(len(a.candidates) for a in parts)
-    total["note"] = next((a.note for a in parts if a.note), "")
-    return total
 
 
 def _print(args, table, rows, p) -> None:

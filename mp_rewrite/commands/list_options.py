@@ -76,9 +76,30 @@ def assign_from_args(args, graph_def, fetches=()) -> dict:
     return {"assign": "cost", "costs": table}
 
 
-def say_assignment(result, stream=None) -> None:
-    """One line on stderr when the cost assignment kept everything float32 for want of low-precision units."""
+def predicted(result) -> dict | None:
+    """What the cost assignment predicted, summed over a RewriteResult's main graph and its functions (ms): the
+    cut ("cost"), the lists, float32, the bound; None when the lists colored it."""
+    parts = [r.assignment for r in (result, *result.functions.values()) if r.assignment is not None]
+    if not parts:
+        return None
+    total = {k: sum(getattr(a, k) for a in parts) for k in ("cost", "lists_cost", "fp32_cost", "bound")}
+    total["demoted"] = sum(len(a.demoted) for a in parts)
+    total["candidates"] = sum(len(a.candidates) for a in parts)
+    total["note"] = next((a.note for a in parts if a.note), "")
+    total["source"] = parts[0].source
+    return total
+
+
+def say_assignment(result, label: str = "", stream=None) -> None:
+    """One line on what the cost assignment chose and predicts, and where its costs come from; on stderr, why it
+    kept everything float32 when the machine has no low-precision units."""
     import sys
-    assignment = getattr(result, "assignment", None)
-    if assignment is not None and assignment.note:
-        print(f"note: {assignment.note}", file=stream or sys.stderr)
+    p = predicted(result)
+    if p is None:
+        return
+    if p["note"]:
+        print(f"note: {p['note']}", file=stream or sys.stderr)
+        return
+    print(f"cost assignment{f' of {label}' if label else ''}: {p['demoted']} of {p['candidates']} candidates kept "
+          f"float32; predicted {p['cost']:.2f} ms per run against Grappler's lists {p['lists_cost']:.2f} ms and "
+          f"float32 {p['fp32_cost']:.2f} ms; {p['source']}", file=stream or sys.stdout)

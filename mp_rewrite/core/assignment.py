@@ -153,6 +153,7 @@ class Assignment:
             of every candidate in float32 (the same terms, casts included).
         bound: the sum over candidates of the faster precision's time, casts not counted.
         note: one line when the table says why everything stays float32.
+        source: where the table's numbers come from (its note).
     """
 
     candidates: tuple
@@ -162,6 +163,7 @@ class Assignment:
     fp32_cost: float
     bound: float
     note: str = ""
+    source: str = ""
 
 
 def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph") -> Assignment:
@@ -199,7 +201,8 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
     return Assignment(tuple(view.names[n] for n in nodes),
                       tuple(view.names[n] for n, is_low in zip(nodes, low) if not is_low),
                       total_cost(problem, low), total_cost(problem, [True] * len(nodes)),
-                      total_cost(problem, [False] * len(nodes)), sum(min(ms) for ms in problem.node_ms), note)
+                      total_cost(problem, [False] * len(nodes)), sum(min(ms) for ms in problem.node_ms), note,
+                      table.note)
 
 
 def _side(ctx, paint, var_of, v):

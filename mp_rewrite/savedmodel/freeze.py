@@ -174,7 +174,8 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     # The placeholders the signature's arguments (and captures) feed keep their dtypes, like Grappler's feeds.
     fed = {name.split(":")[0]: "fed by the signature" for name in [*(n for _, n in frozen.inputs),
                                                                    *(n for n, _ in frozen.captured), *frozen.variables]}
-    result = rewrite_graph_def(folded, fetches=fetches, preserve=fed, options=options)
+    result = rewrite_graph_def(folded, fetches=fetches, preserve=fed,
+                               options=_costs_in_graph(options, folded, frozen, fetches, fed))
     result.rules = records
     captured = list(frozen.captured)
     if frozen.variables:
@@ -188,3 +189,21 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
                 repr(sorted(frozen.outputs.items())), *(id(owner) for _, owner in captured))
     function = as_function(result.graph_def, frozen.inputs, frozen.outputs, captured, frozen.shapes)
     return function, result, identity
+
+
+def _costs_in_graph(options, graph_def, frozen, fetches, fed: dict):
+    """With --assign cost and this machine's table: the options with the costs measured by running this frozen
+    graph, as TF will run it (analysis.graph_profile). A table from a file (another machine), or a graph that
+    cannot run on made-up inputs, keeps the op table (the table's note says why)."""
+    from ..analysis.graph_profile import profile_costs, profileable
+    costs = options.costs
+    if options.assign != "cost" or not getattr(costs, "measure", False) or not costs.low_units:
+        return options
+    why = "it reads tables or kept variables" if frozen.captured or frozen.variables else ""
+    why = why or profileable(graph_def, frozen.inputs)
+    if why:
+        table = costs.for_graph(graph_def, options.precision, fetches=fetches)
+        return dataclasses.replace(options, costs=dataclasses.replace(
+            table, note=f"{table.note} (not measured in the graph: {why})"))
+    profile = profile_costs(graph_def, frozen.inputs, fetches, options, fed, costs, costs.batch)
+    return dataclasses.replace(options, costs=profile.table)

@@ -1,0 +1,198 @@
+"""Op costs measured in the graph itself (a front end: this module runs TensorFlow).
+
+The op table (analysis.op_costs) times each op alone. That misses what the graph does around it: TF's remapper
+and oneDNN fuse a convolution with its bias and activation (Swish, Relu6) into one kernel, whose bfloat16 time
+is nothing like the sum of its parts timed alone; an elementwise op reads what its producer just wrote, in cache.
+Measured here on EfficientNetB0 (frozen, batch 8), the op table's cut kept the Swish chains float32 and ran 22
+Casts per call, 1.59x float32, while Grappler's lists reached 2.05x.
+
+`profile_costs` measures instead what TensorRT's builder measures: the graph as it will run. It runs the graph as
+it is (float32) and as Grappler's lists rewrite it (every candidate low precision), in alternation, with TF's
+step stats, in a session configured as TF serves (remapper and oneDNN fusions on), and reads each node's time in
+context. A node TF fused into another has no time of its own: it is joined to the consumer that carries the fused
+kernel's time, and the two are priced as one (splitting them costs the kernel's time, so the cut keeps a fusion
+whole). Casts are priced per tensor size from this machine's cast times (analysis.op_costs).
+
+It needs a graph it can run: self-contained (no variables or tables to capture), every input a number tensor of
+known shape once the batch is fixed, and no function library (step stats name the nodes of function bodies
+differently); `profileable` says why not otherwise, and the caller falls back to the op table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from ..core import dtypes
+from ..core.assignment import CostTable
+from ..core.graph_view import parse_input
+from .graph_costs import MAIN, cast_costs, constant_names, within_noise
+
+RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
+WARMUP = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What profiling measured, beside the CostTable it made.
+
+    Attributes:
+        table: the core.assignment.CostTable (label "graph").
+        fp32_ms, lists_ms: median wall time of one run of each variant (traced runs, so a little slower than
+            untraced ones).
+        seconds: what profiling took, both rewrites and all runs included.
+    """
+
+    table: CostTable
+    fp32_ms: float
+    lists_ms: float
+    seconds: float
+
+
+def profileable(graph_def, inputs) -> str:
+    """"" when `profile_costs` can run the graph, else why not (one phrase).
+
+    Args:
+        graph_def: the graph.
+        inputs: [(TensorSpec, placeholder tensor name)] it is fed by.
+    """
+    if len(graph_def.library.function):
+        return "the graph calls functions (control flow or loops), whose nodes step stats do not name"
+    for spec, _ in inputs:
+        if not (spec.dtype.is_floating or spec.dtype.is_integer or spec.dtype.is_bool):
+            return f"input {spec.name or '?'} is {spec.dtype.name}, which cannot be made up"
+        if spec.shape.rank is None or any(d is None for d in spec.shape.as_list()[1:]):
+            return f"input {spec.name or '?'} has an unknown shape {spec.shape}"
+    return ""
+
+
+def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch: int | None = None,
+                  runs: int = RUNS, progress=None) -> Profile:
+    """Measure the cost table of one self-contained graph by running it in float32 and as the lists make it.
+
+    Args:
+        graph_def: the float32 graph (a frozen signature); never modified.
+        inputs: [(TensorSpec, placeholder tensor name)]; random values of these shapes are fed (an unknown leading
+            dimension is `batch`, default 1).
+        fetches: the output tensors.
+        options: the core.options.Options of the conversion (its lists, keep_fp32, ... make the low variant).
+        preserve: as for rewrite_graph_def (the fed placeholders).
+        machine: an analysis.op_costs.MachineCosts of this machine: its cast times price the casts.
+        runs: traced runs of each variant.
+        progress: optional callable (done, total).
+
+    Returns:
+        A Profile.
+    """
+    from ..core.rewrite import rewrite_graph_def
+    from .graph_costs import measure_casts
+    from .shapes import result_shapes
+    start = time.perf_counter()
+    lists = rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve,
+                              options=dataclasses.replace(options, assign="lists", costs=None))
+    feeds = _feeds(inputs, 1 if batch is None else batch)
+    variants = [_Runner(graph_def, feeds, fetches), _Runner(lists.graph_def, feeds, fetches)]
+    times, walls = _alternate(variants, runs, progress)
+    measure_casts(machine)
+    candidates = [name for name in lists.converted_nodes]
+    nodes = {}
+    for name in candidates:
+        nodes[name] = within_noise(times[0].get(name, 0.0), times[1].get(name, 0.0))
+    fusions = {}
+    for graph, timed in ((graph_def, times[0]), (lists.graph_def, times[1])):
+        for fused, carrier in _fused_into(graph, timed).items():
+            ms = max(times[0].get(carrier, 0.0), times[1].get(carrier, 0.0))
+            fusions[(fused, carrier)] = max(fusions.get((fused, carrier), 0.0), ms)
+    shapes = result_shapes(lists, batch=1 if batch is None else batch).get("", {})
+    casts = cast_costs(machine, shapes, constant_names(graph_def))
+    fp32_ms, lists_ms = (float(np.median(w)) for w in walls)
+    note = (f"costs measured in this graph on this machine ({runs} traced runs of each: float32 {fp32_ms:.1f} ms, "
+            f"Grappler's lists {lists_ms:.1f} ms per run)")
+    table = CostTable(machine.precision, {MAIN: nodes}, {MAIN: casts}, {MAIN: fusions}, machine.low_units,
+                      note if machine.low_units else machine.no_units_note())
+    return Profile(table, fp32_ms, lists_ms, time.perf_counter() - start)
+
+
+def _feeds(inputs, batch: int) -> dict:
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for spec, name in inputs:
+        shape = [batch if d is None else d for d in spec.shape.as_list()]
+        dtype = spec.dtype.as_numpy_dtype
+        feeds[name] = (rng.uniform(0, 1, shape).astype(dtype) if spec.dtype.is_floating
+                       else np.zeros(shape, dtype))
+    return feeds
+
+
+class _Runner:
+    """One graph in its own session, configured as TF serves it (AMP off: the graph says its own dtypes)."""
+
+    def __init__(self, graph_def, feeds, fetches):
+        import tensorflow as tf
+        from .execution import session_config
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        self.session = tf.compat.v1.Session(graph=graph, config=session_config(fuse=True))
+        self.feed_dict = {graph.get_tensor_by_name(k): v for k, v in feeds.items()}
+        self.fetches = [graph.get_tensor_by_name(f) for f in fetches]
+
+    def run(self, metadata=None):
+        from tensorflow.core.protobuf import config_pb2
+        options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE) if metadata else None
+        self.session.run(self.fetches, self.feed_dict, options=options, run_metadata=metadata)
+
+
+def _alternate(variants, runs: int, progress):
+    """Per variant, {node name: median ms of its op in context} and the wall time of each traced run."""
+    from tensorflow.core.protobuf import config_pb2
+    samples = [{} for _ in variants]
+    walls = [[] for _ in variants]
+    try:
+        for variant in variants:
+            for _ in range(WARMUP):
+                variant.run()
+        for done in range(runs):
+            for i, variant in enumerate(variants):
+                metadata = config_pb2.RunMetadata()
+                begin = time.perf_counter()
+                variant.run(metadata)
+                walls[i].append((time.perf_counter() - begin) * 1e3)
+                for device in metadata.step_stats.dev_stats:
+                    for stat in device.node_stats:
+                        ms = (stat.op_end_rel_micros - stat.op_start_rel_micros) / 1e3
+                        samples[i].setdefault(stat.node_name.split(":")[0], []).append(ms)
+            if progress is not None:
+                progress(done + 1, runs)
+    finally:
+        for variant in variants:
+            variant.session.close()
+    return [{name: float(np.median(ms)) for name, ms in s.items()} for s in samples], walls
+
+
+def _fused_into(graph_def, timed: dict) -> dict:
+    """{node: the node whose kernel it ran in} for the float nodes TF fused away: a node without a time of its own
+    whose one data consumer (followed while that too has none) has one."""
+    readers = {}
+    for node in graph_def.node:
+        for t in node.input:
+            if not t.startswith("^"):
+                readers.setdefault(parse_input(t)[0], set()).add(node.name)
+    ops = {node.name: node.op for node in graph_def.node}
+    fused = {}
+    for node in graph_def.node:
+        if node.name in timed or node.op in ("Const", "Identity", "Placeholder") or not _is_float(node):
+            continue
+        carrier, seen = node.name, set()
+        while carrier not in timed and len(readers.get(carrier, ())) == 1 and carrier not in seen:
+            seen.add(carrier)
+            carrier = next(iter(readers[carrier]))
+        if carrier in timed and carrier != node.name and ops.get(carrier) != "Cast":
+            fused[node.name] = carrier
+    return fused
+
+
+def _is_float(node) -> bool:
+    return node.attr["T"].type in (dtypes.FLOAT, *dtypes.LOW) if "T" in node.attr else False
