@@ -38,7 +38,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # the `tensorflow` wheel leaves oneDNN off (see tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "ours", "ours_freeze", "ours_cost", "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")
+VARIANTS = ("fp32", "ours", "ours_lists", "ours_freeze", "ours_cost", "ours_tuned", "tf_amp", "keras_mixed",
+            "ours_mm")
 PEERS = ("inc", "openvino")  # each only if its Python is given
 TUNE_BATCH = 8
 # An extra variant, not Grappler's lists: only the allow ops (matmul/conv) in bf16, every elementwise op float32.
@@ -122,7 +123,8 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
     import keras
 
     from mp_rewrite.savedmodel.convert import convert_saved_model
-    paths = {"fp32": workdir / name / "fp32", "ours": workdir / name / "ours_bf16",
+    paths = {"fp32": workdir / name / "fp32", "ours": workdir / name / "ours_default",
+             "ours_lists": workdir / name / "ours_bf16",
              "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16",
              "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned",
              "ours_cost": workdir / name / "ours_cost_bf16"}
@@ -144,19 +146,27 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        result = convert_saved_model(paths["fp32"], paths["ours"], "bfloat16", overwrite=True)
+        result = convert_saved_model(paths["fp32"], paths["ours_lists"], "bfloat16", overwrite=True)
         times.append(time.perf_counter() - start)
+    from mp_rewrite.analysis.op_costs import this_machine
+    from mp_rewrite.commands.list_options import predicted
+
+    def measuring():  # this machine's table, as `convert` makes it for --assign cost (the CLI default on a CPU)
+        costs = this_machine("bfloat16")
+        costs.batch = TUNE_BATCH
+        return costs
+    start = time.perf_counter()
+    default = convert_saved_model(paths["fp32"], paths["ours"], "bfloat16", assign="cost", costs=measuring(),
+                                  overwrite=True)
+    default_seconds = time.perf_counter() - start
     freeze_times = []
     for _ in range(3):
         start = time.perf_counter()
         convert_saved_model(paths["fp32"], paths["ours_freeze"], "bfloat16", freeze=True, overwrite=True)
         freeze_times.append(time.perf_counter() - start)
-    from mp_rewrite.analysis.op_costs import this_machine
-    costs = this_machine("bfloat16")  # measured here, cached, for each frozen graph at the tuning batch size
-    costs.batch = TUNE_BATCH
     start = time.perf_counter()
-    convert_saved_model(paths["fp32"], paths["ours_cost"], "bfloat16", freeze=True, assign="cost", costs=costs,
-                        overwrite=True)
+    cost = convert_saved_model(paths["fp32"], paths["ours_cost"], "bfloat16", freeze=True, assign="cost",
+                               costs=measuring(), overwrite=True)
     cost_seconds = time.perf_counter() - start
     from mp_rewrite.savedmodel.tune import tune_saved_model
     # Tuned at the first serving batch size measured (the tuner times on this machine, at this batch).
@@ -172,7 +182,10 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         paths["inc"] = workdir / name / "inc_bf16"
         inc = inc_convert(inc_python, paths["fp32"], paths["inc"], workdir)
     facts = {"convert_s": statistics.median(times), "freeze_s": statistics.median(freeze_times),
-             "cost_s": cost_seconds, "tune_s": tune_seconds,
+             "cost_s": cost_seconds, "tune_s": tune_seconds, "default_s": default_seconds,
+             "predicted": {"ours": predicted(next(iter(default.graphs.values()))),
+                           "ours_cost": predicted(next(iter(cost.graphs.values())))},
+             "default_converted": default.converted_nodes, "default_casts": default.casts,
              "inc_s": inc.get("seconds"),
              "tuned": tuned.chosen,
              "freeze_mb": sum(f.stat().st_size for f in paths["ours_freeze"].rglob("*") if f.is_file()) / 1e6,
@@ -348,7 +361,7 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
             "cpu_ms": {v: 1000 * statistics.median(t) for v, t in cpu.items()},
             "calls": {v: len(t) for v, t in times.items()}, "diff_vs_fp32": diff,
             "kernels": {v: (infos[v]["bf16_kernels"], infos[v]["kernels"]) for v in variants},
-            "same_graph_as_tf_amp": infos["ours"]["census"] == infos["tf_amp"]["census"],
+            "same_graph_as_tf_amp": infos["ours_lists"]["census"] == infos["tf_amp"]["census"],
             "casts": {v: sum(n for op, n in infos[v]["census"].items() if op.startswith("Cast ")) for v in variants},
             "openvino": {k: infos["openvino"][k] for k in ("convert_s", "compile_s", "precision", "threads", "hint",
                                                            "openvino")} if "openvino" in infos else None}

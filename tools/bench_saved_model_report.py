@@ -6,7 +6,8 @@ import os
 import platform
 from pathlib import Path
 
-LABELS = {"fp32": "float32", "ours": "mp-rewrite bf16", "ours_freeze": "mp-rewrite bf16 --freeze",
+LABELS = {"fp32": "float32", "ours": "mp-rewrite default (cost)", "ours_lists": "mp-rewrite bf16 --assign lists",
+          "ours_freeze": "mp-rewrite bf16 --freeze",
           "ours_cost": "mp-rewrite --freeze --assign cost",
           "ours_tuned": "mp-rewrite --freeze --tune",
           "tf_amp": "TF AMP (oneDNN bf16)", "keras_mixed": "Keras mixed_bfloat16",
@@ -54,7 +55,7 @@ def table(rows: list[dict], key: str = "ms") -> list[str]:
     measured = variants(rows[0])
     others = [v for v in measured if v != "fp32"]
     head = ("| model | batch | " + " | ".join(f"{LABELS[v]} ms" for v in measured) + " | " +
-            " | ".join(f"{LABELS[v]} vs float32" for v in others) + " | TF runs the same nodes for ours and TF AMP |")
+            " | ".join(f"{LABELS[v]} vs float32" for v in others) + " | TF runs the same nodes for ours (lists) and TF AMP |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         ms = row[key]
@@ -116,6 +117,17 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
                      f"{'-' if f['inc_s'] is None else format(f['inc_s'], '.1f')} | "
                      f"{f['tuned']} | {f['converted']} | {f['casts']} | "
                      f"{f['flop_share']:.1%} |")
+    lines += ["", "What the cost assignment predicted at conversion (batch 8, ms per run of the candidate ops, from "
+              "the costs it measured in the model: float32, Grappler's lists, the cut, and the bound -- each op at "
+              "its faster precision, casts not counted):", "",
+              "| model | variant | float32 | lists | cut | bound | cut over bound | kept float32 | where the costs "
+              "come from |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, f in facts.items():
+        for v, p in f.get("predicted", {}).items():
+            if p:
+                lines.append(f"| {name} | {LABELS[v]} | {p['fp32_cost']:.2f} | {p['lists_cost']:.2f} | "
+                             f"{p['cost']:.2f} | {p['bound']:.2f} | {p['cost'] / max(p['bound'], 1e-9) - 1:+.1%} | "
+                             f"{p['demoted']} of {p['candidates']} | {p['note'] or p['source']} |")
     lines += ["", "Cast nodes TensorFlow executed per call (from run metadata; a frozen conversion has folded the weight "
               "casts):", ""]
     for row in rows:

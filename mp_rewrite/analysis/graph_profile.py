@@ -21,6 +21,7 @@ differently); `profileable` says why not otherwise, and the caller falls back to
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -32,6 +33,8 @@ from .graph_costs import MAIN, cast_costs, constant_names, within_noise
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
 WARMUP = 2
+INLINED_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # what a TF1 session inlines
+MAX_PREFIXES = 8  # call sites followed per function
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +73,11 @@ def profileable(graph_def, inputs) -> str:
 
 def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch: int | None = None,
                   runs: int = RUNS, progress=None) -> Profile:
-    """Measure the cost table of one self-contained graph by running it in float32 and as the lists make it.
+    """Measure the cost table of one self-contained graph (a frozen signature) by running it in float32 and as the
+    lists make it.
 
     Args:
-        graph_def: the float32 graph (a frozen signature); never modified.
+        graph_def: the float32 graph; never modified.
         inputs: [(TensorSpec, placeholder tensor name)]; random values of these shapes are fed (an unknown leading
             dimension is `batch`, default 1).
         fetches: the output tensors.
@@ -87,57 +91,151 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
         A Profile.
     """
     from ..core.rewrite import rewrite_graph_def
+    start = time.perf_counter()
+    lists = rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve, options=_lists(options))
+    feeds = {name: value for (_, name), value in zip(inputs, _values(
+        [(spec.dtype.as_datatype_enum, spec.shape.as_list()) for spec, _ in inputs], batch))}
+    variants = [_Runner.of_graph(g, feeds, fetches) for g in (graph_def, lists.graph_def)]
+    times, walls = _alternate(variants, runs, progress)
+    return _profile(graph_def, lists, times, walls, {MAIN: [""]}, machine, batch, runs, start)
+
+
+def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,
+                        runs: int = RUNS, progress=None) -> Profile:
+    """Measure the cost table of a SavedModel's MetaGraph (its main graph and every function body its signatures
+    call) by running it as it is and as the lists rewrite it in place, each loaded in a TF1 session (which inlines
+    the function calls: a body node is timed under its call nodes' names, "StatefulPartitionedCall_1/.../name").
+
+    Args:
+        export_dir: the SavedModel directory (its variables are read, nothing is written there).
+        meta_graph: the MetaGraphDef to profile (the one `tags` select); never modified.
+        inputs: signature input tensor name -> (dtype enum, shape with None for unknown dimensions); random values
+            are fed (an unknown dimension is `batch`, default 1).
+        fetches: the signature output tensor names to run.
+        options, machine, batch, runs, progress: as for profile_costs.
+
+    Returns:
+        A Profile.
+    """
+    import shutil
+    import tempfile
+    from tensorflow.core.protobuf import saved_model_pb2
+    from ..core.rewrite import rewrite_meta_graph_def
+    start = time.perf_counter()
+    lists = rewrite_meta_graph_def(meta_graph, options=_lists(options))
+    feeds = dict(zip(inputs, _values(list(inputs.values()), batch)))
+    tags = list(meta_graph.meta_info_def.tags)
+    with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as rewritten:
+        model = saved_model_pb2.SavedModel(saved_model_schema_version=1)
+        model.meta_graphs.add().CopyFrom(lists.meta_graph_def)
+        with open(os.path.join(rewritten, "saved_model.pb"), "wb") as f:
+            f.write(model.SerializeToString())
+        for part in ("variables", "assets"):
+            if os.path.isdir(os.path.join(export_dir, part)):
+                shutil.copytree(os.path.join(export_dir, part), os.path.join(rewritten, part),
+                                copy_function=os.symlink)
+        variants = [_Runner.of_saved_model(d, tags, feeds, fetches) for d in (str(export_dir), rewritten)]
+        times, walls = _alternate(variants, runs, progress)
+    return _profile(meta_graph.graph_def, lists, times, walls, _inlined_prefixes(meta_graph.graph_def), machine,
+                    batch, runs, start)
+
+
+def _lists(options):
+    return dataclasses.replace(options, assign="lists", costs=None)
+
+
+def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, start) -> Profile:
+    """The CostTable of a graph and the function bodies its lists rewrite reached, from each variant's node times
+    (named as the session ran them: a body's nodes under each of its `prefixes`)."""
+    from ..core.functions import function_to_graph
+    from ..core.op_support import Signatures
     from .graph_costs import measure_casts
     from .shapes import result_shapes
-    start = time.perf_counter()
-    lists = rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve,
-                              options=dataclasses.replace(options, assign="lists", costs=None))
-    feeds = _feeds(inputs, 1 if batch is None else batch)
-    variants = [_Runner(graph_def, feeds, fetches), _Runner(lists.graph_def, feeds, fetches)]
-    times, walls = _alternate(variants, runs, progress)
-    measure_casts(machine)
-    candidates = [name for name in lists.converted_nodes]
-    nodes = {}
-    for name in candidates:
-        nodes[name] = within_noise(times[0].get(name, 0.0), times[1].get(name, 0.0))
-    fusions = {}
-    for graph, timed in ((graph_def, times[0]), (lists.graph_def, times[1])):
-        for fused, carrier in _fused_into(graph, timed).items():
-            ms = max(times[0].get(carrier, 0.0), times[1].get(carrier, 0.0))
-            fusions[(fused, carrier)] = max(fusions.get((fused, carrier), 0.0), ms)
-    shapes = result_shapes(lists, batch=1 if batch is None else batch).get("", {})
-    casts = cast_costs(machine, shapes, constant_names(graph_def))
+    if measure_casts(machine):
+        machine.save_to_cache()
+    shapes = result_shapes(lists, batch=1 if batch is None else batch)
+    signatures = Signatures(graph_def.library)
+    fdefs = {f.signature.name: f for f in graph_def.library.function}
+    parts = {MAIN: (graph_def, lists)}
+    parts.update((name, (function_to_graph(fdefs[name], signatures).graph_def, result))
+                 for name, result in lists.functions.items() if name in fdefs and name in prefixes)
+    nodes, fusions, casts = {}, {}, {}
+    for label, (original, result) in parts.items():
+        body = [n.name for n in original.node]
+        timed = [{name: max(t[p + name] for p in prefixes[label] if p + name in t)
+                  for name in body if any(p + name in t for p in prefixes[label])} for t in times]
+        nodes[label] = {name: within_noise(timed[0].get(name, 0.0), timed[1].get(name, 0.0))
+                        for name in result.converted_nodes}
+        fusions[label] = {}
+        for graph, run in ((original, timed[0]), (result.graph_def, timed[1])):
+            for fused, carrier in _fused_into(graph, run).items():
+                ms = max(timed[0].get(carrier, 0.0), timed[1].get(carrier, 0.0))
+                fusions[label][(fused, carrier)] = max(fusions[label].get((fused, carrier), 0.0), ms)
+        casts[label] = cast_costs(machine, shapes.get("" if label == MAIN else label, {}), constant_names(original))
     fp32_ms, lists_ms = (float(np.median(w)) for w in walls)
     note = (f"costs measured in this graph on this machine ({runs} traced runs of each: float32 {fp32_ms:.1f} ms, "
             f"Grappler's lists {lists_ms:.1f} ms per run)")
-    table = CostTable(machine.precision, {MAIN: nodes}, {MAIN: casts}, {MAIN: fusions}, machine.low_units,
+    table = CostTable(machine.precision, nodes, casts, fusions, machine.low_units,
                       note if machine.low_units else machine.no_units_note())
     return Profile(table, fp32_ms, lists_ms, time.perf_counter() - start)
 
 
-def _feeds(inputs, batch: int) -> dict:
+def _inlined_prefixes(graph_def) -> dict:
+    """{label: [prefix]}: how a TF1 session names the nodes of each function it inlines -- the names of the call
+    nodes that lead to it, joined by "/" ("" for the main graph). A function called from two places has two."""
+    fdefs = {f.signature.name: f for f in graph_def.library.function}
+    prefixes, stack = {MAIN: [""]}, [("", graph_def.node)]
+    while stack:
+        prefix, nodes = stack.pop()
+        for node in nodes:
+            called = node.attr["f"].func.name if node.op in INLINED_CALLS else ""
+            if called in fdefs and len(prefixes.get(called, ())) < MAX_PREFIXES:
+                prefixes.setdefault(called, []).append(f"{prefix}{node.name}/")
+                stack.append((f"{prefix}{node.name}/", fdefs[called].node_def))
+    return prefixes
+
+
+def _values(specs, batch: int | None) -> list:
+    """Random values for [(dtype enum, shape with None or -1 for unknown dimensions)]: floats in [0, 1), zeros for
+    integers (a valid id for any embedding or table)."""
+    import tensorflow as tf
     rng = np.random.default_rng(0)
-    feeds = {}
-    for spec, name in inputs:
-        shape = [batch if d is None else d for d in spec.shape.as_list()]
-        dtype = spec.dtype.as_numpy_dtype
-        feeds[name] = (rng.uniform(0, 1, shape).astype(dtype) if spec.dtype.is_floating
-                       else np.zeros(shape, dtype))
-    return feeds
+    values = []
+    for dtype, shape in specs:
+        dtype = tf.as_dtype(dtype)
+        shape = [(1 if batch is None else batch) if d is None or d < 0 else d for d in shape]
+        values.append(rng.uniform(0, 1, shape).astype(dtype.as_numpy_dtype) if dtype.is_floating
+                      else np.zeros(shape, dtype.as_numpy_dtype))
+    return values
 
 
 class _Runner:
-    """One graph in its own session, configured as TF serves it (AMP off: the graph says its own dtypes)."""
+    """One variant in its own session, configured as TF serves it (AMP off: the graph says its own dtypes)."""
 
-    def __init__(self, graph_def, feeds, fetches):
+    def __init__(self, session, feeds, fetches):
+        graph = session.graph
+        self.session = session
+        self.feed_dict = {graph.get_tensor_by_name(k): v for k, v in feeds.items()}
+        self.fetches = [graph.get_tensor_by_name(f) for f in fetches]
+
+    @classmethod
+    def of_graph(cls, graph_def, feeds, fetches):
         import tensorflow as tf
         from .execution import session_config
         graph = tf.Graph()
         with graph.as_default():
             tf.graph_util.import_graph_def(graph_def, name="")
-        self.session = tf.compat.v1.Session(graph=graph, config=session_config(fuse=True))
-        self.feed_dict = {graph.get_tensor_by_name(k): v for k, v in feeds.items()}
-        self.fetches = [graph.get_tensor_by_name(f) for f in fetches]
+        return cls(tf.compat.v1.Session(graph=graph, config=session_config(fuse=True)), feeds, fetches)
+
+    @classmethod
+    def of_saved_model(cls, export_dir: str, tags, feeds, fetches):
+        import tensorflow as tf
+        from .execution import session_config
+        from tensorflow.python.util import deprecation
+        session = tf.compat.v1.Session(graph=tf.Graph(), config=session_config(fuse=True))
+        with session.graph.as_default(), deprecation.silence():  # the TF1 loader says to use tf.saved_model.load
+            tf.compat.v1.saved_model.loader.load(session, tags, export_dir)
+        return cls(session, feeds, fetches)
 
     def run(self, metadata=None):
         from tensorflow.core.protobuf import config_pb2

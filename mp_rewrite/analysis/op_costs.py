@@ -118,10 +118,10 @@ class MachineCosts:
         if self.measure and self.low_units:
             from .graph_costs import measure_missing
             if measure_missing(self, graph_def, fetches, batch):
-                self._save_to_cache()
+                self.save_to_cache()
         return cost_table(self, graph_def, fetches, batch)
 
-    def _save_to_cache(self) -> None:
+    def save_to_cache(self) -> None:
         os.makedirs(cache_dir(), exist_ok=True)
         saved = (self.source, self.batch)
         self.source, self.batch = "measured", None  # the cache holds every batch size's signatures
@@ -233,7 +233,7 @@ def measure_costs(graph_def, precision: str = "bfloat16", fetches=(), batch: int
     if not table.low_units:
         return table
     if measure_missing(table, graph_def, fetches, batch, progress) and cache:
-        table._save_to_cache()
+        table.save_to_cache()
         table.source = table.source if table.source != "measured" else "measured (cached)"
     return table
 

@@ -4,6 +4,7 @@ into that list (out of any other), --remove OP takes it out of every list, --lis
 from __future__ import annotations
 
 LIST_FLAGS = ("allow", "infer", "deny", "clear")
+ASSIGN_ENV = "MP_REWRITE_ASSIGN"  # convert's assignment when --assign is not given: lists or cost
 
 
 def add_list_options(parser) -> None:
@@ -37,13 +38,14 @@ def options_from_args(args, keep_fp32=None, **assign):
                         **{name: getattr(args, name) for name in LIST_FLAGS}, **assign)
 
 
-def add_assign_options(parser, batch: bool = True) -> None:
-    """Add --assign {lists,cost}, --costs FILE (and --batch-size N unless the command has its own)."""
+def add_assign_options(parser, batch: bool = True, default: str = "lists") -> None:
+    """Add --assign {lists,cost}, --costs FILE (and --batch-size N unless the command has its own); `default` says
+    what the command does without them."""
     g = parser.add_argument_group("precision assignment")
     g.add_argument("--assign", choices=("lists", "cost"), default=None,
-                   help="lists: Grappler's op lists decide (default); cost: then a minimum cut over op times "
-                        "measured on this machine (or --costs FILE) keeps in float32 what is faster there, casts "
-                        "counted; it never makes low what the lists keep float32")
+                   help=f"lists: Grappler's op lists decide; cost: then a minimum cut over op times measured on "
+                        f"this machine (or --costs FILE) keeps in float32 what is faster there, casts counted; it "
+                        f"never makes low what the lists keep float32 (default: {default})")
     g.add_argument("--costs", metavar="FILE",
                    help="a cost table (mp-rewrite costs MODEL -o FILE, measured where the model is served); "
                         "implies --assign cost")
@@ -51,6 +53,24 @@ def add_assign_options(parser, batch: bool = True) -> None:
         g.add_argument("--batch-size", type=int, default=None, metavar="N",
                        help="with --assign cost: the batch size an unknown leading input dimension is measured at "
                             "(default 1)")
+
+
+def default_assign(args) -> str:
+    """`convert`'s assignment when neither --assign nor --costs is given: "cost" when it converts for a CPU (the
+    costs measured on this machine, in the model: nothing it writes is slower than float32 here), "lists" for a GPU
+    (Grappler's lists were written for its Tensor Cores). MP_REWRITE_ASSIGN=lists|cost overrides it (lists: the
+    same conversion on every machine).
+
+    Raises:
+        OptionError: MP_REWRITE_ASSIGN is neither.
+    """
+    import os
+    from ..errors import OptionError
+    chosen = os.environ.get(ASSIGN_ENV, "").strip()
+    if chosen and chosen not in ("lists", "cost"):
+        raise OptionError(f"{ASSIGN_ENV}={chosen!r} is not an assignment: set it to 'lists' or 'cost', or unset it")
+    device = args.device or ("gpu" if args.precision == "float16" else "cpu")
+    return chosen or ("cost" if device == "cpu" else "lists")
 
 
 def assign_from_args(args, graph_def, fetches=()) -> dict:
@@ -98,7 +118,7 @@ def say_assignment(result, label: str = "", stream=None) -> None:
     if p is None:
         return
     if p["note"]:
-        print(f"note: {p['note']}", file=stream or sys.stderr)
+        print(f"note: {p['note']} (--assign lists converts by Grappler's lists anyway)", file=stream or sys.stderr)
         return
     print(f"cost assignment{f' of {label}' if label else ''}: {p['demoted']} of {p['candidates']} candidates kept "
           f"float32; predicted {p['cost']:.2f} ms per run against Grappler's lists {p['lists_cost']:.2f} ms and "

@@ -36,6 +36,7 @@ from .frozen_function import as_function, compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
 from .keras_metadata import METADATA_FILE
 from .loadable_copy import loadable_copy
+from .measured_costs import frozen_costs
 from .model_dir import FINGERPRINT_FILE
 from .result import Rewritten
 from .variable_weights import lower_variable_reads, stored_variables
@@ -175,7 +176,7 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     fed = {name.split(":")[0]: "fed by the signature" for name in [*(n for _, n in frozen.inputs),
                                                                    *(n for n, _ in frozen.captured), *frozen.variables]}
     result = rewrite_graph_def(folded, fetches=fetches, preserve=fed,
-                               options=_costs_in_graph(options, folded, frozen, fetches, fed))
+                               options=frozen_costs(options, folded, frozen, fetches, fed))
     result.rules = records
     captured = list(frozen.captured)
     if frozen.variables:
@@ -190,20 +191,3 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     function = as_function(result.graph_def, frozen.inputs, frozen.outputs, captured, frozen.shapes)
     return function, result, identity
 
-
-def _costs_in_graph(options, graph_def, frozen, fetches, fed: dict):
-    """With --assign cost and this machine's table: the options with the costs measured by running this frozen
-    graph, as TF will run it (analysis.graph_profile). A table from a file (another machine), or a graph that
-    cannot run on made-up inputs, keeps the op table (the table's note says why)."""
-    from ..analysis.graph_profile import profile_costs, profileable
-    costs = options.costs
-    if options.assign != "cost" or not getattr(costs, "measure", False) or not costs.low_units:
-        return options
-    why = "it reads tables or kept variables" if frozen.captured or frozen.variables else ""
-    why = why or profileable(graph_def, frozen.inputs)
-    if why:
-        table = costs.for_graph(graph_def, options.precision, fetches=fetches)
-        return dataclasses.replace(options, costs=dataclasses.replace(
-            table, note=f"{table.note} (not measured in the graph: {why})"))
-    profile = profile_costs(graph_def, frozen.inputs, fetches, options, fed, costs, costs.batch)
-    return dataclasses.replace(options, costs=profile.table)

@@ -2,7 +2,9 @@
 
 The candidates (each converted exactly as `convert` would, with --freeze when asked):
 
-- ``grappler``: TF's lists for the precision (the default conversion);
+- ``cost``: the cost assignment (`--assign cost`: a minimum cut over op times measured in the model on this
+  machine, or the given `--costs` table), when the machine computes the precision natively;
+- ``grappler``: TF's lists for the precision;
 - ``matmul-conv``: only the allow list (matmuls, convolutions) in low precision, every elementwise op float32 —
   on CPUs whose low-precision elementwise kernels are slower than float32 ones this is often faster;
 - ``no-depthwise`` (for models with depthwise convolutions): as ``matmul-conv``, with depthwise convolutions in
@@ -36,7 +38,7 @@ from .convert import check_conversion, convert_saved_model
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 
-CANDIDATES = ("grappler", "matmul-conv", "no-depthwise", "float32")
+CANDIDATES = ("cost", "grappler", "matmul-conv", "no-depthwise", "float32")
 DEPTHWISE = ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter")
 ORIGINAL = "float32-unfrozen"  # with --freeze: the model as it is, in case freezing makes it slower here
 TUNING_FILE = "mp_rewrite_tuning.json"
@@ -105,15 +107,19 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     saved_model = check_conversion(source, output, parse_tag_set(tag_set), signatures, freeze, overwrite)[2]
     tags = load_tags(single_meta_graph(saved_model, parse_tag_set(tag_set), "--tune")[1])
     depthwise = _has_ops(source, DEPTHWISE)
-    candidates = {name: freeze for name in CANDIDATES if name != "no-depthwise" or depthwise}
+    costs = _costs(options, batch_size)
+    candidates = {name: freeze for name in CANDIDATES if (name != "no-depthwise" or depthwise)
+                  and (name != "cost" or costs.low_units)}
     candidates |= {ORIGINAL: False} if freeze else {}
     with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work:
         converted = {}
         for name, frozen in candidates.items():
-            lists_of = _candidate_lists(name if name != ORIGINAL else "float32", options.lists)
-            converted[name] = convert_saved_model(source, Path(work) / name, options=dataclasses.replace(
-                options, lists=lists_of), freeze=frozen, tag_set=tag_set, signatures=signatures,
-                weights=weights if frozen else "keep")
+            chosen = (dataclasses.replace(options, assign="cost", costs=costs) if name == "cost" else
+                      dataclasses.replace(options, assign="lists", costs=None, lists=_candidate_lists(
+                          name if name != ORIGINAL else "float32", options.lists)))
+            converted[name] = convert_saved_model(source, Path(work) / name, options=chosen, freeze=frozen,
+                                                  tag_set=tag_set, signatures=signatures,
+                                                  weights=weights if frozen else "keep")
         passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size, tag_set)
                   for name in candidates}
         milliseconds = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size, tags,
@@ -137,6 +143,16 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     # The chosen candidate was converted into a temporary directory; its notes name the output instead.
     result.conversion.notes = [n.replace(str(Path(work) / chosen), str(output)) for n in result.conversion.notes]
     return result
+
+
+def _costs(options, batch_size: int):
+    """The cost candidate's table: the options' own (--costs FILE, or this machine's), else this machine's, at the
+    batch size the candidates are timed at."""
+    from ..analysis.op_costs import this_machine
+    costs = options.costs if options.assign == "cost" else this_machine(options.precision)
+    if getattr(costs, "measure", False) and costs.batch is None:
+        costs.batch = batch_size
+    return costs
 
 
 def _has_ops(source, ops) -> bool:

@@ -1,0 +1,70 @@
+"""Where `--assign cost` gets its costs in a conversion on this machine: measured in the model itself.
+
+With this machine's table (`this_machine`, what `convert --assign cost` uses without `--costs FILE`), each
+strategy profiles what it rewrites, as TF will run it (analysis.graph_profile): `--freeze` its frozen graph, the
+in-place strategy the MetaGraph (loaded in a TF1 session, function calls inlined). A table from a file (measured
+on another machine), a graph that cannot run on made-up inputs, or a model TF cannot load in a session keeps the
+op table, and the table's note says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
+from .inputs import DEFAULT_DIM, FEEDABLE_DTYPES
+
+
+def measuring(options) -> bool:
+    """Whether the conversion's costs are this machine's, to be measured (not a file's, not the lists)."""
+    costs = options.costs
+    return options.assign == "cost" and getattr(costs, "measure", False) and costs.low_units
+
+
+def frozen_costs(options, graph_def, frozen, fetches, fed: dict):
+    """The options with the costs of one frozen signature's graph (frozen_signature.FrozenSignature)."""
+    from ..analysis.graph_profile import profile_costs, profileable
+    if not measuring(options):
+        return options
+    why = "it reads tables or kept variables" if frozen.captured or frozen.variables else ""
+    why = why or profileable(graph_def, frozen.inputs)
+    if why:
+        return _op_table(options, graph_def, fetches, why)
+    profile = profile_costs(graph_def, frozen.inputs, fetches, options, fed, options.costs, options.costs.batch)
+    return dataclasses.replace(options, costs=profile.table)
+
+
+def in_place_costs(options, source_dir, meta_graph, keys=None):
+    """The options with the costs of one MetaGraph of the SavedModel at `source_dir`, profiled through the
+    signatures (`keys`, else every one) whose inputs random data can make."""
+    from ..analysis.graph_profile import profile_saved_model
+    if not measuring(options):
+        return options
+    inputs, fetches = {}, []
+    for key, signature in sorted(meta_graph.signature_def.items()):
+        if key.startswith(INTERNAL_PREFIX) or (keys and key not in keys):
+            continue
+        infos = list(signature.inputs.values())
+        if any(i.tensor_shape.unknown_rank or i.dtype not in FEEDABLE_DTYPES for i in infos):
+            continue
+        for info in infos:
+            dims = [d.size for d in info.tensor_shape.dim]
+            inputs[info.name] = (info.dtype, [d if d >= 0 else None if i == 0 else DEFAULT_DIM
+                                              for i, d in enumerate(dims)])
+        fetches += [info.name for info in signature.outputs.values()]
+    graph_fetches = signature_nodes(meta_graph, outputs_only=True)
+    if not fetches:
+        return _op_table(options, meta_graph.graph_def, graph_fetches, "no signature has inputs random data can make")
+    try:
+        profile = profile_saved_model(str(source_dir), meta_graph, inputs, list(dict.fromkeys(fetches)), options,
+                                      options.costs, options.costs.batch)
+    except Exception as e:  # noqa: BLE001 -- whatever TF's session loader or runtime refuses: the op table serves
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return _op_table(options, meta_graph.graph_def, graph_fetches, f"TensorFlow could not run it ({first})")
+    return dataclasses.replace(options, costs=profile.table)
+
+
+def _op_table(options, graph_def, fetches, why: str):
+    table = options.costs.for_graph(graph_def, options.precision, fetches=fetches)
+    return dataclasses.replace(options, costs=dataclasses.replace(
+        table, note=f"{table.note} (not measured in the graph: {why})"))

@@ -1,0 +1,88 @@
+"""Costs measured in the model itself (analysis.graph_profile): a frozen graph and a SavedModel's MetaGraph run as
+they are and as the lists make them; each node's time in context lands on the node (a function body's node under
+the call nodes a TF1 session inlines it by), fused nodes are tied to the kernel that runs them, and the
+conversion that uses them loads, verifies and keeps every signature."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from mp_rewrite.analysis.graph_profile import _fused_into, _inlined_prefixes, profile_saved_model, profileable  # noqa: E402,E501
+from mp_rewrite.analysis.op_costs import this_machine  # noqa: E402
+from mp_rewrite.commands.list_options import predicted  # noqa: E402
+from mp_rewrite.core.options import make_options  # noqa: E402
+from mp_rewrite.model.files import read_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.verify import verify_saved_models  # noqa: E402
+from mp_rewrite.testing import example_models  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profile") / "cnn"
+    example_models.cnn_bn(image_size=16).export(str(path), verbose=False)
+    return path
+
+
+def test_a_fused_node_is_tied_to_the_node_that_runs_its_kernel():
+    graph = tf.compat.v1.GraphDef()
+    for name, op, inputs in (("x", "Placeholder", []), ("w", "Const", []), ("conv", "Conv2D", ["x", "w"]),
+                             ("bias", "BiasAdd", ["conv", "w"]), ("relu", "Relu", ["bias"]),
+                             ("other", "Relu", ["x"])):
+        node = graph.node.add(name=name, op=op, input=inputs)
+        node.attr["T"].type = 1
+    # The remapper ran conv + bias + relu as one kernel named after the relu; "other" was removed for another
+    # reason and has no consumer to be fused into.
+    assert _fused_into(graph, {"relu": 1.0, "x": 0.0}) == {"conv": "relu", "bias": "relu"}
+
+
+def test_a_metagraph_profile_times_the_function_bodies_through_their_inlined_names(cnn):
+    meta = read_saved_model(cnn).meta_graphs[0]
+    prefixes = _inlined_prefixes(meta.graph_def)
+    signature = meta.signature_def["serving_default"]
+    inputs = {info.name: (info.dtype, [d.size if d.size >= 0 else None for d in info.tensor_shape.dim])
+              for info in signature.inputs.values()}
+    profile = profile_saved_model(str(cnn), meta, inputs, [i.name for i in signature.outputs.values()],
+                                  make_options("bfloat16"), this_machine("bfloat16"), batch=2, runs=2)
+    bodies = {label: nodes for label, nodes in profile.table.nodes.items() if nodes}
+    assert bodies and all(label in prefixes for label in bodies)
+    # The convolutions' bodies were reached through two call nodes (signature wrapper, then the traced function),
+    # and their times landed on the body's own nodes.
+    assert any(len(p.strip("/").split("/")) >= 2 for label in bodies for p in prefixes[label])
+    timed = [ms for nodes in bodies.values() for ms in nodes.values() if max(ms) > 0]
+    assert len(timed) >= 3, bodies
+    assert profile.fp32_ms > 0 and profile.lists_ms > 0
+    assert profile.table.note.startswith("costs measured in this graph") or not profile.table.low_units
+
+
+def test_a_graph_with_function_calls_is_not_profiled_frozen():
+    graph = tf.compat.v1.GraphDef()
+    graph.library.function.add().signature.name = "body"
+    assert "functions" in profileable(graph, [])
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_conversion_with_costs_measured_in_the_model_verifies_and_keeps_its_signatures(cnn, tmp_path, freeze):
+    costs = this_machine("bfloat16")
+    costs.batch = 4
+    out = tmp_path / "out"
+    result = convert_saved_model(cnn, out, "bfloat16", assign="cost", costs=costs, freeze=freeze)
+    p = predicted(next(iter(result.graphs.values())))  # summed over the main graph and its function bodies
+    if costs.low_units:
+        assert p["source"].startswith("costs measured in this graph on this machine"), p["source"]
+        assert p["candidates"] > 0 and p["cost"] <= min(p["lists_cost"], p["fp32_cost"]) + 1e-9
+        assert p["bound"] <= p["cost"] + 1e-9
+    else:  # no bfloat16 units: nothing is measured, every candidate stays float32, and the note says why
+        assert "every op stays float32" in p["note"] and not result.converted_nodes
+    assert set(tf.saved_model.load(str(out)).signatures) == set(tf.saved_model.load(str(cnn)).signatures)
+    assert verify_saved_models(str(cnn), str(out), precision="bfloat16", batch_size=4).passed
