@@ -107,8 +107,11 @@ def _run(args) -> int:
         options = options_from_args(args, keep + list(guarded.keep_fp32), **assign)
     _say_what_this_cpu_computes(args)
     result = _tune(args, options) if args.tune else _convert(args, options)
+    shared = {}  # signatures of one function share one frozen graph and its assignment: said once
     for label, graph in result.graphs.items():
-        say_assignment(graph, label)
+        shared.setdefault(id(graph), (graph, []))[1].append(label)
+    for graph, labels in shared.values():
+        say_assignment(graph, ", ".join(labels))
     print_result(result)
     for note in result.notes:
         stdout_console().print(f"[bold yellow]warning:[/] {note}", soft_wrap=True)

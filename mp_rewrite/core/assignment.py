@@ -8,7 +8,8 @@ TF performs (Conv2D/MatMul + BiasAdd + activation) costs what it saves when its 
 non-negative and submodular, so the cheapest assignment is a minimum s-t cut, found exactly (networkx).
 
 The cut can only move a vertex from low precision to float32, never the other way: everything outside the allow
-set is fixed to its side with infinite capacity. Ties go to float32.
+set is fixed to its side with infinite capacity. Ties go to float32; but a cut that saves less than RESOLUTION of
+the lists' predicted time keeps the lists' coloring (a gain within the timing's noise is no evidence).
 
 Cost model: source side = float32, sink side = low precision. A variable x pays `low` (edge s->x, cut when x is
 low) or `fp32` (edge x->t, cut when x stays float32). A tensor of producer u read by v1..vk: the cast to low is an
@@ -29,6 +30,9 @@ FP32, LOW = -1, -2  # fixed ends: a vertex that must stay float32 / must stay lo
 LOOP_OPS = frozenset({"Enter", "Exit", "Merge", "Switch", "NextIteration", "LoopCond"})
 DEFAULT_CAST_MS = 0.001  # a tensor the table does not know: a cast is cheap but never free, so ties stay put
 _SCALE = 1e6  # ms -> integer ns: integer capacities make the cut exact and deterministic
+# The share of the lists' predicted time a cut must save to replace Grappler's coloring: measured op times vary by
+# a few percent from run to run, and a cut that saves less is within that noise.
+RESOLUTION = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +200,18 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
     _add_fusions(ctx, paint, var_of, groups, table.fusions.get(label, {}), problem)
     note = "" if table.low_units else table.note or "this machine has no low-precision units"
     low = solve(problem) if table.low_units else [False] * len(nodes)
+    everything = [True] * len(nodes)
+    low_why = f"cheaper in {table.precision}"
+    lists_cost, fp32_cost = total_cost(problem, everything), total_cost(problem, [False] * len(nodes))
+    unresolved = total_cost(problem, low) > (1 - RESOLUTION) * lists_cost
+    if table.low_units and unresolved and lists_cost <= fp32_cost:
+        # A gain the timing cannot resolve is no evidence against Grappler's choice (and casts cost what the
+        # table does not see): the lists' coloring stays.
+        gain = lists_cost - total_cost(problem, low)
+        low, low_why = everything, (f"the cut would gain {_ms(gain)}, under {RESOLUTION:.0%} of the graph's "
+                                    "predicted time: Grappler's choice kept")
     measured = [view.names[n] in node_costs for n in nodes]
-    _record(ctx, paint, problem, nodes, groups, low, table.precision, note, measured)
+    _record(ctx, paint, problem, nodes, groups, low, table.precision, note, measured, low_why)
     return Assignment(tuple(view.names[n] for n in nodes),
                       tuple(view.names[n] for n, is_low in zip(nodes, low) if not is_low),
                       total_cost(problem, low), total_cost(problem, [True] * len(nodes)),
@@ -243,7 +257,7 @@ def _add_fusions(ctx, paint, var_of, groups, fusions, problem) -> None:
             problem.fusions.append((a, b, ms))
 
 
-def _record(ctx, paint, problem, nodes, groups, low, precision, note, measured) -> None:
+def _record(ctx, paint, problem, nodes, groups, low, precision, note, measured, low_why) -> None:
     """Demote the float32 variables; restate every candidate's Reason with its times and casts."""
     cast_ms = [0.0] * len(nodes)
     side = lambda x: x == LOW if x < 0 else low[x]  # noqa: E731
@@ -264,7 +278,7 @@ def _record(ctx, paint, problem, nodes, groups, low, precision, note, measured) 
             if low[i]:
                 # The color stays; only its explanation gains the numbers (Grappler's rule kept in the detail).
                 paint.reasons[v] = Reason("assign_by_cost", "cost_low", source, via,
-                                          f"{numbers}: cheaper in {precision} (lists: {old.rule if old else '-'})")
+                                          f"{numbers}: {low_why} (lists: {old.rule if old else '-'})")
             else:
                 why = note or "cheaper in float32 with the casts it needs"
                 paint.unallow(v, Reason("assign_by_cost", "cost_float32", source, via, f"{numbers}: {why}"))
