@@ -122,6 +122,7 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
     from tensorflow.core.protobuf import saved_model_pb2
     from ..core.rewrite import rewrite_meta_graph_def
     start = time.perf_counter()
+    export_dir = os.path.abspath(export_dir)  # the rewritten copy links to its variables
     lists = rewrite_meta_graph_def(meta_graph, options=_lists(options))
     feeds = dict(zip(inputs, _values(list(inputs.values()), batch)))
     tags = list(meta_graph.meta_info_def.tags)

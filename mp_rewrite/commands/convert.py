@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from .list_options import (add_assign_options, add_list_options, assign_from_args, default_assign, options_from_args,
-                           say_assignment)
+from .list_options import add_assign_options, add_list_options, assign_from_args, options_from_args, say_assignment
 from .model_options import add_tag_set_option, saved_model_path
 from .verify import (add_verify_options, check_verify_options, progress_bar, run_verification, stderr_status,
                      stdout_console)
@@ -70,8 +69,7 @@ def register(sub) -> None:
     p.add_argument("--guard-overrides", metavar="FILE",
                    help="with --guard: write the kept nodes and why (.toml or .json), to re-apply with --keep-fp32-file")
     p.add_argument("--keep-fp32-file", metavar="FILE", help="keep_fp32 patterns from a guard overrides file")
-    add_assign_options(p, batch=False, default="cost when converting for a CPU, measured in the model on this "
-                       "machine; lists for a GPU; MP_REWRITE_ASSIGN=lists|cost overrides it")  # --batch-size: verify's
+    add_assign_options(p, batch=False)  # --batch-size comes with the verify options
     add_verify_options(p)
     p.set_defaults(func=run, precheck=precheck)
 
@@ -99,7 +97,7 @@ def run(args) -> int:
 
 def _run(args) -> int:
     keep = list(args.keep_fp32) + list(_guard_overrides(args.keep_fp32_file))
-    assign = _assign(args)
+    assign = assign_from_args(args)
     options = options_from_args(args, keep, **assign)  # checked once, before anything slow
     check_before_writing(args, options)
     guarded = _run_guard(args, keep) if args.guard else None
@@ -127,18 +125,6 @@ def _run(args) -> int:
                                soft_wrap=True)
         return 1
     return 0
-
-
-def _assign(args) -> dict:
-    """--assign cost (the default for a CPU, list_options.default_assign): a cost table file (--costs, measured
-    where the model is served), else this machine's table in measuring mode: each graph the conversion rewrites is
-    profiled as TF runs it (savedmodel.measured_costs), at --batch-size."""
-    if (args.assign or ("cost" if args.costs else default_assign(args))) == "lists" or args.costs:
-        return assign_from_args(args, None)  # the file, or {} for the lists (refusing --costs with --assign lists)
-    from ..analysis.op_costs import this_machine
-    table = this_machine(args.precision)
-    table.batch = args.batch_size
-    return {"assign": "cost", "costs": table}
 
 
 def check_before_writing(args, options) -> None:

@@ -3,6 +3,7 @@ TensorBoard log or a Model Explorer overlay."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import ModelError, OptionError
@@ -75,9 +76,12 @@ def check_model_path(args) -> None:
 def load_and_rewrite(args):
     """Read args.model and rewrite it with the options of add_model_options; returns (LoadedModel, result)."""
     from ..model.loaded import load_model, rewrite_model
+    from ..savedmodel.measured_costs import in_place_costs
     model = load_model(args.model, args.tag_set, say)
-    assign = assign_from_args(args, model.graph_def, model.fetches if args.fetch is None else args.fetch)
-    result = rewrite_model(model, fetches=args.fetch, options=options_from_args(args, **assign))
+    options = options_from_args(args, **assign_from_args(args))
+    if model.kind == "saved_model" and os.path.isdir(model.path) and args.fetch is None:
+        options = in_place_costs(options, model.path, model.meta_graph)  # measured as convert measures it
+    result = rewrite_model(model, fetches=args.fetch, options=options)
     say_assignment(result)
     return model, result
 

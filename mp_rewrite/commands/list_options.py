@@ -38,14 +38,14 @@ def options_from_args(args, keep_fp32=None, **assign):
                         **{name: getattr(args, name) for name in LIST_FLAGS}, **assign)
 
 
-def add_assign_options(parser, batch: bool = True, default: str = "lists") -> None:
-    """Add --assign {lists,cost}, --costs FILE (and --batch-size N unless the command has its own); `default` says
-    what the command does without them."""
+def add_assign_options(parser, batch: bool = True) -> None:
+    """Add --assign {lists,cost}, --costs FILE (and --batch-size N unless the command has its own)."""
     g = parser.add_argument_group("precision assignment")
     g.add_argument("--assign", choices=("lists", "cost"), default=None,
-                   help=f"lists: Grappler's op lists decide; cost: then a minimum cut over op times measured on "
-                        f"this machine (or --costs FILE) keeps in float32 what is faster there, casts counted; it "
-                        f"never makes low what the lists keep float32 (default: {default})")
+                   help="lists: Grappler's op lists decide; cost: then a minimum cut over op times measured in the "
+                        "model on this machine (or --costs FILE) keeps in float32 what is faster there, casts "
+                        "counted; it never makes low what the lists keep float32 (default: cost for a CPU, lists "
+                        f"for a GPU; {ASSIGN_ENV}=lists|cost changes it)")
     g.add_argument("--costs", metavar="FILE",
                    help="a cost table (mp-rewrite costs MODEL -o FILE, measured where the model is served); "
                         "implies --assign cost")
@@ -56,7 +56,8 @@ def add_assign_options(parser, batch: bool = True, default: str = "lists") -> No
 
 
 def default_assign(args) -> str:
-    """`convert`'s assignment when neither --assign nor --costs is given: "cost" when it converts for a CPU (the
+    """The assignment when neither --assign nor --costs is given (convert, inspect, explain and view alike, so
+    that they tell one story): "cost" when it converts for a CPU (the
     costs measured on this machine, in the model: nothing it writes is slower than float32 here), "lists" for a GPU
     (Grappler's lists were written for its Tensor Cores). MP_REWRITE_ASSIGN=lists|cost overrides it (lists: the
     same conversion on every machine).
@@ -73,26 +74,29 @@ def default_assign(args) -> str:
     return chosen or ("cost" if device == "cpu" else "lists")
 
 
-def assign_from_args(args, graph_def, fetches=()) -> dict:
+def assign_from_args(args) -> dict:
     """The rewrite_graph_def keyword arguments the assign options give: {} for the lists; else assign="cost" and
-    costs, loaded from --costs FILE or measured on this machine for `graph_def` (cached).
+    the costs: --costs FILE, or this machine's table in measuring mode, at --batch-size (what the conversion
+    rewrites is then measured when it is rewritten: savedmodel.measured_costs, or the op table for a bare graph).
+    Without --assign, default_assign decides.
 
     Raises:
-        OptionError: --assign lists with --costs. CostTableError: a bad cost file.
+        OptionError: --assign lists with --costs; a bad MP_REWRITE_ASSIGN. CostTableError: a bad cost file.
     """
     from ..errors import OptionError
-    assign = getattr(args, "assign", None) or ("cost" if getattr(args, "costs", None) else "lists")
+    assign = getattr(args, "assign", None) or ("cost" if getattr(args, "costs", None) else default_assign(args))
     if assign == "lists":
         if getattr(args, "costs", None):
             raise OptionError("--costs FILE is for --assign cost; drop --assign lists or --costs")
         return {}
-    from ..analysis.op_costs import load_costs, measure_costs
+    from ..analysis.op_costs import load_costs, this_machine
     batch = getattr(args, "batch_size", None)
-    if args.costs:
+    if getattr(args, "costs", None):
         table = load_costs(args.costs)
         table.batch = batch if batch is not None else table.batch
     else:
-        table = measure_costs(graph_def, args.precision, fetches, batch=batch)
+        table = this_machine(args.precision)
+        table.batch = batch
     return {"assign": "cost", "costs": table}
 
 
