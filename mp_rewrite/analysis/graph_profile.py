@@ -13,7 +13,8 @@ context. A node TF fused into another has no time of its own: it is joined to th
 kernel's time, and the two are priced as one (splitting them costs the kernel's time, so the cut keeps a fusion
 whole). Casts are priced per tensor size from this machine's cast times (analysis.op_costs).
 
-It needs a graph it can run: self-contained (no variables or tables to capture), every input a number tensor of
+The measured costs are cached per graph and machine (analysis.profile_cache), so converting a model again gives
+the same assignment. It needs a graph it can run: self-contained (no variables or tables to capture), every input a number tensor of
 known shape once the batch is fixed, and no function library (step stats name the nodes of function bodies
 differently); `profileable` says why not otherwise, and the caller falls back to the op table.
 """
@@ -30,6 +31,7 @@ from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
+from .profile_cache import graph_bytes, load, profile_key, save
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
 WARMUP = 2
@@ -93,11 +95,16 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
     from ..core.rewrite import rewrite_graph_def
     start = time.perf_counter()
     lists = rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve, options=_lists(options))
-    feeds = {name: value for (_, name), value in zip(inputs, _values(
-        [(spec.dtype.as_datatype_enum, spec.shape.as_list()) for spec, _ in inputs], batch))}
+    specs = [(spec.dtype.as_datatype_enum, spec.shape.as_list()) for spec, _ in inputs]
+    key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), specs, fetches, batch, runs,
+                      machine.machine, machine.precision)
+    cached = _cached(key, start)
+    if cached is not None:
+        return cached
+    feeds = {name: value for (_, name), value in zip(inputs, _values(specs, batch))}
     variants = [_Runner.of_graph(g, feeds, fetches) for g in (graph_def, lists.graph_def)]
     times, walls = _alternate(variants, runs, progress)
-    return _profile(graph_def, lists, times, walls, {MAIN: [""]}, machine, batch, runs, start)
+    return _profile(graph_def, lists, times, walls, {MAIN: [""]}, machine, batch, runs, start, key)
 
 
 def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,
@@ -124,6 +131,11 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
     start = time.perf_counter()
     export_dir = os.path.abspath(export_dir)  # the rewritten copy links to its variables
     lists = rewrite_meta_graph_def(meta_graph, options=_lists(options))
+    key = profile_key(graph_bytes(meta_graph.graph_def), graph_bytes(lists.graph_def), inputs, fetches, batch, runs,
+                      machine.machine, machine.precision)
+    cached = _cached(key, start)
+    if cached is not None:
+        return cached
     feeds = dict(zip(inputs, _values(list(inputs.values()), batch)))
     tags = list(meta_graph.meta_info_def.tags)
     with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as rewritten:
@@ -138,16 +150,25 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
         variants = [_Runner.of_saved_model(d, tags, feeds, fetches) for d in (str(export_dir), rewritten)]
         times, walls = _alternate(variants, runs, progress)
     return _profile(meta_graph.graph_def, lists, times, walls, _inlined_prefixes(meta_graph.graph_def), machine,
-                    batch, runs, start)
+                    batch, runs, start, key)
 
 
 def _lists(options):
     return dataclasses.replace(options, assign="lists", costs=None)
 
 
-def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, start) -> Profile:
+def _cached(key: str, start: float) -> Profile | None:
+    found = load(key)
+    if found is None:
+        return None
+    table, fp32_ms, lists_ms, path = found
+    return Profile(dataclasses.replace(table, note=f"{table.note}; cached in {path}"), fp32_ms, lists_ms,
+                   time.perf_counter() - start)
+
+
+def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, start, key) -> Profile:
     """The CostTable of a graph and the function bodies its lists rewrite reached, from each variant's node times
-    (named as the session ran them: a body's nodes under each of its `prefixes`)."""
+    (named as the session ran them: a body's nodes under each of its `prefixes`), cached under `key`."""
     from ..core.functions import function_to_graph
     from ..core.op_support import Signatures
     from .graph_costs import measure_casts
@@ -178,6 +199,7 @@ def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, sta
             f"Grappler's lists {lists_ms:.1f} ms per run)")
     table = CostTable(machine.precision, nodes, casts, fusions, machine.low_units,
                       note if machine.low_units else machine.no_units_note())
+    save(key, table, fp32_ms, lists_ms)
     return Profile(table, fp32_ms, lists_ms, time.perf_counter() - start)
 
 

@@ -86,3 +86,17 @@ def test_a_conversion_with_costs_measured_in_the_model_verifies_and_keeps_its_si
         assert "every op stays float32" in p["note"] and not result.converted_nodes
     assert set(tf.saved_model.load(str(out)).signatures) == set(tf.saved_model.load(str(cnn)).signatures)
     assert verify_saved_models(str(cnn), str(out), precision="bfloat16", batch_size=4).passed
+
+
+def test_a_model_converted_again_here_reuses_its_measured_costs_and_the_same_choice(cnn, tmp_path):
+    seen = []
+    for i in range(2):
+        costs = this_machine("bfloat16")
+        costs.batch = 2
+        result = convert_saved_model(cnn, tmp_path / f"out{i}", "bfloat16", assign="cost", costs=costs, freeze=True)
+        graph = next(iter(result.graphs.values()))
+        seen.append((predicted(graph), sorted(graph.converted_nodes)))
+    (first, first_nodes), (second, second_nodes) = seen
+    assert first_nodes == second_nodes and first["cost"] == second["cost"]
+    if this_machine("bfloat16").low_units:
+        assert "cached in" not in first["source"] and "cached in" in second["source"], second["source"]

@@ -1,0 +1,83 @@
+"""The cache of the costs measured in a model (analysis.graph_profile): one JSON file per (graph, its lists
+rewrite, fed shapes, machine), under the cost tables' cache directory (analysis.op_costs.cache_dir).
+
+Measuring runs the model, and timings vary from run to run: without the cache, converting the same model twice
+could keep a different op or two in float32. With it, a model converted again on the same machine gets the same
+costs (so the same bytes), in the time of a file read. A model whose graph, lists, options or inputs changed has
+another key; `rm -r ~/.cache/mp_rewrite/profiles` measures everything again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from ..core.assignment import CostTable
+from .op_costs import cache_dir
+
+FORMAT = "mp_rewrite-profile"
+VERSION = 1
+
+
+def profile_key(*parts) -> str:
+    """A digest of what the measured costs depend on (bytes, or anything JSON can write)."""
+    digest = hashlib.sha1()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def graph_bytes(graph_def) -> bytes:
+    """A graph's bytes without its nodes' debug info (which names the functions TF traced them in, with a counter
+    that differs every time a model is loaded)."""
+    copy = type(graph_def)()
+    copy.CopyFrom(graph_def)
+    for node in [*copy.node, *(n for f in copy.library.function for n in f.node_def)]:
+        node.ClearField("experimental_debug_info")
+    return copy.SerializeToString(deterministic=True)
+
+
+def _path(key: str) -> str:
+    return os.path.join(cache_dir(), "profiles", f"{key}.json")
+
+
+def load(key: str):
+    """(CostTable, float32 ms, lists ms, path) cached under `key`, or None (also for an unreadable file)."""
+    path = _path(key)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("format") != FORMAT or data.get("version") != VERSION:
+            return None
+        table = CostTable(data["precision"],
+                          {label: {name: tuple(ms) for name, ms in nodes.items()}
+                           for label, nodes in data["nodes"].items()},
+                          {label: {(name, port): (to_low, to_fp32) for name, port, to_low, to_fp32 in casts}
+                           for label, casts in data["casts"].items()},
+                          {label: {(a, b): ms for a, b, ms in fusions} for label, fusions in data["fusions"].items()},
+                          data["low_units"], data["note"])
+        return table, data["fp32_ms"], data["lists_ms"], path
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save(key: str, table: CostTable, fp32_ms: float, lists_ms: float) -> None:
+    """Write the measured costs under `key` (atomically; a cache that cannot be written is skipped)."""
+    path = _path(key)
+    data = {"format": FORMAT, "version": VERSION, "precision": table.precision, "low_units": table.low_units,
+            "note": table.note, "fp32_ms": fp32_ms, "lists_ms": lists_ms,
+            "nodes": {label: {name: list(ms) for name, ms in nodes.items()} for label, nodes in table.nodes.items()},
+            "casts": {label: [[name, port, *ms] for (name, port), ms in casts.items()]
+                      for label, casts in table.casts.items()},
+            "fusions": {label: [[a, b, ms] for (a, b), ms in fusions.items()]
+                        for label, fusions in table.fusions.items()}}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
