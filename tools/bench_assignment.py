@@ -1,6 +1,7 @@
-"""Frozen graphs in float32, with Grappler's bfloat16 lists, and with the cost assignment (`assign="cost"`), timed
-side by side (interleaved rounds, wall and CPU time per call), beside what the cost table predicts and its bound
-(each candidate op at its faster precision, casts not counted).
+"""Frozen graphs in float32, with Grappler's bfloat16 lists, and with the cost assignment (`assign="cost"`) over
+the op table (ops timed alone) and over the costs measured in the graph (what `convert` uses), timed side by side
+(interleaved rounds, wall and CPU time per call), beside what each table predicts and its bound (each candidate op
+at its faster precision, casts not counted).
 
     TF_ENABLE_ONEDNN_OPTS=1 python3 tools/bench_assignment.py [--models cnn,transformer] [--batch 8] [--rounds 5]
 
@@ -21,6 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import mp_rewrite  # noqa: E402
+from mp_rewrite.analysis.graph_profile import profile_costs  # noqa: E402
 from mp_rewrite.analysis.op_costs import machine_facts, measure_costs  # noqa: E402
 from mp_rewrite.testing import example_models, examples  # noqa: E402
 
@@ -69,9 +71,17 @@ def bench(name: str, batch: int, rounds: int, seconds: float) -> None:
     cost = mp_rewrite.rewrite_graph_def(graph.graph_def, "bfloat16", graph.fetches, assign="cost", costs=costs)
     assigned = time.perf_counter() - start
     lists = mp_rewrite.rewrite_graph_def(graph.graph_def, "bfloat16", graph.fetches)
-    variants = {"fp32": graph.graph_def, "lists bf16": lists.graph_def, "cost bf16": cost.graph_def}
-    casts = {"fp32": 0, "lists bf16": len(lists.casts), "cost bf16": len(cost.casts)}
-    converted = {"fp32": 0, "lists bf16": len(lists.converted_nodes), "cost bf16": len(cost.converted_nodes)}
+    start = time.perf_counter()
+    specs = [(tf.TensorSpec(v.shape, tf.as_dtype(v.dtype)), f"{n}:0") for n, v in graph.inputs.items()]
+    options = mp_rewrite.make_options("bfloat16")
+    profile = profile_costs(graph.graph_def, specs, graph.fetches, options, list(graph.inputs), costs, batch)
+    profiled = mp_rewrite.rewrite_graph_def(graph.graph_def, "bfloat16", graph.fetches,
+                                            assign="cost", costs=profile.table)
+    in_graph = time.perf_counter() - start
+    results = {"lists bf16": lists, "op table bf16": cost, "in graph bf16": profiled}
+    variants = {"fp32": graph.graph_def, **{k: r.graph_def for k, r in results.items()}}
+    casts = {"fp32": 0, **{k: len(r.casts) for k, r in results.items()}}
+    converted = {"fp32": 0, **{k: len(r.converted_nodes) for k, r in results.items()}}
     args = [tf.constant(v) for v in graph.inputs.values()]
     functions = {k: runnable(g, list(graph.inputs), graph.fetches) for k, g in variants.items()}
     want = functions["fp32"](*args)[0].numpy()
@@ -82,9 +92,8 @@ def bench(name: str, batch: int, rounds: int, seconds: float) -> None:
             w, c = time_block(f, args, seconds)
             wall[k].append(w)
             cpu[k].append(c)
-    a = cost.assignment
-    print(f"\n## {name}, batch {batch} ({len(graph.graph_def.node)} nodes; cost table from {costs.source}: "
-          f"measure {measured:.2f} s, assignment {assigned:.2f} s)")
+    print(f"\n## {name}, batch {batch} ({len(graph.graph_def.node)} nodes; op table from {costs.source}: "
+          f"measure {measured:.2f} s, assignment {assigned:.2f} s; measured in the graph: {in_graph:.2f} s)")
     print(f"{'variant':<12}{'wall ms':>9}{'x fp32':>8}{'CPU ms':>9}{'x fp32':>8}{'converted':>11}{'casts':>7}"
           f"{'max |diff|':>12}")
     base_w, base_c = statistics.median(wall["fp32"]), statistics.median(cpu["fp32"])
@@ -92,10 +101,12 @@ def bench(name: str, batch: int, rounds: int, seconds: float) -> None:
         w, c = statistics.median(wall[k]), statistics.median(cpu[k])
         print(f"{k:<12}{w:>9.2f}{base_w / w:>7.2f}x{c:>9.2f}{base_c / c:>7.2f}x{converted[k]:>11}{casts[k]:>7}"
               f"{diff[k]:>12.2e}")
-    print(f"predicted by the cost table for the {len(a.candidates)} candidates (ms, ops measured alone): fp32 "
-          f"{a.fp32_cost:.2f}, lists {a.lists_cost:.2f} ({a.fp32_cost / a.lists_cost:.2f}x), cost {a.cost:.2f} "
-          f"({a.fp32_cost / a.cost:.2f}x; {len(a.demoted)} kept fp32), bound {a.bound:.2f} "
-          f"({a.fp32_cost / a.bound:.2f}x)" if a.cost else "nothing to convert")
+    for what, a in (("the op table (ops timed alone)", cost.assignment),
+                    ("the costs measured in the graph", profiled.assignment)):
+        print(f"predicted by {what} for the {len(a.candidates)} candidates (ms): fp32 {a.fp32_cost:.2f}, lists "
+              f"{a.lists_cost:.2f} ({a.fp32_cost / a.lists_cost:.2f}x), cut {a.cost:.2f} ({a.fp32_cost / a.cost:.2f}x; "
+              f"{len(a.demoted)} kept fp32), bound {a.bound:.2f} ({a.fp32_cost / a.bound:.2f}x)" if a.cost else
+              "nothing to convert")
 
 
 def main(argv=None) -> int:
