@@ -10,9 +10,12 @@ op table, and the table's note says why.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
 from .inputs import DEFAULT_DIM, FEEDABLE_DTYPES
+
+PROFILE_LIMIT = 2**30  # weights (or a frozen graph) above this are not profiled: both variants would be loaded
 
 
 def measuring(options) -> bool:
@@ -27,7 +30,9 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict):
     if not measuring(options):
         return options
     why = "it reads tables or kept variables" if frozen.captured or frozen.variables else ""
-    why = why or profileable(graph_def, frozen.inputs)
+    size = graph_def.ByteSize()
+    why = why or (f"a {size / 2**30:.1f} GiB graph, over the {PROFILE_LIMIT / 2**30:.0f} GiB profiled"
+                  if size > PROFILE_LIMIT else profileable(graph_def, frozen.inputs))
     if why:
         return _op_table(options, graph_def, fetches, why)
     profile = profile_costs(graph_def, frozen.inputs, fetches, options, fed, options.costs, options.costs.batch)
@@ -55,6 +60,10 @@ def in_place_costs(options, source_dir, meta_graph, keys=None):
     graph_fetches = signature_nodes(meta_graph, outputs_only=True)
     if not fetches:
         return _op_table(options, meta_graph.graph_def, graph_fetches, "no signature has inputs random data can make")
+    weights = sum(f.stat().st_size for f in Path(source_dir, "variables").glob("*") if f.is_file())
+    if weights > PROFILE_LIMIT:
+        return _op_table(options, meta_graph.graph_def, graph_fetches, f"{weights / 2**30:.1f} GiB of weights, over "
+                         f"the {PROFILE_LIMIT / 2**30:.0f} GiB profiled (it would be loaded twice)")
     try:
         profile = profile_saved_model(str(source_dir), meta_graph, inputs, list(dict.fromkeys(fetches)), options,
                                       options.costs, options.costs.batch)
