@@ -100,3 +100,16 @@ def test_a_model_converted_again_here_reuses_its_measured_costs_and_the_same_cho
     assert first_nodes == second_nodes and first["cost"] == second["cost"]
     if this_machine("bfloat16").low_units:
         assert "cached in" not in first["source"] and "cached in" in second["source"], second["source"]
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_model_over_the_profiled_size_keeps_the_op_table_and_says_why(cnn, tmp_path, monkeypatch, freeze):
+    from mp_rewrite.savedmodel import measured_costs
+    costs = this_machine("bfloat16")
+    if not costs.low_units:
+        pytest.skip("without bfloat16 units nothing is measured, so there is no fallback to see")
+    monkeypatch.setattr(measured_costs, "PROFILE_LIMIT", 0)
+    costs.batch = 2
+    result = convert_saved_model(cnn, tmp_path / "out", "bfloat16", assign="cost", costs=costs, freeze=freeze)
+    source = predicted(next(iter(result.graphs.values())))["source"]
+    assert "not measured in the graph" in source and "GiB" in source and "over the 0 GiB profiled" in source, source
