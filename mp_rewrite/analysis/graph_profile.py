@@ -6,17 +6,20 @@ is nothing like the sum of its parts timed alone; an elementwise op reads what i
 Measured here on EfficientNetB0 (frozen, batch 8), the op table's cut kept the Swish chains float32 and ran 22
 Casts per call, 1.59x float32, while Grappler's lists reached 2.05x.
 
-`profile_costs` measures instead what TensorRT's builder measures: the graph as it will run. It runs the graph as
-it is (float32) and as Grappler's lists rewrite it (every candidate low precision), in alternation, with TF's
-step stats, in a session configured as TF serves (remapper and oneDNN fusions on), and reads each node's time in
-context. A node TF fused into another has no time of its own: it is joined to the consumer that carries the fused
-kernel's time, and the two are priced as one (splitting them costs the kernel's time, so the cut keeps a fusion
-whole). Casts are priced per tensor size from this machine's cast times (analysis.op_costs).
+`profile_costs` (a frozen graph) and `profile_saved_model` (a SavedModel's MetaGraph) measure instead what
+TensorRT's builder measures: the graph as it will run. Each runs the model as it is (float32) and as Grappler's
+lists rewrite it (every candidate low precision), in alternation, with TF's step stats, in a session configured as
+TF serves (remapper and oneDNN fusions on), and reads each node's time in context. A TF1 session inlines a
+SavedModel's function calls, so a body's node is timed under the names of the call nodes that lead to it. A node
+TF fused into another has no time of its own: it is tied to the consumer that carries the fused kernel's time
+(splitting them costs the kernel's time, so the cut keeps a fusion whole). Casts are priced per tensor size from
+this machine's cast times (analysis.op_costs). The costs are cached per graph and machine
+(analysis.profile_cache), so a model converted again gets the same assignment.
 
-The measured costs are cached per graph and machine (analysis.profile_cache), so converting a model again gives
-the same assignment. It needs a graph it can run: self-contained (no variables or tables to capture), every input a number tensor of
-known shape once the batch is fixed, and no function library (step stats name the nodes of function bodies
-differently); `profileable` says why not otherwise, and the caller falls back to the op table.
+A frozen graph must be self-contained (no variables or tables to capture), every input a number tensor of known
+shape once the batch is fixed, and without functions (the loop and branch bodies it calls are not timed under
+names that map back to theirs);
+`profileable` says why not otherwise, and the caller falls back to the op table.
 """
 
 from __future__ import annotations
