@@ -133,6 +133,12 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
     for row in rows:
         lines.append(f"- {row['model']} batch {row['batch']}: " +
                      ", ".join(f"{LABELS[v]} {row['casts'][v]}" for v in variants(row)))
+    lines += ["", "Matmul/convolution kernels TensorFlow executed in bfloat16, of all it executed (run metadata; "
+              "OpenVINO and INC's own graph say nothing here):", ""]
+    for row in rows:
+        lines.append(f"- {row['model']} batch {row['batch']}: " +
+                     ", ".join(f"{LABELS[v]} {low}/{total}" for v in variants(row)
+                               for low, total in [row["kernels"][v]]))
     lines += ["", "Max |output - float32 output| per variant (TF AMP must differ from float32, or its rewrite did "
               "not take effect):", ""]
     for row in rows:
