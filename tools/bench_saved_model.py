@@ -123,11 +123,9 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
     import keras
 
     from mp_rewrite.savedmodel.convert import convert_saved_model
-    paths = {"fp32": workdir / name / "fp32", "ours": workdir / name / "ours_default",
-             "ours_lists": workdir / name / "ours_bf16",
+    paths = {"fp32": workdir / name / "fp32", "ours_lists": workdir / name / "ours_bf16",
              "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16",
-             "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned",
-             "ours_cost": workdir / name / "ours_cost_bf16"}
+             "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned"}
     paths["tf_amp"] = paths["fp32"]
     if openvino_python:
         paths["openvino"] = paths["fp32"]  # OpenVINO converts the float32 SavedModel itself, in its worker
@@ -148,26 +146,9 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         start = time.perf_counter()
         result = convert_saved_model(paths["fp32"], paths["ours_lists"], "bfloat16", overwrite=True)
         times.append(time.perf_counter() - start)
-    from mp_rewrite.analysis.op_costs import this_machine
-    from mp_rewrite.commands.list_options import predicted
-
-    def measuring():  # this machine's table, as `convert` makes it for --assign cost (the CLI default on a CPU)
-        costs = this_machine("bfloat16")
-        costs.batch = TUNE_BATCH
-        return costs
-    start = time.perf_counter()
-    default = convert_saved_model(paths["fp32"], paths["ours"], "bfloat16", assign="cost", costs=measuring(),
-                                  overwrite=True)
-    default_seconds = time.perf_counter() - start
-    freeze_times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        convert_saved_model(paths["fp32"], paths["ours_freeze"], "bfloat16", freeze=True, overwrite=True)
-        freeze_times.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    cost = convert_saved_model(paths["fp32"], paths["ours_cost"], "bfloat16", freeze=True, assign="cost",
-                               costs=measuring(), overwrite=True)
-    cost_seconds = time.perf_counter() - start
+    cost_paths, predictions, default_seconds, cost_seconds = convert_by_cost(paths["fp32"], workdir / name,
+                                                                             TUNE_BATCH)
+    paths.update(cost_paths)
     from mp_rewrite.savedmodel.tune import tune_saved_model
     # Tuned at the first serving batch size measured (the tuner times on this machine, at this batch).
     start = time.perf_counter()
@@ -183,9 +164,7 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         inc = inc_convert(inc_python, paths["fp32"], paths["inc"], workdir)
     facts = {"convert_s": statistics.median(times), "freeze_s": statistics.median(freeze_times),
              "cost_s": cost_seconds, "tune_s": tune_seconds, "default_s": default_seconds,
-             "predicted": {"ours": predicted(next(iter(default.graphs.values()))),
-                           "ours_cost": predicted(next(iter(cost.graphs.values())))},
-             "default_converted": default.converted_nodes, "default_casts": default.casts,
+             "predicted": {TUNE_BATCH: predictions},
              "inc_s": inc.get("seconds"),
              "tuned": tuned.chosen,
              "freeze_mb": sum(f.stat().st_size for f in paths["ours_freeze"].rglob("*") if f.is_file()) / 1e6,
@@ -193,6 +172,25 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
              "converted": result.converted_nodes, "casts": result.casts,
              "size_mb": sum(f.stat().st_size for f in paths["fp32"].rglob("*") if f.is_file()) / 1e6}
     return paths, facts
+
+
+def convert_by_cost(source: Path, workdir: Path, batch: int) -> tuple[dict, dict, float, float]:
+    """The two cost-assignment variants measured at `batch`, as `convert --batch-size` measures them: the default
+    conversion for a CPU (in place) and --freeze. Returns (their paths, what each predicted, and their seconds)."""
+    from mp_rewrite.analysis.op_costs import this_machine
+    from mp_rewrite.commands.list_options import predicted
+    from mp_rewrite.savedmodel.convert import convert_saved_model
+    paths = {"ours": workdir / f"ours_default_b{batch}", "ours_cost": workdir / f"ours_cost_b{batch}"}
+    predictions, seconds = {}, {}
+    for variant, freeze in (("ours", False), ("ours_cost", True)):
+        costs = this_machine("bfloat16")
+        costs.batch = batch
+        start = time.perf_counter()
+        result = convert_saved_model(source, paths[variant], "bfloat16", assign="cost", costs=costs, freeze=freeze,
+                                     overwrite=True)
+        seconds[variant] = time.perf_counter() - start
+        predictions[variant] = predicted(next(iter(result.graphs.values())))
+    return paths, predictions, seconds["ours"], seconds["ours_cost"]
 
 
 def inc_convert(python: str, source: Path, output: Path, workdir: Path) -> dict:
@@ -400,8 +398,11 @@ def main(argv=None) -> int:
     rows = []
     for name in names:
         for batch in batches:
-            rows.append(measure(name, batch, prepared[name][0], workdir, args.rounds, args.block_seconds,
-                                args.openvino_python))
+            paths = dict(prepared[name][0])
+            if batch != TUNE_BATCH:  # the cost variants are measured at the batch they serve (--batch-size)
+                cost_paths, facts[name]["predicted"][batch] = convert_by_cost(paths["fp32"], workdir / name, batch)[:2]
+                paths.update(cost_paths)
+            rows.append(measure(name, batch, paths, workdir, args.rounds, args.block_seconds, args.openvino_python))
             print("\n".join(table(rows[-1:])[2:]), flush=True)
     note = chart(rows, Path(args.out))
     command = "python3 tools/bench_saved_model.py " + " ".join(argv if argv is not None else sys.argv[1:])

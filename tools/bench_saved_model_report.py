@@ -117,15 +117,16 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
                      f"{'-' if f['inc_s'] is None else format(f['inc_s'], '.1f')} | "
                      f"{f['tuned']} | {f['converted']} | {f['casts']} | "
                      f"{f['flop_share']:.1%} |")
-    lines += ["", "What the cost assignment predicted at conversion (batch 8, ms per run of the candidate ops, from "
-              "the costs it measured in the model: float32, Grappler's lists, the cut, and the bound -- each op at "
-              "its faster precision, casts not counted):", "",
-              "| model | variant | float32 | lists | cut | bound | cut over bound | kept float32 | where the costs "
-              "come from |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "What the cost assignment predicted at conversion (converted at the batch it is timed at, as "
+              "`--batch-size` does; ms per run of the candidate ops, from the costs it measured in the model: "
+              "float32, Grappler's lists, the cut, and the bound -- each op at its faster precision, casts not "
+              "counted):", "",
+              "| model | batch | variant | float32 | lists | cut | bound | cut over bound | kept float32 | where the "
+              "costs come from |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, f in facts.items():
-        for v, p in f.get("predicted", {}).items():
+        for batch, p, v in [(b, p, v) for b, ps in f.get("predicted", {}).items() for v, p in ps.items()]:
             if p:
-                lines.append(f"| {name} | {LABELS[v]} | {p['fp32_cost']:.2f} | {p['lists_cost']:.2f} | "
+                lines.append(f"| {name} | {batch} | {LABELS[v]} | {p['fp32_cost']:.2f} | {p['lists_cost']:.2f} | "
                              f"{p['cost']:.2f} | {p['bound']:.2f} | {p['cost'] / max(p['bound'], 1e-9) - 1:+.1%} | "
                              f"{p['demoted']} of {p['candidates']} | {p['note'] or p['source']} |")
     lines += ["", "Cast nodes TensorFlow executed per call (from run metadata; a frozen conversion has folded the weight "
