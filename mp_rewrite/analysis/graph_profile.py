@@ -77,7 +77,7 @@ def profileable(graph_def, inputs) -> str:
 
 
 def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch: int | None = None,
-                  runs: int = RUNS, progress=None) -> Profile:
+                  runs: int = RUNS, progress=None, refresh: bool = False) -> Profile:
     """Measure the cost table of one self-contained graph (a frozen signature) by running it in float32 and as the
     lists make it.
 
@@ -91,6 +91,7 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
         machine: an analysis.op_costs.MachineCosts of this machine: its cast times price the casts.
         runs: traced runs of each variant.
         progress: optional callable (done, total).
+        refresh: measure even when the cache holds this graph's costs (and cache the new ones).
 
     Returns:
         A Profile.
@@ -101,7 +102,7 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
     specs = [(spec.dtype.as_datatype_enum, spec.shape.as_list()) for spec, _ in inputs]
     key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), specs, fetches, batch, runs,
                       machine.machine, machine.precision)
-    cached = _cached(key, start)
+    cached = None if refresh else _cached(key, start)
     if cached is not None:
         return cached
     feeds = {name: value for (_, name), value in zip(inputs, _values(specs, batch))}
