@@ -108,7 +108,7 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
     feeds = {name: value for (_, name), value in zip(inputs, _values(specs, batch))}
     variants = [_Runner.of_graph(g, feeds, fetches) for g in (graph_def, lists.graph_def)]
     times, walls = _alternate(variants, runs, progress)
-    return _profile(graph_def, lists, times, walls, {MAIN: [""]}, machine, batch, runs, start, key)
+    return _profile(graph_def, lists, times, walls, {MAIN: [""]}, machine, batch, runs, start, key, fetches)
 
 
 def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,
@@ -154,7 +154,7 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
         variants = [_Runner.of_saved_model(d, tags, feeds, fetches) for d in (str(export_dir), rewritten)]
         times, walls = _alternate(variants, runs, progress)
     return _profile(meta_graph.graph_def, lists, times, walls, _inlined_prefixes(meta_graph.graph_def), machine,
-                    batch, runs, start, key)
+                    batch, runs, start, key, fetches)
 
 
 def _lists(options):
@@ -170,7 +170,7 @@ def _cached(key: str, start: float) -> Profile | None:
                    time.perf_counter() - start)
 
 
-def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, start, key) -> Profile:
+def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, start, key, fetches) -> Profile:
     """The CostTable of a graph and the function bodies its lists rewrite reached, from each variant's node times
     (named as the session ran them: a body's nodes under each of its `prefixes`), cached under `key`."""
     from ..core.functions import function_to_graph
@@ -184,12 +184,13 @@ def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, sta
     fdefs = {f.signature.name: f for f in graph_def.library.function}
     parts = {MAIN: (graph_def, lists)}
     parts.update((name, (function_to_graph(fdefs[name], signatures).graph_def, result))
-                 for name, result in lists.functions.items() if name in fdefs and name in prefixes)
+                 for name, result in lists.functions.items() if name in fdefs)
     nodes, fusions, casts = {}, {}, {}
     for label, (original, result) in parts.items():
         body = [n.name for n in original.node]
-        timed = [{name: max(t[p + name] for p in prefixes[label] if p + name in t)
-                  for name in body if any(p + name in t for p in prefixes[label])} for t in times]
+        called = prefixes.get(label, ())  # none for a body the session does not inline (a loop's, a branch's)
+        timed = [{name: max(t[p + name] for p in called if p + name in t)
+                  for name in body if any(p + name in t for p in called)} for t in times]
         nodes[label] = {name: within_noise(timed[0].get(name, 0.0), timed[1].get(name, 0.0))
                         for name in result.converted_nodes}
         fusions[label] = {}
@@ -198,9 +199,18 @@ def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, sta
                 ms = max(timed[0].get(carrier, 0.0), timed[1].get(carrier, 0.0))
                 fusions[label][(fused, carrier)] = max(fusions[label].get((fused, carrier), 0.0), ms)
         casts[label] = cast_costs(machine, shapes.get("" if label == MAIN else label, {}), constant_names(original))
+    # A loop or branch body runs without being inlined, so none of its nodes has a time of its own: its ops are
+    # priced from the op table instead (timed alone), rather than left to the casts around them.
+    untimed = [label for label, (_, result) in parts.items()
+               if result.converted_nodes and not any(max(ms) for ms in nodes[label].values())]
+    if untimed and machine.low_units:
+        alone = machine.for_graph(graph_def, machine.precision, fetches=fetches)
+        for label in untimed:
+            nodes[label], fusions[label] = dict(alone.nodes.get(label, {})), dict(alone.fusions.get(label, {}))
     fp32_ms, lists_ms = (float(np.median(w)) for w in walls)
     note = (f"costs measured in this graph on this machine ({runs} traced runs of each: float32 {fp32_ms:.1f} ms, "
-            f"Grappler's lists {lists_ms:.1f} ms per run)")
+            f"Grappler's lists {lists_ms:.1f} ms per run"
+            + (f"; {len(untimed)} loop or branch bodies from the op table)" if untimed else ")"))
     table = CostTable(machine.precision, nodes, casts, fusions, machine.low_units,
                       note if machine.low_units else machine.no_units_note())
     save(key, table, fp32_ms, lists_ms)

@@ -17,12 +17,13 @@ from ..core.assignment import CostTable
 from .op_costs import cache_dir
 
 FORMAT = "mp_rewrite-profile"
-VERSION = 1
+VERSION = 2
 
 
 def profile_key(*parts) -> str:
     """A digest of what the measured costs depend on (bytes, or anything JSON can write)."""
-    digest = hashlib.sha1()
+    from ..version import __version__
+    digest = hashlib.sha1(f"{FORMAT} {VERSION} {__version__}".encode())  # a new release measures again
     for part in parts:
         digest.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
         digest.update(b"\0")
