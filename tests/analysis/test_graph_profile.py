@@ -113,3 +113,31 @@ def test_a_model_over_the_profiled_size_keeps_the_op_table_and_says_why(cnn, tmp
     result = convert_saved_model(cnn, tmp_path / "out", "bfloat16", assign="cost", costs=costs, freeze=freeze)
     source = predicted(next(iter(result.graphs.values())))["source"]
     assert "not measured in the graph" in source and "GiB" in source and "over the 0 GiB profiled" in source, source
+
+
+class Looper(tf.Module):
+    """A matmul in a while loop: the loop's body runs without being inlined, so it has no times of its own."""
+
+    def __init__(self):
+        self.w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[1, 2]) * 0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+    def __call__(self, x):
+        _, h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.nn.relu(tf.matmul(h, self.w))),
+                             (tf.constant(0), x))
+        return {"y": tf.matmul(h, self.w)}
+
+
+def test_a_loop_body_is_priced_from_the_op_table(tmp_path):
+    costs = this_machine("bfloat16")
+    if not costs.low_units:
+        pytest.skip("without bfloat16 units nothing is measured")
+    module = Looper()
+    tf.saved_model.save(module, str(tmp_path / "loop"), signatures=module.__call__)
+    costs.batch = 4
+    result = convert_saved_model(tmp_path / "loop", tmp_path / "out", "bfloat16", assign="cost", costs=costs)
+    graph = next(iter(result.graphs.values()))
+    assert "1 loop or branch bodies from the op table" in predicted(graph)["source"]
+    bodies = [r for r in graph.functions.values() if r.assignment and r.assignment.candidates]
+    assert bodies and any("MatMul" in n for r in bodies for n in r.assignment.candidates)
+    assert verify_saved_models(str(tmp_path / "loop"), str(tmp_path / "out"), precision="bfloat16").passed
