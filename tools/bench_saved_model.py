@@ -146,6 +146,11 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         start = time.perf_counter()
         result = convert_saved_model(paths["fp32"], paths["ours_lists"], "bfloat16", overwrite=True)
         times.append(time.perf_counter() - start)
+    freeze_times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        convert_saved_model(paths["fp32"], paths["ours_freeze"], "bfloat16", freeze=True, overwrite=True)
+        freeze_times.append(time.perf_counter() - start)
     cost_paths, predictions, default_seconds, cost_seconds = convert_by_cost(paths["fp32"], workdir / name,
                                                                              TUNE_BATCH)
     paths.update(cost_paths)
