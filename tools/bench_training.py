@@ -57,9 +57,11 @@ VARIANTS = {
     "keras mixed_bfloat16": (None, "none", "mixed_bfloat16"),
     "rewrite bfloat16": ("bfloat16", None, None),
     "rewrite bfloat16 + LSO dynamic": ("bfloat16", "dynamic", None),
+    "rewrite bfloat16, assign cost": ("bfloat16", None, None),
     "rewrite float16 + LSO fixed": ("float16", 2.0**15, None),
     "rewrite float16 + LSO dynamic": ("float16", "dynamic", None),
 }
+COST_VARIANTS = frozenset({"rewrite bfloat16, assign cost"})  # assign="cost": op costs measured here, cached
 # Matched on the variant's precision, not its label ("bfloat16" contains "float16").
 FLOAT16_VARIANTS = frozenset(label for label, (precision, _, _) in VARIANTS.items() if precision == "float16")
 OVERHEAD_PAIRS = (("float32 + LSO dynamic", "float32 + LSO fixed"),
@@ -92,6 +94,7 @@ class Variant:
         opt = keras.optimizers.SGD(0.01)
         if precision is not None:
             kwargs = {"device": "cpu"} if precision == "float16" else {}
+            kwargs.update({"assign": "cost"} if label in COST_VARIANTS else {})
             opt = training.enable_mixed_precision_graph_rewrite(opt, loss_scale, precision=precision, **kwargs)
         elif loss_scale != "none":
             opt = wrap_optimizer(opt, loss_scale)
