@@ -34,10 +34,11 @@ from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
+from .graph_runs import Runner, made_up_values, opened, race, saved_model_copy, traced_times
 from .profile_cache import graph_bytes, load, profile_key, save
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
-WARMUP = 2
+RACE_RUNS = 9  # untraced runs of each variant when the cut's graph is checked against the lists' and float32
 INLINED_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # what a TF1 session inlines
 MAX_PREFIXES = 8  # call sites followed per function
 
@@ -105,10 +106,15 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
     cached = None if refresh else _cached(key, start)
     if cached is not None:
         return cached
-    feeds = {name: value for (_, name), value in zip(inputs, _values(specs, batch))}
-    variants = [_Runner.of_graph(g, feeds, fetches) for g in (graph_def, lists.graph_def)]
-    times, walls = _alternate(variants, runs, progress)
-    return _profile(graph_def, lists, times, walls, {MAIN: [""]}, machine, batch, runs, start, key, fetches)
+    feeds = {name: value for (_, name), value in zip(inputs, made_up_values(specs, batch))}
+    with opened([]) as runners:
+        runners += [Runner.of_graph(g, feeds, fetches) for g in (graph_def, lists.graph_def)]
+        times, walls = traced_times(runners, runs, progress)
+        table = _table(graph_def, lists, times, walls, {MAIN: [""]}, machine, batch, runs, fetches)
+        cut = rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve,
+                                options=dataclasses.replace(options, assign="cost", costs=table))
+        table = _checked(table, cut, runners, lambda: Runner.of_graph(cut.graph_def, feeds, fetches))
+    return _saved(key, table, walls, start)
 
 
 def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,
@@ -128,33 +134,28 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
     Returns:
         A Profile.
     """
-    import shutil
     import tempfile
-    from tensorflow.core.protobuf import saved_model_pb2
     from ..core.rewrite import rewrite_meta_graph_def
     start = time.perf_counter()
-    export_dir = os.path.abspath(export_dir)  # the rewritten copy links to its variables
+    export_dir = os.path.abspath(export_dir)  # the rewritten copies link to its variables
     lists = rewrite_meta_graph_def(meta_graph, options=_lists(options))
     key = profile_key(graph_bytes(meta_graph.graph_def), graph_bytes(lists.graph_def), inputs, fetches, batch, runs,
                       machine.machine, machine.precision)
     cached = _cached(key, start)
     if cached is not None:
         return cached
-    feeds = dict(zip(inputs, _values(list(inputs.values()), batch)))
+    feeds = dict(zip(inputs, made_up_values(list(inputs.values()), batch)))
     tags = list(meta_graph.meta_info_def.tags)
-    with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as rewritten:
-        model = saved_model_pb2.SavedModel(saved_model_schema_version=1)
-        model.meta_graphs.add().CopyFrom(lists.meta_graph_def)
-        with open(os.path.join(rewritten, "saved_model.pb"), "wb") as f:
-            f.write(model.SerializeToString())
-        for part in ("variables", "assets"):
-            if os.path.isdir(os.path.join(export_dir, part)):
-                shutil.copytree(os.path.join(export_dir, part), os.path.join(rewritten, part),
-                                copy_function=os.symlink)
-        variants = [_Runner.of_saved_model(d, tags, feeds, fetches) for d in (str(export_dir), rewritten)]
-        times, walls = _alternate(variants, runs, progress)
-    return _profile(meta_graph.graph_def, lists, times, walls, _inlined_prefixes(meta_graph.graph_def), machine,
-                    batch, runs, start, key, fetches)
+    with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as work, opened([]) as runners:
+        copy = saved_model_copy(export_dir, lists.meta_graph_def, tempfile.mkdtemp(dir=work))
+        runners += [Runner.of_saved_model(d, tags, feeds, fetches) for d in (export_dir, copy)]
+        times, walls = traced_times(runners, runs, progress)
+        table = _table(meta_graph.graph_def, lists, times, walls, _inlined_prefixes(meta_graph.graph_def), machine,
+                       batch, runs, fetches)
+        cut = rewrite_meta_graph_def(meta_graph, options=dataclasses.replace(options, assign="cost", costs=table))
+        table = _checked(table, cut, runners, lambda: Runner.of_saved_model(
+            saved_model_copy(export_dir, cut.meta_graph_def, tempfile.mkdtemp(dir=work)), tags, feeds, fetches))
+    return _saved(key, table, walls, start)
 
 
 def _lists(options):
@@ -170,9 +171,32 @@ def _cached(key: str, start: float) -> Profile | None:
                    time.perf_counter() - start)
 
 
-def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, start, key, fetches) -> Profile:
+def _checked(table, cut, runners, cut_runner) -> CostTable:
+    """The table, with what running the cut's graph showed: a cut that differs from the lists is raced against the
+    lists' graph and float32 (`runners`); if one of those runs faster by more than the timing resolves, the table
+    says so, and the assignment keeps that one (core.assignment: a prediction is checked against the run)."""
+    from ..core.assignment import RESOLUTION
+    demoted = sum(len(r.assignment.demoted) for r in (cut, *cut.functions.values()) if r.assignment)
+    if not demoted or not table.low_units:
+        return table
+    runners.append(cut_runner())
+    fp32_ms, lists_ms, cut_ms = race(runners, RACE_RUNS)
+    ran = f"ran float32 {fp32_ms:.1f} ms, the lists {lists_ms:.1f} ms, the cut {cut_ms:.1f} ms per run"
+    best = min(("float32", fp32_ms), ("lists", lists_ms), key=lambda c: c[1])
+    if best[1] < (1 - RESOLUTION) * cut_ms:
+        return dataclasses.replace(table, keep=best[0], note=f"{table.note}; {ran}: {best[0]} kept")
+    return dataclasses.replace(table, note=f"{table.note}; {ran}")
+
+
+def _saved(key: str, table: CostTable, walls, start: float) -> Profile:
+    fp32_ms, lists_ms = (float(np.median(w)) for w in walls)
+    save(key, table, fp32_ms, lists_ms)
+    return Profile(table, fp32_ms, lists_ms, time.perf_counter() - start)
+
+
+def _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches) -> CostTable:
     """The CostTable of a graph and the function bodies its lists rewrite reached, from each variant's node times
-    (named as the session ran them: a body's nodes under each of its `prefixes`), cached under `key`."""
+    (named as the session ran them: a body's nodes under each of its `prefixes`)."""
     from ..core.functions import function_to_graph
     from ..core.op_support import Signatures
     from .graph_costs import measure_casts
@@ -211,10 +235,8 @@ def _profile(graph_def, lists, times, walls, prefixes, machine, batch, runs, sta
     note = (f"costs measured in this graph on this machine ({runs} traced runs of each: float32 {fp32_ms:.1f} ms, "
             f"Grappler's lists {lists_ms:.1f} ms per run"
             + (f"; {len(untimed)} loop or branch bodies from the op table)" if untimed else ")"))
-    table = CostTable(machine.precision, nodes, casts, fusions, machine.low_units,
-                      note if machine.low_units else machine.no_units_note())
-    save(key, table, fp32_ms, lists_ms)
-    return Profile(table, fp32_ms, lists_ms, time.perf_counter() - start)
+    return CostTable(machine.precision, nodes, casts, fusions, machine.low_units,
+                     note if machine.low_units else machine.no_units_note())
 
 
 def _inlined_prefixes(graph_def) -> dict:
@@ -230,81 +252,6 @@ def _inlined_prefixes(graph_def) -> dict:
                 prefixes.setdefault(called, []).append(f"{prefix}{node.name}/")
                 stack.append((f"{prefix}{node.name}/", fdefs[called].node_def))
     return prefixes
-
-
-def _values(specs, batch: int | None) -> list:
-    """Random values for [(dtype enum, shape with None or -1 for unknown dimensions)]: floats in [0, 1), zeros for
-    integers (a valid id for any embedding or table)."""
-    import tensorflow as tf
-    rng = np.random.default_rng(0)
-    values = []
-    for dtype, shape in specs:
-        dtype = tf.as_dtype(dtype)
-        shape = [(1 if batch is None else batch) if d is None or d < 0 else d for d in shape]
-        values.append(rng.uniform(0, 1, shape).astype(dtype.as_numpy_dtype) if dtype.is_floating
-                      else np.zeros(shape, dtype.as_numpy_dtype))
-    return values
-
-
-class _Runner:
-    """One variant in its own session, configured as TF serves it (AMP off: the graph says its own dtypes)."""
-
-    def __init__(self, session, feeds, fetches):
-        graph = session.graph
-        self.session = session
-        self.feed_dict = {graph.get_tensor_by_name(k): v for k, v in feeds.items()}
-        self.fetches = [graph.get_tensor_by_name(f) for f in fetches]
-
-    @classmethod
-    def of_graph(cls, graph_def, feeds, fetches):
-        import tensorflow as tf
-        from .execution import session_config
-        graph = tf.Graph()
-        with graph.as_default():
-            tf.graph_util.import_graph_def(graph_def, name="")
-        return cls(tf.compat.v1.Session(graph=graph, config=session_config(fuse=True)), feeds, fetches)
-
-    @classmethod
-    def of_saved_model(cls, export_dir: str, tags, feeds, fetches):
-        import tensorflow as tf
-        from .execution import session_config
-        from tensorflow.python.util import deprecation
-        session = tf.compat.v1.Session(graph=tf.Graph(), config=session_config(fuse=True))
-        with session.graph.as_default(), deprecation.silence():  # the TF1 loader says to use tf.saved_model.load
-            tf.compat.v1.saved_model.loader.load(session, tags, export_dir)
-        return cls(session, feeds, fetches)
-
-    def run(self, metadata=None):
-        from tensorflow.core.protobuf import config_pb2
-        options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE) if metadata else None
-        self.session.run(self.fetches, self.feed_dict, options=options, run_metadata=metadata)
-
-
-def _alternate(variants, runs: int, progress):
-    """Per variant, {node name: median ms of its op in context} and the wall time of each traced run."""
-    from tensorflow.core.protobuf import config_pb2
-    samples = [{} for _ in variants]
-    walls = [[] for _ in variants]
-    try:
-        for variant in variants:
-            for _ in range(WARMUP):
-                variant.run()
-        for done in range(runs):
-            for i, variant in enumerate(variants):
-                metadata = config_pb2.RunMetadata()
-                begin = time.perf_counter()
-                variant.run(metadata)
-                walls[i].append((time.perf_counter() - begin) * 1e3)
-                for device in metadata.step_stats.dev_stats:
-                    for stat in device.node_stats:
-                        ms = (stat.op_end_rel_micros - stat.op_start_rel_micros) / 1e3
-                        samples[i].setdefault(stat.node_name.split(":")[0], []).append(ms)
-            if progress is not None:
-                progress(done + 1, runs)
-    finally:
-        for variant in variants:
-            variant.session.close()
-    return [{name: float(np.median(ms)) for name, ms in s.items()} for s in samples], walls
 
 
 def _fused_into(graph_def, timed: dict) -> dict:

@@ -17,7 +17,7 @@ from ..core.assignment import CostTable
 from .op_costs import cache_dir
 
 FORMAT = "mp_rewrite-profile"
-VERSION = 2
+VERSION = 3
 
 
 def profile_key(*parts) -> str:
@@ -58,7 +58,7 @@ def load(key: str):
                           {label: {(name, port): (to_low, to_fp32) for name, port, to_low, to_fp32 in casts}
                            for label, casts in data["casts"].items()},
                           {label: {(a, b): ms for a, b, ms in fusions} for label, fusions in data["fusions"].items()},
-                          data["low_units"], data["note"])
+                          data["low_units"], data["note"], data["keep"])
         return table, data["fp32_ms"], data["lists_ms"], path
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -68,7 +68,7 @@ def save(key: str, table: CostTable, fp32_ms: float, lists_ms: float) -> None:
     """Write the measured costs under `key` (atomically; a cache that cannot be written is skipped)."""
     path = _path(key)
     data = {"format": FORMAT, "version": VERSION, "precision": table.precision, "low_units": table.low_units,
-            "note": table.note, "fp32_ms": fp32_ms, "lists_ms": lists_ms,
+            "note": table.note, "keep": table.keep, "fp32_ms": fp32_ms, "lists_ms": lists_ms,
             "nodes": {label: {name: list(ms) for name, ms in nodes.items()} for label, nodes in table.nodes.items()},
             "casts": {label: [[name, port, *ms] for (name, port), ms in casts.items()]
                       for label, casts in table.casts.items()},

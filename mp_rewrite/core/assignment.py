@@ -48,6 +48,8 @@ class CostTable:
         fusions: graph label -> (producer, consumer) -> ms lost when the two run in different precisions.
         low_units: False when the machine has no low-precision units: every candidate then stays float32.
         note: one line on where the numbers come from (machine, or why everything stays float32).
+        keep: "lists" or "float32" when the graph was run with the cut's choice and that coloring ran faster (the
+            prediction checked against the run, analysis.graph_profile); the assignment then keeps it.
     """
 
     precision: str
@@ -56,6 +58,7 @@ class CostTable:
     fusions: Mapping = dataclasses.field(default_factory=dict)
     low_units: bool = True
     note: str = ""
+    keep: str = ""
 
 
 @dataclasses.dataclass
@@ -201,17 +204,21 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
     note = "" if table.low_units else table.note or "this machine has no low-precision units"
     low = solve(problem) if table.low_units else [False] * len(nodes)
     everything = [True] * len(nodes)
-    low_why = f"cheaper in {table.precision}"
+    low_why, fp32_why = f"cheaper in {table.precision}", note or "cheaper in float32 with the casts it needs"
     lists_cost, fp32_cost = total_cost(problem, everything), total_cost(problem, [False] * len(nodes))
     unresolved = total_cost(problem, low) > (1 - RESOLUTION) * lists_cost
-    if table.low_units and unresolved and lists_cost <= fp32_cost:
+    if table.low_units and table.keep:
+        # The model was run with the cut's choice, and the lists' coloring (or float32) ran faster: it stays.
+        low = [table.keep == "lists"] * len(nodes)
+        low_why = fp32_why = f"the model ran faster with {table.keep} than with the cut, so {table.keep} stays"
+    elif table.low_units and unresolved and lists_cost <= fp32_cost:
         # A gain the timing cannot resolve is no evidence against Grappler's choice (and casts cost what the
         # table does not see): the lists' coloring stays.
         gain = lists_cost - total_cost(problem, low)
         low, low_why = everything, (f"the cut would gain {_ms(gain)}, under {RESOLUTION:.0%} of the graph's "
                                     "predicted time: Grappler's choice kept")
     measured = [view.names[n] in node_costs for n in nodes]
-    _record(ctx, paint, problem, nodes, groups, low, table.precision, note, measured, low_why)
+    _record(ctx, paint, problem, nodes, groups, low, table.precision, measured, low_why, fp32_why)
     return Assignment(tuple(view.names[n] for n in nodes),
                       tuple(view.names[n] for n, is_low in zip(nodes, low) if not is_low),
                       total_cost(problem, low), total_cost(problem, [True] * len(nodes)),
@@ -257,7 +264,7 @@ def _add_fusions(ctx, paint, var_of, groups, fusions, problem) -> None:
             problem.fusions.append((a, b, ms))
 
 
-def _record(ctx, paint, problem, nodes, groups, low, precision, note, measured, low_why) -> None:
+def _record(ctx, paint, problem, nodes, groups, low, precision, measured, low_why, fp32_why) -> None:
     """Demote the float32 variables; restate every candidate's Reason with its times and casts."""
     cast_ms = [0.0] * len(nodes)
     side = lambda x: x == LOW if x < 0 else low[x]  # noqa: E731
@@ -280,8 +287,7 @@ def _record(ctx, paint, problem, nodes, groups, low, precision, note, measured, 
                 paint.reasons[v] = Reason("assign_by_cost", "cost_low", source, via,
                                           f"{numbers}: {low_why} (lists: {old.rule if old else '-'})")
             else:
-                why = note or "cheaper in float32 with the casts it needs"
-                paint.unallow(v, Reason("assign_by_cost", "cost_float32", source, via, f"{numbers}: {why}"))
+                paint.unallow(v, Reason("assign_by_cost", "cost_float32", source, via, f"{numbers}: {fp32_why}"))
 
 
 def _ms(ms: float) -> str:

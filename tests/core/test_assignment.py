@@ -1,6 +1,7 @@
 """The cost assignment (core.assignment): the minimum cut is exact (brute force agrees), deterministic, never makes
 a vertex low that Grappler's lists keep float32, and converts nothing when low precision is slower everywhere."""
 
+import dataclasses
 import itertools
 import random
 
@@ -142,3 +143,14 @@ def test_the_cut_never_makes_low_what_the_lists_keep_float32(spec, seed):
     assert again.graph_def == cost.graph_def
     fetched = {f.split(":")[0] for f in built.fetches}
     assert not any(node in fetched for node, _ in cost.retyped)
+
+
+@pytest.mark.parametrize("keep, expected", [("lists", "bbbbb"), ("float32", "fffff")])
+def test_a_table_that_ran_the_cut_slower_keeps_what_ran_faster(keep, expected):
+    graph_def, fetches, names = chain("MatMul", "Relu", "MatMul", "Tanh", "MatMul")
+    # The table predicts the cut (low precision 2x faster everywhere: all bfloat16), but running it said otherwise.
+    table = dataclasses.replace(table_for(graph_def, lambda op: 1.0, lambda op: 0.5), keep=keep)
+    result = mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, assign="cost", costs=table)
+    assert dtype_string(result.graph_def, names)[:5] == expected
+    details = [result.coloring[n, "T"].reason.detail for n in names]
+    assert all(f"the model ran faster with {keep} than with the cut" in d for d in details), details
