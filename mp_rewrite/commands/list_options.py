@@ -4,7 +4,7 @@ into that list (out of any other), --remove OP takes it out of every list, --lis
 from __future__ import annotations
 
 LIST_FLAGS = ("allow", "infer", "deny", "clear")
-ASSIGN_ENV = "MP_REWRITE_ASSIGN"  # convert's assignment when --assign is not given: lists or cost
+ASSIGN_ENV = "MP_REWRITE_ASSIGN"  # the assignment when --assign is not given: lists or cost
 
 
 def add_list_options(parser) -> None:
@@ -57,10 +57,9 @@ def add_assign_options(parser, batch: bool = True) -> None:
 
 def default_assign(args) -> str:
     """The assignment when neither --assign nor --costs is given (convert, inspect, explain and view alike, so
-    that they tell one story): "cost" when it converts for a CPU (the
-    costs measured on this machine, in the model: nothing it writes is slower than float32 here), "lists" for a GPU
-    (Grappler's lists were written for its Tensor Cores). MP_REWRITE_ASSIGN=lists|cost overrides it (lists: the
-    same conversion on every machine).
+    that they tell one story): "cost" when it converts for a CPU (costs measured in the model on this machine, the
+    choice checked by running it), "lists" for a GPU (Grappler's lists were written for its Tensor Cores).
+    MP_REWRITE_ASSIGN=lists|cost overrides it (lists: the same conversion on every machine).
 
     Raises:
         OptionError: MP_REWRITE_ASSIGN is neither.

@@ -221,8 +221,7 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
     _record(ctx, paint, problem, nodes, groups, low, table.precision, measured, low_why, fp32_why)
     return Assignment(tuple(view.names[n] for n in nodes),
                       tuple(view.names[n] for n, is_low in zip(nodes, low) if not is_low),
-                      total_cost(problem, low), total_cost(problem, [True] * len(nodes)),
-                      total_cost(problem, [False] * len(nodes)), sum(min(ms) for ms in problem.node_ms), note,
+                      total_cost(problem, low), lists_cost, fp32_cost, sum(min(ms) for ms in problem.node_ms), note,
                       table.note)
 
 

@@ -190,4 +190,3 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
                 repr(sorted(frozen.outputs.items())), *(id(owner) for _, owner in captured))
     function = as_function(result.graph_def, frozen.inputs, frozen.outputs, captured, frozen.shapes)
     return function, result, identity
-
