@@ -34,13 +34,14 @@ def made_up_values(specs, batch: int | None) -> list:
 
 
 class Runner:
-    """One variant in its own session."""
+    """One variant in its own session (feeds and fetches named as tensors, "x:0", or as nodes, "x")."""
 
     def __init__(self, session, feeds, fetches):
+        from .execution import tensor_name
         graph = session.graph
         self.session = session
-        self.feed_dict = {graph.get_tensor_by_name(k): v for k, v in feeds.items()}
-        self.fetches = [graph.get_tensor_by_name(f) for f in fetches]
+        self.feed_dict = {graph.get_tensor_by_name(tensor_name(k)): v for k, v in feeds.items()}
+        self.fetches = [graph.get_tensor_by_name(tensor_name(f)) for f in fetches]
 
     @classmethod
     def of_graph(cls, graph_def, feeds, fetches) -> "Runner":
