@@ -18,7 +18,9 @@ NATIVE_BF16 = {"avx512_bf16", "amx_bf16"} & set(machine_facts()["cpu_flags"])
 @pytest.mark.skipif(not NATIVE_BF16, reason="measuring bfloat16 costs needs a CPU with bfloat16 units")
 def test_a_training_step_is_rewritten_by_measured_cost(cost_cache):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"), keras.layers.Dense(1)])
+    # Matmuls large enough that bfloat16 wins by a margin load on the machine cannot hide (at 256x512 by 128 rows a
+    # loaded CI machine once timed them level, and a body the cut keeps all float32 is not rewritten at all).
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(1)])
     opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), precision="bfloat16",
                                                         assign="cost")
     try:
@@ -31,7 +33,7 @@ def test_a_training_step_is_rewritten_by_measured_cost(cost_cache):
             return loss
 
         rng = np.random.default_rng(0)
-        x, y = rng.normal(size=(128, 256)).astype("float32"), rng.normal(size=(128, 1)).astype("float32")
+        x, y = rng.normal(size=(256, 512)).astype("float32"), rng.normal(size=(256, 1)).astype("float32")
         losses = [float(step(x, y)) for _ in range(3)]
         assert all(np.isfinite(losses))
         name = step.get_concrete_function(x, y).name
