@@ -7,9 +7,20 @@ bfloat16 CPU kernels need oneDNN. `mp-rewrite` turns it on the same way (mp_rewr
 
 import os
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 # `convert`'s default for a CPU is the cost assignment, measured on the machine: the tests that check what a
 # conversion writes check Grappler's lists, the same on every machine (tests/savedmodel/test_default_assign.py
 # checks the default itself).
 os.environ["MP_REWRITE_ASSIGN"] = "lists"
+
+
+@pytest.fixture(scope="session")
+def small_cnn(tmp_path_factory):
+    """A small Keras CNN with BatchNorm (16x16 images), exported as a SavedModel once per session; only read."""
+    from mp_rewrite.testing import example_models
+    path = tmp_path_factory.mktemp("small_cnn") / "cnn"
+    example_models.cnn_bn(image_size=16).export(str(path), verbose=False)
+    return path

@@ -50,30 +50,35 @@ def graph_candidates(graph_def, precision: str, fetches=(), batch: int | None = 
     return _CANDIDATES[key][1]
 
 
-def _find_candidates(graph_def, precision: str, fetches, batch):
-    from ..core.rewrite import rewrite_graph_def
+def label_graphs(graph_def, result) -> dict:
+    """{label: (the graph before, its RewriteResult)} for the main graph (MAIN) and every function body `result`
+    rewrote, each body as a GraphDef (core.functions.function_to_graph)."""
     from ..core.functions import function_to_graph
     from ..core.op_support import Signatures
+    signatures = Signatures(graph_def.library)
+    fdefs = {f.signature.name: f for f in graph_def.library.function}
+    graphs = {MAIN: (graph_def, result)}
+    graphs.update((name, (function_to_graph(fdefs[name], signatures).graph_def, sub))
+                  for name, sub in result.functions.items() if name in fdefs)
+    return graphs
+
+
+def _find_candidates(graph_def, precision: str, fetches, batch):
+    from ..core.rewrite import rewrite_graph_def
     from .shapes import result_shapes
     result = rewrite_graph_def(graph_def, precision, fetches)
     shapes = result_shapes(result, batch=1 if batch is None else batch)
-    signatures = Signatures(graph_def.library)
-    fdefs = {f.signature.name: f for f in graph_def.library.function}
-    originals = {MAIN: graph_def}
-    rewritten = {MAIN: result}
-    for name, sub in result.functions.items():
-        if name in fdefs:
-            originals[name] = function_to_graph(fdefs[name], signatures).graph_def
-            rewritten[name] = sub
+    graphs = label_graphs(graph_def, result)
+    originals = {label: original for label, (original, _) in graphs.items()}
     specs = []
-    for label, sub in rewritten.items():
+    for label, (_, sub) in graphs.items():
         nodes = {n.name: n for n in sub.graph_def.node}
         before = {n.name: n for n in originals[label].node}
         label_shapes = shapes.get("" if label == MAIN else label, {})
         for name in sub.converted_nodes:
             if name in before and name in nodes:
                 specs.append(_spec(label, before[name], nodes[name], before, nodes, label_shapes))
-    return specs, {label: shapes.get("" if label == MAIN else label, {}) for label in rewritten}, originals
+    return specs, {label: shapes.get("" if label == MAIN else label, {}) for label in graphs}, originals
 
 
 def _spec(label, fp32_node, low_node, before, nodes, shapes) -> NodeSpec:

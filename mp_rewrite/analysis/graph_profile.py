@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import numpy as np
 
@@ -51,13 +50,11 @@ class Profile:
         table: the core.assignment.CostTable (label "graph").
         fp32_ms, lists_ms: median wall time of one run of each variant (traced runs, so a little slower than
             untraced ones).
-        seconds: what profiling took, both rewrites and all runs included.
     """
 
     table: CostTable
     fp32_ms: float
     lists_ms: float
-    seconds: float
 
 
 def profileable(graph_def, inputs) -> str:
@@ -98,12 +95,11 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
         A Profile.
     """
     from ..core.rewrite import rewrite_graph_def
-    start = time.perf_counter()
     lists = rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve, options=_lists(options))
     specs = [(spec.dtype.as_datatype_enum, spec.shape.as_list()) for spec, _ in inputs]
     key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), specs, fetches, batch, runs,
                       machine.machine, machine.precision)
-    cached = None if refresh else _cached(key, start)
+    cached = None if refresh else _cached(key)
     if cached is not None:
         return cached
     feeds = {name: value for (_, name), value in zip(inputs, made_up_values(specs, batch))}
@@ -114,7 +110,7 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
         cut = rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve,
                                 options=dataclasses.replace(options, assign="cost", costs=table))
         table = _checked(table, cut, runners, lambda: Runner.of_graph(cut.graph_def, feeds, fetches))
-    return _saved(key, table, walls, start)
+    return _saved(key, table, walls)
 
 
 def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,
@@ -136,12 +132,11 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
     """
     import tempfile
     from ..core.rewrite import rewrite_meta_graph_def
-    start = time.perf_counter()
     export_dir = os.path.abspath(export_dir)  # the rewritten copies link to its variables
     lists = rewrite_meta_graph_def(meta_graph, options=_lists(options))
     key = profile_key(graph_bytes(meta_graph.graph_def), graph_bytes(lists.graph_def), inputs, fetches, batch, runs,
                       machine.machine, machine.precision)
-    cached = _cached(key, start)
+    cached = _cached(key)
     if cached is not None:
         return cached
     feeds = dict(zip(inputs, made_up_values(list(inputs.values()), batch)))
@@ -155,20 +150,19 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
         cut = rewrite_meta_graph_def(meta_graph, options=dataclasses.replace(options, assign="cost", costs=table))
         table = _checked(table, cut, runners, lambda: Runner.of_saved_model(
             saved_model_copy(export_dir, cut.meta_graph_def, tempfile.mkdtemp(dir=work)), tags, feeds, fetches))
-    return _saved(key, table, walls, start)
+    return _saved(key, table, walls)
 
 
 def _lists(options):
     return dataclasses.replace(options, assign="lists", costs=None)
 
 
-def _cached(key: str, start: float) -> Profile | None:
+def _cached(key: str) -> Profile | None:
     found = load(key)
     if found is None:
         return None
     table, fp32_ms, lists_ms, path = found
-    return Profile(dataclasses.replace(table, note=f"{table.note}; cached in {path}"), fp32_ms, lists_ms,
-                   time.perf_counter() - start)
+    return Profile(dataclasses.replace(table, note=f"{table.note}; cached in {path}"), fp32_ms, lists_ms)
 
 
 def _checked(table, cut, runners, cut_runner) -> CostTable:
@@ -188,27 +182,26 @@ def _checked(table, cut, runners, cut_runner) -> CostTable:
     return dataclasses.replace(table, note=f"{table.note}; {ran}")
 
 
-def _saved(key: str, table: CostTable, walls, start: float) -> Profile:
-    fp32_ms, lists_ms = (float(np.median(w)) for w in walls)
+def _saved(key: str, table: CostTable, walls) -> Profile:
+    fp32_ms, lists_ms = _medians(walls)
     save(key, table, fp32_ms, lists_ms)
-    return Profile(table, fp32_ms, lists_ms, time.perf_counter() - start)
+    return Profile(table, fp32_ms, lists_ms)
+
+
+def _medians(walls) -> tuple:
+    """The median wall ms of each variant's traced runs (float32, then the lists')."""
+    return tuple(float(np.median(w)) for w in walls)
 
 
 def _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches) -> CostTable:
     """The CostTable of a graph and the function bodies its lists rewrite reached, from each variant's node times
     (named as the session ran them: a body's nodes under each of its `prefixes`)."""
-    from ..core.functions import function_to_graph
-    from ..core.op_support import Signatures
-    from .graph_costs import measure_casts
+    from .graph_costs import label_graphs, measure_casts
     from .shapes import result_shapes
     if measure_casts(machine):
         machine.save_to_cache()
     shapes = result_shapes(lists, batch=1 if batch is None else batch)
-    signatures = Signatures(graph_def.library)
-    fdefs = {f.signature.name: f for f in graph_def.library.function}
-    parts = {MAIN: (graph_def, lists)}
-    parts.update((name, (function_to_graph(fdefs[name], signatures).graph_def, result))
-                 for name, result in lists.functions.items() if name in fdefs)
+    parts = label_graphs(graph_def, lists)
     nodes, fusions, casts = {}, {}, {}
     for label, (original, result) in parts.items():
         body = [n.name for n in original.node]
@@ -231,7 +224,7 @@ def _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetch
         alone = machine.for_graph(graph_def, machine.precision, fetches=fetches)
         for label in untimed:
             nodes[label], fusions[label] = dict(alone.nodes.get(label, {})), dict(alone.fusions.get(label, {}))
-    fp32_ms, lists_ms = (float(np.median(w)) for w in walls)
+    fp32_ms, lists_ms = _medians(walls)
     note = (f"costs measured in this graph on this machine ({runs} traced runs of each: float32 {fp32_ms:.1f} ms, "
             f"Grappler's lists {lists_ms:.1f} ms per run"
             + (f"; {len(untimed)} loop or branch bodies from the op table)" if untimed else ")"))

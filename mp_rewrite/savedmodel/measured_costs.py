@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
-from .inputs import DEFAULT_DIM, FEEDABLE_DTYPES
+from .inputs import DEFAULT_DIM, unfeedable_inputs
 
 PROFILE_LIMIT = 2**30  # weights (or a frozen graph) above this are not profiled: both variants would be loaded
 
@@ -49,10 +49,9 @@ def in_place_costs(options, source_dir, meta_graph, keys=None):
     for key, signature in sorted(meta_graph.signature_def.items()):
         if key.startswith(INTERNAL_PREFIX) or (keys and key not in keys):
             continue
-        infos = list(signature.inputs.values())
-        if any(i.tensor_shape.unknown_rank or i.dtype not in FEEDABLE_DTYPES for i in infos):
+        if unfeedable_inputs(meta_graph, [key], {}):
             continue
-        for info in infos:
+        for info in signature.inputs.values():
             dims = [d.size for d in info.tensor_shape.dim]
             inputs[info.name] = (info.dtype, [d if d >= 0 else None if i == 0 else DEFAULT_DIM
                                               for i, d in enumerate(dims)])

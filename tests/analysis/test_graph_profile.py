@@ -19,19 +19,11 @@ from mp_rewrite.core.options import make_options  # noqa: E402
 from mp_rewrite.model.files import read_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.verify import verify_saved_models  # noqa: E402
-from mp_rewrite.testing import example_models  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-
-
-@pytest.fixture(scope="module")
-def cnn(tmp_path_factory):
-    path = tmp_path_factory.mktemp("profile") / "cnn"
-    example_models.cnn_bn(image_size=16).export(str(path), verbose=False)
-    return path
 
 
 def test_a_fused_node_is_tied_to_the_node_that_runs_its_kernel():
@@ -46,13 +38,13 @@ def test_a_fused_node_is_tied_to_the_node_that_runs_its_kernel():
     assert _fused_into(graph, {"relu": 1.0, "x": 0.0}) == {"conv": "relu", "bias": "relu"}
 
 
-def test_a_metagraph_profile_times_the_function_bodies_through_their_inlined_names(cnn):
-    meta = read_saved_model(cnn).meta_graphs[0]
+def test_a_metagraph_profile_times_the_function_bodies_through_their_inlined_names(small_cnn):
+    meta = read_saved_model(small_cnn).meta_graphs[0]
     prefixes = _inlined_prefixes(meta.graph_def)
     signature = meta.signature_def["serving_default"]
     inputs = {info.name: (info.dtype, [d.size if d.size >= 0 else None for d in info.tensor_shape.dim])
               for info in signature.inputs.values()}
-    profile = profile_saved_model(str(cnn), meta, inputs, [i.name for i in signature.outputs.values()],
+    profile = profile_saved_model(str(small_cnn), meta, inputs, [i.name for i in signature.outputs.values()],
                                   make_options("bfloat16"), this_machine("bfloat16"), batch=2, runs=2)
     bodies = {label: nodes for label, nodes in profile.table.nodes.items() if nodes}
     assert bodies and all(label in prefixes for label in bodies)
@@ -72,11 +64,11 @@ def test_a_graph_with_function_calls_is_not_profiled_frozen():
 
 
 @pytest.mark.parametrize("freeze", [False, True])
-def test_a_conversion_with_costs_measured_in_the_model_verifies_and_keeps_its_signatures(cnn, tmp_path, freeze):
+def test_a_conversion_with_costs_measured_in_the_model_verifies_and_keeps_its_signatures(small_cnn, tmp_path, freeze):
     costs = this_machine("bfloat16")
     costs.batch = 4
     out = tmp_path / "out"
-    result = convert_saved_model(cnn, out, "bfloat16", assign="cost", costs=costs, freeze=freeze)
+    result = convert_saved_model(small_cnn, out, "bfloat16", assign="cost", costs=costs, freeze=freeze)
     p = predicted(next(iter(result.graphs.values())))  # summed over the main graph and its function bodies
     if costs.low_units:
         assert p["source"].startswith("costs measured in this graph on this machine"), p["source"]
@@ -89,16 +81,17 @@ def test_a_conversion_with_costs_measured_in_the_model_verifies_and_keeps_its_si
             assert p["cost"] <= min(p["lists_cost"], p["fp32_cost"]) + 1e-9
     else:  # no bfloat16 units: nothing is measured, every candidate stays float32, and the note says why
         assert "every op stays float32" in p["note"] and not result.converted_nodes
-    assert set(tf.saved_model.load(str(out)).signatures) == set(tf.saved_model.load(str(cnn)).signatures)
-    assert verify_saved_models(str(cnn), str(out), precision="bfloat16", batch_size=4).passed
+    assert set(tf.saved_model.load(str(out)).signatures) == set(tf.saved_model.load(str(small_cnn)).signatures)
+    assert verify_saved_models(str(small_cnn), str(out), precision="bfloat16", batch_size=4).passed
 
 
-def test_a_model_converted_again_here_reuses_its_measured_costs_and_the_same_choice(cnn, tmp_path):
+def test_a_model_converted_again_here_reuses_its_measured_costs_and_the_same_choice(small_cnn, tmp_path):
     seen = []
     for i in range(2):
         costs = this_machine("bfloat16")
         costs.batch = 2
-        result = convert_saved_model(cnn, tmp_path / f"out{i}", "bfloat16", assign="cost", costs=costs, freeze=True)
+        result = convert_saved_model(small_cnn, tmp_path / f"out{i}", "bfloat16", assign="cost", costs=costs,
+                                     freeze=True)
         graph = next(iter(result.graphs.values()))
         seen.append((predicted(graph), sorted(graph.converted_nodes)))
     (first, first_nodes), (second, second_nodes) = seen
@@ -108,14 +101,14 @@ def test_a_model_converted_again_here_reuses_its_measured_costs_and_the_same_cho
 
 
 @pytest.mark.parametrize("freeze", [False, True])
-def test_a_model_over_the_profiled_size_keeps_the_op_table_and_says_why(cnn, tmp_path, monkeypatch, freeze):
+def test_a_model_over_the_profiled_size_keeps_the_op_table_and_says_why(small_cnn, tmp_path, monkeypatch, freeze):
     from mp_rewrite.savedmodel import measured_costs
     costs = this_machine("bfloat16")
     if not costs.low_units:
         pytest.skip("without bfloat16 units nothing is measured, so there is no fallback to see")
     monkeypatch.setattr(measured_costs, "PROFILE_LIMIT", 0)
     costs.batch = 2
-    result = convert_saved_model(cnn, tmp_path / "out", "bfloat16", assign="cost", costs=costs, freeze=freeze)
+    result = convert_saved_model(small_cnn, tmp_path / "out", "bfloat16", assign="cost", costs=costs, freeze=freeze)
     source = predicted(next(iter(result.graphs.values())))["source"]
     assert "not measured in the graph" in source and "GiB" in source and "over the 0 GiB profiled" in source, source
 

@@ -13,7 +13,6 @@ import tensorflow as tf  # noqa: E402
 
 from mp_rewrite.analysis.op_costs import this_machine  # noqa: E402
 from mp_rewrite.commands import cli  # noqa: E402
-from mp_rewrite.testing import example_models  # noqa: E402
 
 UNITS = this_machine("bfloat16").low_units
 
@@ -22,13 +21,6 @@ UNITS = this_machine("bfloat16").low_units
 def default_assignment(tmp_path, monkeypatch):
     monkeypatch.delenv("MP_REWRITE_ASSIGN", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-
-
-@pytest.fixture(scope="module")
-def cnn(tmp_path_factory):
-    path = tmp_path_factory.mktemp("default") / "cnn"
-    example_models.cnn_bn(image_size=16).export(str(path), verbose=False)
-    return path
 
 
 class Parser(tf.Module):
@@ -42,8 +34,9 @@ class Parser(tf.Module):
         return {"y": tf.matmul(tf.strings.to_number(text), self.w)}
 
 
-def test_the_default_for_a_cpu_is_the_cost_assignment_measured_here(cnn, tmp_path, capsys):
-    assert cli.main(["convert", str(cnn), str(tmp_path / "out"), "--precision", "bfloat16", "--batch-size", "4"]) == 0
+def test_the_default_for_a_cpu_is_the_cost_assignment_measured_here(small_cnn, tmp_path, capsys):
+    argv = ["convert", str(small_cnn), str(tmp_path / "out"), "--precision", "bfloat16", "--batch-size", "4"]
+    assert cli.main(argv) == 0
     out, err = capsys.readouterr()
     if UNITS:
         line = next(line for line in out.splitlines() if line.startswith("cost assignment of serve:"))
@@ -53,17 +46,17 @@ def test_the_default_for_a_cpu_is_the_cost_assignment_measured_here(cnn, tmp_pat
     assert set(tf.saved_model.load(str(tmp_path / "out")).signatures) == {"serve", "serving_default"}
 
 
-def test_the_default_for_a_gpu_and_the_override_are_the_lists(cnn, tmp_path, capsys, monkeypatch):
-    assert cli.main(["convert", str(cnn), str(tmp_path / "gpu"), "--precision", "float16"]) == 0
+def test_the_default_for_a_gpu_and_the_override_are_the_lists(small_cnn, tmp_path, capsys, monkeypatch):
+    assert cli.main(["convert", str(small_cnn), str(tmp_path / "gpu"), "--precision", "float16"]) == 0
     assert "cost assignment" not in capsys.readouterr().out
     monkeypatch.setenv("MP_REWRITE_ASSIGN", "lists")
-    assert cli.main(["convert", str(cnn), str(tmp_path / "lists"), "--precision", "bfloat16"]) == 0
+    assert cli.main(["convert", str(small_cnn), str(tmp_path / "lists"), "--precision", "bfloat16"]) == 0
     assert "cost assignment" not in capsys.readouterr().out
 
 
-def test_a_bad_override_is_a_one_line_error_and_nothing_is_written(cnn, tmp_path, capsys, monkeypatch):
+def test_a_bad_override_is_a_one_line_error_and_nothing_is_written(small_cnn, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MP_REWRITE_ASSIGN", "fastest")
-    assert cli.main(["convert", str(cnn), str(tmp_path / "out"), "--precision", "bfloat16"]) == 2
+    assert cli.main(["convert", str(small_cnn), str(tmp_path / "out"), "--precision", "bfloat16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "MP_REWRITE_ASSIGN='fastest'" in err[0] and "'lists' or 'cost'" in err[0]
     assert not (tmp_path / "out").exists()
