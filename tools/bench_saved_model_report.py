@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 
 LABELS = {"fp32": "float32", "ours": "mp-rewrite default (cost)", "ours_lists": "mp-rewrite bf16 --assign lists",
-          "ours_freeze": "mp-rewrite bf16 --freeze",
+          "ours_freeze": "mp-rewrite --freeze --assign lists",
           "ours_cost": "mp-rewrite --freeze --assign cost",
           "ours_tuned": "mp-rewrite --freeze --tune",
           "tf_amp": "TF AMP (oneDNN bf16)", "keras_mixed": "Keras mixed_bfloat16",
@@ -73,21 +73,24 @@ def chart(rows: list[dict], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed: no chart (pip install matplotlib)"
-    fig, axes = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
     measured = variants(rows[0])
+    # Wide enough for every bar's label, and one distinct color per variant (the default cycle repeats after 10).
+    fig, axes = plt.subplots(2, 1, figsize=(max(11, 0.16 * len(rows) * len(measured)), 9), sharex=True)
+    colors = plt.get_cmap("tab20").colors
     width = 0.8 / len(measured)
     for ax, key, what in zip(axes, ("ms", "cpu_ms"), ("wall-clock latency", "CPU time per call")):
         for i, v in enumerate(measured):
             speedups = [row[key]["fp32"] / row[key][v] for row in rows]
             offset = (i - (len(measured) - 1) / 2) * width
-            bars = ax.bar([x + offset for x in range(len(rows))], speedups, width, label=LABELS[v])
-            ax.bar_label(bars, fmt="%.2f", fontsize=6)
+            bars = ax.bar([x + offset for x in range(len(rows))], speedups, width, label=LABELS[v],
+                          color=colors[2 * i % 20 + (2 * i // 20)])
+            ax.bar_label(bars, fmt="%.2f", fontsize=5, rotation=90, padding=2)
         ax.set_ylabel("speed-up over float32")
-        ax.set_ylim(0, 1.3 * max(row[key]["fp32"] / row[key][v] for row in rows for v in measured))
+        ax.set_ylim(0, 1.55 * max(row[key]["fp32"] / row[key][v] for row in rows for v in measured))
         ax.axhline(1.0, color="gray", linewidth=0.8)
         ax.set_title(f"SavedModel inference, bfloat16 variants vs float32: {what} (median; higher is better)",
                      fontsize=10)
-    axes[0].legend(fontsize=8, ncol=3)
+    axes[0].legend(fontsize=8, ncol=4, loc="upper left")
     axes[1].set_xticks(range(len(rows)), [f"{r['model']}\nbatch {r['batch']}" for r in rows])
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
