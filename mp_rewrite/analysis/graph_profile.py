@@ -40,6 +40,7 @@ RUNS = 5  # traced runs of each variant, alternated; the median of each node's t
 RACE_RUNS = 9  # untraced runs of each variant when the cut's graph is checked against the lists' and float32
 INLINED_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # what a TF1 session inlines
 MAX_PREFIXES = 8  # call sites followed per function
+UNFUSED = frozenset({"Const", "Identity", "Placeholder", "_Arg", "_Retval"})  # no time of their own, never fused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,22 +96,12 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
         A Profile.
     """
     from ..core.rewrite import rewrite_graph_def
-    lists = rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve, options=_lists(options))
     specs = [(spec.dtype.as_datatype_enum, spec.shape.as_list()) for spec, _ in inputs]
-    key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), specs, fetches, batch, runs,
-                      machine.machine, machine.precision)
-    cached = None if refresh else _cached(key)
-    if cached is not None:
-        return cached
     feeds = {name: value for (_, name), value in zip(inputs, made_up_values(specs, batch))}
-    with opened([]) as runners:
-        runners += [Runner.of_graph(g, feeds, fetches) for g in (graph_def, lists.graph_def)]
-        times, walls = traced_times(runners, runs, progress)
-        table = _table(graph_def, lists, times, walls, {MAIN: [""]}, machine, batch, runs, fetches)
-        cut = rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve,
-                                options=dataclasses.replace(options, assign="cost", costs=table))
-        table = _checked(table, cut, runners, lambda: Runner.of_graph(cut.graph_def, feeds, fetches))
-    return _saved(key, table, walls)
+    return _profile(graph_def, lambda opts: rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve,
+                                                              options=opts),
+                    lambda result: Runner.of_graph(result.graph_def if result else graph_def, feeds, fetches),
+                    [specs, fetches], {MAIN: [""]}, options, machine, batch, runs, progress, refresh, fetches)
 
 
 def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,
@@ -133,23 +124,77 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
     import tempfile
     from ..core.rewrite import rewrite_meta_graph_def
     export_dir = os.path.abspath(export_dir)  # the rewritten copies link to its variables
-    lists = rewrite_meta_graph_def(meta_graph, options=_lists(options))
-    key = profile_key(graph_bytes(meta_graph.graph_def), graph_bytes(lists.graph_def), inputs, fetches, batch, runs,
-                      machine.machine, machine.precision)
-    cached = _cached(key)
-    if cached is not None:
-        return cached
     feeds = dict(zip(inputs, made_up_values(list(inputs.values()), batch)))
     tags = list(meta_graph.meta_info_def.tags)
-    with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as work, opened([]) as runners:
-        copy = saved_model_copy(export_dir, lists.meta_graph_def, tempfile.mkdtemp(dir=work))
-        runners += [Runner.of_saved_model(d, tags, feeds, fetches) for d in (export_dir, copy)]
+    with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as work:
+        def run(result):
+            where = saved_model_copy(export_dir, result.meta_graph_def, tempfile.mkdtemp(dir=work)) if result \
+                else export_dir
+            return Runner.of_saved_model(where, tags, feeds, fetches)
+        return _profile(meta_graph.graph_def, lambda opts: rewrite_meta_graph_def(meta_graph, options=opts), run,
+                        [inputs, fetches], _inlined_prefixes(meta_graph.graph_def), options, machine, batch, runs,
+                        progress, False, fetches)
+
+
+def profile_body(body, args, options, signatures, machine, batch: int | None = None, runs: int = RUNS,
+                 progress=None) -> Profile:
+    """Measure the cost table of one function body -- a training step's, traced by the tf.function hook -- by
+    running it in float32 and as the lists rewrite it (core.body.rewrite_body, as the hook does), each in a session
+    with variables of its own (analysis.graph_runs.Runner.of_body: the caller's variables are read, never written).
+
+    Args:
+        body: a core.functions.BodyGraph; never modified.
+        args: one analysis.graph_runs.BodyArg per argument of the body, in order.
+        options: the core.options.Options of the rewrite.
+        signatures: the core.op_support.Signatures of the functions the body calls.
+        machine, batch, runs, progress: as for profile_costs.
+
+    Returns:
+        A Profile (its table's graph label is MAIN, under which rewrite_body looks up a body's costs).
+    """
+    from ..core.body import rewrite_body
+    specs = [(arg.dtype, list(arg.shape), arg.variable) for arg in args]
+    targets = [name for name in body.control_outputs if not name.startswith("^")]
+    return _profile(body.graph_def,
+                    lambda opts: rewrite_body(body.graph_def, opts, body.retvals, body.preserved(), signatures,
+                                              preserve_stateful=True, label=MAIN),
+                    lambda result: Runner.of_body(result.graph_def if result else body.graph_def, args,
+                                                  body.retvals, targets, batch),
+                    [specs, body.retvals, targets], {MAIN: [""]}, options, machine, batch, runs, progress, False,
+                    body.retvals)
+
+
+def body_profileable(graph_def, args) -> str:
+    """"" when `profile_body` can run a body with these arguments (BodyArgs, None for one it cannot make), else
+    why not (one phrase)."""
+    if any(arg is None for arg in args):
+        return "an argument is neither a number tensor nor a variable"
+    if any(arg.variable and any(d is None or d < 0 for d in arg.shape) for arg in args):
+        return "a variable's shape is unknown"
+    calls = {f.signature.name for f in graph_def.library.function}
+    if any(node.op in INLINED_CALLS or node.op in calls or "f" in node.attr or "body" in node.attr
+           for node in graph_def.node):
+        return "the body calls functions, whose nodes step stats do not name"
+    return ""
+
+
+def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, batch, runs, progress, refresh,
+             fetches) -> Profile:
+    """What every front end does: rewrite with the lists (`rewrite(options)` -> RewriteResult), run float32 and the
+    lists' variant (`run(None or RewriteResult)` -> Runner) traced, build the table, race the cut if it differs, and
+    cache the outcome under a key of both graphs and `key_parts`."""
+    lists = rewrite(_lists(options))
+    key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), *key_parts, batch, runs,
+                      machine.machine, machine.precision)
+    cached = None if refresh else _cached(key)
+    if cached is not None:
+        return cached
+    with opened([]) as runners:
+        runners += [run(None), run(lists)]
         times, walls = traced_times(runners, runs, progress)
-        table = _table(meta_graph.graph_def, lists, times, walls, _inlined_prefixes(meta_graph.graph_def), machine,
-                       batch, runs, fetches)
-        cut = rewrite_meta_graph_def(meta_graph, options=dataclasses.replace(options, assign="cost", costs=table))
-        table = _checked(table, cut, runners, lambda: Runner.of_saved_model(
-            saved_model_copy(export_dir, cut.meta_graph_def, tempfile.mkdtemp(dir=work)), tags, feeds, fetches))
+        table = _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches)
+        cut = rewrite(dataclasses.replace(options, assign="cost", costs=table))
+        table = _checked(table, cut, runners, lambda: run(cut))
     return _saved(key, table, walls)
 
 
@@ -258,7 +303,7 @@ def _fused_into(graph_def, timed: dict) -> dict:
     ops = {node.name: node.op for node in graph_def.node}
     fused = {}
     for node in graph_def.node:
-        if node.name in timed or node.op in ("Const", "Identity", "Placeholder") or not _is_float(node):
+        if node.name in timed or node.op in UNFUSED or not _is_float(node):
             continue
         carrier, seen = node.name, set()
         while carrier not in timed and len(readers.get(carrier, ())) == 1 and carrier not in seen:

@@ -10,6 +10,7 @@ runs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import time
@@ -33,24 +34,61 @@ def made_up_values(specs, batch: int | None) -> list:
     return values
 
 
-class Runner:
-    """One variant in its own session (feeds and fetches named as tensors, "x:0", or as nodes, "x")."""
+@dataclasses.dataclass(frozen=True)
+class BodyArg:
+    """One argument of a function body run in a session (Runner.of_body).
 
-    def __init__(self, session, feeds, fetches):
+    Attributes:
+        dtype: its dtype enum (a variable's value dtype for a resource argument).
+        shape: its shape (a variable's shape for a resource argument); None or -1 for an unknown dimension.
+        variable: a resource argument: a variable of its own is created in the session, set to `value` once.
+        value: a numpy array, or None for made-up values (analysis.graph_runs.made_up_values).
+    """
+
+    dtype: int
+    shape: tuple
+    variable: bool = False
+    value: object = None
+
+
+class Runner:
+    """One variant in its own session (feeds and fetches named as tensors, "x:0", or as nodes, "x"; targets are
+    nodes run each time without fetching anything, such as a training step's variable updates)."""
+
+    def __init__(self, session, feeds, fetches, targets=()):
         from .execution import tensor_name
         graph = session.graph
         self.session = session
         self.feed_dict = {graph.get_tensor_by_name(tensor_name(k)): v for k, v in feeds.items()}
         self.fetches = [graph.get_tensor_by_name(tensor_name(f)) for f in fetches]
+        self.fetches += [graph.get_operation_by_name(t) for t in targets]
 
     @classmethod
-    def of_graph(cls, graph_def, feeds, fetches) -> "Runner":
+    def of_graph(cls, graph_def, feeds, fetches, targets=(), init=None) -> "Runner":
+        """A graph's variant; `init` (nodes, {tensor: value}) is run once first (variables set to their values)."""
         import tensorflow as tf
         from .execution import session_config
         graph = tf.Graph()
         with graph.as_default():
             tf.graph_util.import_graph_def(graph_def, name="")
-        return cls(tf.compat.v1.Session(graph=graph, config=session_config(fuse=True)), feeds, fetches)
+        session = tf.compat.v1.Session(graph=graph, config=session_config(fuse=True))
+        if init is not None and init[0]:
+            session.run([graph.get_operation_by_name(n) for n in init[0]],
+                        {graph.get_tensor_by_name(k): v for k, v in init[1].items()})
+        return cls(session, feeds, fetches, targets)
+
+    @classmethod
+    def of_body(cls, body_graph_def, args, fetches, targets=(), batch: int | None = None) -> "Runner":
+        """A function body's variant (core.functions.function_to_graph's GraphDef: _Arg and _Retval nodes), run as
+        a graph: each `args[i]` (BodyArg) feeds its _Arg, a resource argument is a variable of the session's own
+        (its values copied in once, so running the body -- a training step -- never touches the caller's), and a
+        _Retval becomes an Identity of the same name."""
+        graph_def, init = runnable_body(body_graph_def, args)
+        fed = [(i, arg) for i, arg in enumerate(args) if not arg.variable]
+        made_up = made_up_values([(a.dtype, a.shape) for _, a in fed], batch)
+        names = {node.attr["index"].i: node.name for node in body_graph_def.node if node.op == "_Arg"}
+        feeds = {names[i]: made if arg.value is None else arg.value for (i, arg), made in zip(fed, made_up)}
+        return cls.of_graph(graph_def, feeds, fetches, targets, init)
 
     @classmethod
     def of_saved_model(cls, export_dir: str, tags, feeds, fetches) -> "Runner":
@@ -66,6 +104,51 @@ class Runner:
         from tensorflow.core.protobuf import config_pb2
         options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE) if metadata else None
         self.session.run(self.fetches, self.feed_dict, options=options, run_metadata=metadata)
+
+
+def runnable_body(body_graph_def, args):
+    """(GraphDef, init) of a function body a session can run: each _Arg a Placeholder, or for a resource argument
+    a VarHandleOp of the same name with an AssignVariableOp from a placeholder (`init`: those assignments and
+    {placeholder tensor: value}); each _Retval an Identity. Node names are kept, so step stats name the body's
+    nodes."""
+    from tensorflow.core.framework import graph_pb2
+    graph_def = graph_pb2.GraphDef()
+    graph_def.versions.CopyFrom(body_graph_def.versions)
+    graph_def.library.CopyFrom(body_graph_def.library)
+    assigns, values = [], {}
+    for node in body_graph_def.node:
+        if node.op == "_Arg":
+            arg = args[node.attr["index"].i]
+            shape = [-1 if d is None else d for d in arg.shape]
+            if arg.variable:
+                _add(graph_def, node.name, "VarHandleOp", [], dtype=arg.dtype, shape=shape, shared_name=node.name)
+                value = _add(graph_def, f"{node.name}/mp_rewrite_value", "Placeholder", [], dtype=arg.dtype,
+                             shape=shape)
+                assigns.append(_add(graph_def, f"{node.name}/mp_rewrite_init", "AssignVariableOp",
+                                    [node.name, value.name], dtype=arg.dtype).name)
+                values[f"{value.name}:0"] = (made_up_values([(arg.dtype, arg.shape)], 1)[0] if arg.value is None
+                                             else arg.value)
+            else:
+                _add(graph_def, node.name, "Placeholder", [], dtype=arg.dtype, shape=shape)
+        elif node.op == "_Retval":
+            _add(graph_def, node.name, "Identity", list(node.input), T=node.attr["T"].type)
+        else:
+            graph_def.node.add().CopyFrom(node)
+    return graph_def, (assigns, values)
+
+
+def _add(graph_def, name, op, inputs, **attrs):
+    node = graph_def.node.add(name=name, op=op, input=inputs)
+    for key, value in attrs.items():
+        if key in ("dtype", "T"):
+            node.attr[key].type = value
+        elif key == "shape":
+            node.attr[key].shape.SetInParent()  # a scalar's shape has no dims, but is set
+            for d in value:
+                node.attr[key].shape.dim.add(size=d)
+        else:
+            node.attr[key].s = value.encode()
+    return node
 
 
 @contextlib.contextmanager

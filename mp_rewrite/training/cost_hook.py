@@ -1,13 +1,36 @@
-"""The cost assignment (`assign="cost"`) in the tf.function hook: a traced function's op costs are measured while it
-is being registered, so the hook must leave the measuring functions alone, run them eagerly, and hand the cost model
-the shapes the FuncGraph knows (a FunctionDef keeps its arguments' shapes, not its variables')."""
+"""The cost assignment (`assign="cost"`) in the tf.function hook.
+
+A traced body's costs are measured while the hook rewrites it, as a conversion measures a model
+(analysis.graph_profile): the body -- a training step: forward, backward and update -- runs in float32 and as
+Grappler's lists rewrite it, in sessions of its own whose variables are copies of the step's (read once from the
+captured variables, never written), and TF's step stats give each node's time in context, fusions included. A body
+that cannot run that way (an argument that is neither a number nor a variable, such as an iterator; a call into
+other functions; an op the session cannot run) is priced from the op table instead (each op timed alone), and the
+log says why. Either way the hook must leave the functions registered while measuring alone, work eagerly, and hand
+the cost model the shapes the FuncGraph knows (a FunctionDef keeps its arguments' shapes, not its variables')."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import threading
 
-_LOCAL = threading.local()  # .depth: > 0 while measuring; .shapes: the FuncGraph shapes of the function rewritten
+logger = logging.getLogger("mp_rewrite")
+
+_LOCAL = threading.local()  # .depth: > 0 while measuring; .body: the _Body being rewritten
+
+
+@dataclasses.dataclass(frozen=True)
+class _Body:
+    """The body the hook is rewriting: its AtomicFunction (FuncGraph shapes, captured variables), its
+    core.functions.BodyGraph, the rewrite's Options and Signatures, and its name."""
+
+    atomic: object
+    body: object
+    options: object
+    signatures: object
+    name: str
 
 
 def is_paused() -> bool:
@@ -26,13 +49,59 @@ def paused():
 
 
 @contextlib.contextmanager
-def shapes_from(atomic):
-    """Make the output shapes of `atomic`'s FuncGraph ({node: [TensorShape]}) known to HookSafeCosts meanwhile."""
-    _LOCAL.shapes = _func_graph_shapes(atomic) if atomic is not None else None
+def rewriting(atomic, body, options, signatures, name: str):
+    """Make the body the hook rewrites meanwhile known to HookSafeCosts (`atomic` None: nothing is known)."""
+    _LOCAL.body = _Body(atomic, body, options, signatures, name) if atomic is not None else None
     try:
         yield
     finally:
-        _LOCAL.shapes = None
+        _LOCAL.body = None
+
+
+class HookSafeCosts:
+    """A machine cost table (analysis.op_costs.this_machine) as the hook's rewrite options use it: each body is
+    profiled as it runs when it can be, else its ops are measured alone; either way eagerly, unseen by the hook, with
+    the FuncGraph's shapes on its nodes."""
+
+    def __init__(self, table):
+        self.table, self.precision = table, table.precision
+
+    def for_graph(self, graph_def, precision=None, fetches=(), batch=None):
+        """The core.assignment.CostTable of one function body (measuring what the caches lack)."""
+        import tensorflow as tf
+        from ..analysis.graph_profile import body_profileable, profile_body
+        current = getattr(_LOCAL, "body", None)
+        if current is not None and current.body.graph_def is not graph_def:
+            current = None  # a graph the hook is not rewriting: nothing of it is known
+        if current is not None:
+            graph_def = _annotated(graph_def, _func_graph_shapes(current.atomic))
+        with paused(), tf.init_scope():
+            why = "" if self.table.low_units else self.table.no_units_note()
+            if current is not None and not why:
+                args = _body_args(current.atomic, graph_def)
+                why = body_profileable(graph_def, args)
+                if not why:
+                    try:
+                        return profile_body(dataclasses.replace(current.body, graph_def=graph_def), args,
+                                            current.options, current.signatures, self.table).table
+                    except Exception as error:  # noqa: BLE001 -- the hook must never break training
+                        why = f"it did not run in a session ({type(error).__name__}: {str(error)[:200]})"
+                if why:
+                    logger.info("mp_rewrite: %s: costs from the op table: %s", current.name, why)
+            return self.table.for_graph(graph_def, precision, fetches, batch)
+
+
+def _annotated(graph_def, shapes: dict):
+    """A copy of `graph_def` with `shapes` ({node: [TensorShape]}) as the `_output_shapes` of nodes without."""
+    if not shapes:
+        return graph_def
+    annotated = type(graph_def)()
+    annotated.CopyFrom(graph_def)
+    for node in annotated.node:
+        known = shapes.get(node.name)
+        if known and "_output_shapes" not in node.attr:
+            node.attr["_output_shapes"].list.shape.extend(s.as_proto() for s in known)
+    return annotated
 
 
 def _func_graph_shapes(atomic) -> dict:
@@ -45,24 +114,29 @@ def _func_graph_shapes(atomic) -> dict:
         return {}
 
 
-class HookSafeCosts:
-    """A machine cost table (analysis.op_costs.this_machine) as the hook's rewrite options use it: each body's
-    ops are measured eagerly, unseen by the hook, with the FuncGraph's shapes on its nodes."""
-
-    def __init__(self, table):
-        self.table, self.precision = table, table.precision
-
-    def for_graph(self, graph_def, precision=None, fetches=(), batch=None):
-        """The core.assignment.CostTable of one function body (measuring what the cache lacks)."""
-        import tensorflow as tf
-        shapes = getattr(_LOCAL, "shapes", None)
-        if shapes:
-            annotated = type(graph_def)()
-            annotated.CopyFrom(graph_def)
-            for node in annotated.node:
-                known = shapes.get(node.name)
-                if known and "_output_shapes" not in node.attr:
-                    node.attr["_output_shapes"].list.shape.extend(s.as_proto() for s in known)
-            graph_def = annotated
-        with paused(), tf.init_scope():
-            return self.table.for_graph(graph_def, precision, fetches, batch)
+def _body_args(atomic, graph_def) -> list:
+    """One analysis.graph_runs.BodyArg per _Arg of the body, from its FuncGraph's inputs (in argument order): a
+    number tensor fed made-up values (or the value it captured), a captured variable copied with its current value;
+    None for anything else (an iterator, a table, a string)."""
+    import tensorflow as tf
+    from ..analysis.graph_runs import BodyArg
+    graph = getattr(atomic, "graph", None)
+    arg_nodes = sorted((n for n in graph_def.node if n.op == "_Arg"), key=lambda n: n.attr["index"].i)
+    if graph is None or len(graph.inputs) != len(arg_nodes):
+        return [None]
+    captured = {internal.ref(): external for external, internal in graph.captures}
+    variables = {v.handle.ref(): v for v in graph.variables if hasattr(v, "handle")}
+    args = []
+    for tensor, node in zip(graph.inputs, arg_nodes):
+        external = captured.get(tensor.ref())
+        if tensor.dtype == tf.resource:
+            variable = variables.get(external.ref()) if external is not None else None
+            args.append(None if variable is None else BodyArg(
+                variable.dtype.as_datatype_enum, tuple(variable.shape.as_list()), True, variable.numpy()))
+        elif tensor.dtype.as_datatype_enum != node.attr["T"].type or tensor.shape.rank is None or not (
+                tensor.dtype.is_floating or tensor.dtype.is_integer or tensor.dtype.is_bool):
+            args.append(None)
+        else:
+            value = external.numpy() if external is not None and hasattr(external, "numpy") else None
+            args.append(BodyArg(tensor.dtype.as_datatype_enum, tuple(tensor.shape.as_list()), False, value))
+    return args

@@ -194,7 +194,7 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
         try:
             signatures = Signatures(_called_library(ctx, fdef))
             body = function_to_graph(fdef, signatures)
-            with cost_hook.shapes_from(atomic if options.assign == "cost" else None):
+            with cost_hook.rewriting(atomic if options.assign == "cost" else None, body, options, signatures, name):
                 result = rewrite_body(body.graph_def, options, body.retvals, body.preserved(), signatures,
                                       preserve_stateful=True, label=name)
             if not result.retyped and not result.emulated:  # an emulated body retypes nothing but has Casts

@@ -139,3 +139,28 @@ def test_a_loop_body_is_priced_from_the_op_table(tmp_path):
     bodies = [r for r in graph.functions.values() if r.assignment and r.assignment.candidates]
     assert bodies and any("MatMul" in n for r in bodies for n in r.assignment.candidates)
     assert verify_saved_models(str(tmp_path / "loop"), str(tmp_path / "out"), precision="bfloat16").passed
+
+
+def test_a_function_body_runs_in_a_session_with_a_copy_of_its_variables():
+    from mp_rewrite.analysis.graph_runs import BodyArg, Runner
+    from mp_rewrite.core.functions import function_to_graph
+    from mp_rewrite.core.op_support import Signatures
+    variable = tf.Variable([[1.0, 2.0], [3.0, 4.0]])
+
+    @tf.function
+    def step(x):
+        variable.assign_add(tf.ones_like(variable))
+        return tf.matmul(x, variable)
+
+    concrete = step.get_concrete_function(tf.TensorSpec([1, 2]))
+    body = function_to_graph(concrete.function_def, Signatures(None))
+    args = [BodyArg(tf.float32.as_datatype_enum, (1, 2), value=[[1.0, 0.0]]),
+            BodyArg(tf.float32.as_datatype_enum, (2, 2), variable=True, value=variable.numpy())]
+    runner = Runner.of_body(body.graph_def, args, body.retvals, body.control_outputs)
+    try:
+        first, second = (runner.session.run(runner.fetches, runner.feed_dict)[0] for _ in range(2))
+    finally:
+        runner.session.close()
+    # The session's own variable was updated by each run (its targets ran), the caller's never was.
+    assert first.tolist() == [[2.0, 3.0]] and second.tolist() == [[3.0, 4.0]]
+    assert variable.numpy().tolist() == [[1.0, 2.0], [3.0, 4.0]]
