@@ -6,6 +6,8 @@ Prints a table of what changed per function and the share of matmul/conv FLOPs n
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.table import Table
 
 from .list_options import add_assign_options, add_list_options, assign_from_args, options_from_args, say_assignment
@@ -90,12 +92,13 @@ def precheck(args) -> None:
 def run(args) -> int:
     """Convert (after the accuracy guard, if asked), print the summary, and verify if asked; 0 on success, 1 if
     verification failed or the guard could not meet the tolerance."""
+    given = args.source  # a Keras file is exported to a temporary SavedModel first; the user's name is shown
     with saved_model_path(args.source) as source:
         args.source = source
-        return _run(args)
+        return _run(args, given)
 
 
-def _run(args) -> int:
+def _run(args, given: str) -> int:
     keep = list(args.keep_fp32) + list(_guard_overrides(args.keep_fp32_file))
     assign = assign_from_args(args)
     options = options_from_args(args, keep, **assign)  # checked once, before anything slow
@@ -110,7 +113,7 @@ def _run(args) -> int:
         shared.setdefault(id(graph), (graph, []))[1].append(label)
     for graph, labels in shared.values():
         say_assignment(graph, ", ".join(labels))
-    print_result(result)
+    print_result(dataclasses.replace(result, source=given))
     for note in result.notes:
         stdout_console().print(f"[bold yellow]warning:[/] {note}", soft_wrap=True)
     if guarded is not None and not guarded.result.met:
@@ -118,7 +121,8 @@ def _run(args) -> int:
         return 1
     if not args.verify:
         return 0
-    report = run_verification(args.source, args.output, args, args.signature, result.precision, args.tag_set)
+    report = run_verification(args.source, args.output, args, args.signature, result.precision, args.tag_set,
+                              shown_original=given)
     if not report.passed:
         stdout_console().print(f"the converted model is kept at {args.output}; loosen --rtol/--atol if the errors "
                                "are acceptable, or keep the offending nodes in float32 with --keep-fp32",

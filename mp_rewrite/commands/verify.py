@@ -7,6 +7,7 @@ rich bar on a terminal and is silent when stderr is piped; tables go to stdout (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -74,15 +75,17 @@ def run(args) -> int:
     return 0 if report.passed else 1
 
 
-def run_verification(original, converted, args, signatures, precision, tag_set=None) -> VerifyReport:
-    """Run verify_saved_models with the CLI's options and progress bar, then print the report."""
+def run_verification(original, converted, args, signatures, precision, tag_set=None,
+                     shown_original: str | None = None) -> VerifyReport:
+    """Run verify_saved_models with the CLI's options and progress bar, then print the report (naming the original
+    `shown_original`, when it is not the directory read: a Keras file exported to a temporary SavedModel)."""
     with progress_bar("verifying") as progress:
         report = verify_saved_models(original, converted, signatures=signatures or None, inputs=args.inputs,
                                      batch_size=args.batch_size, seed=args.seed, rtol=args.rtol, atol=args.atol,
                                      precision=precision, input_shapes=args.input_shapes, dim=args.dim,
                                      tag_set=tag_set,
                                      progress=progress)
-    print_report(report)
+    print_report(dataclasses.replace(report, original=shown_original) if shown_original else report)
     return report
 
 

@@ -151,6 +151,10 @@ def test_a_keras_file_is_converted_and_inspected_as_its_export(tmp_path, capsys)
                      "--freeze", "--verify"]) == 0
     captured = capsys.readouterr()
     assert "read the Keras model" in captured.err and "verification passed" in captured.out
+    # Both titles name the file the user gave, not the temporary SavedModel it was exported to.
+    out = " ".join(captured.out.split())  # titles wrap at the console's width
+    assert f"{tmp_path / 'm.keras'} -> {tmp_path / 'out'}" in out and f"against {tmp_path / 'm.keras'}" in out
+    assert "mp_rewrite-keras" not in out
     assert "serving_default" in tf.saved_model.load(str(tmp_path / "out")).signatures
     assert cli.main(["inspect", str(tmp_path / "m.keras"), "--precision", "bfloat16"]) == 0
     assert "converted" in capsys.readouterr().out
