@@ -31,6 +31,7 @@ import argparse
 import logging
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -67,6 +68,8 @@ FLOAT16_VARIANTS = frozenset(label for label, (precision, _, _) in VARIANTS.item
 OVERHEAD_PAIRS = (("float32 + LSO dynamic", "float32 + LSO fixed"),
                   ("rewrite bfloat16 + LSO dynamic", "rewrite bfloat16"),
                   ("rewrite float16 + LSO dynamic", "rewrite float16 + LSO fixed"))
+ONEDNN_SET = "TF_ENABLE_ONEDNN_OPTS=1 " if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1" else ""  # for the page
+PEER = "keras mixed_bfloat16"  # what the rewrite variants are compared with, round by round
 
 
 def build_model(name, size):
@@ -110,7 +113,8 @@ class Variant:
         start = time.perf_counter()
         self.step(self.x, self.y).numpy()  # trace (+ rewrite) + first run
         self.first_call = time.perf_counter() - start
-        self.rewritten = list(training.rewritten_functions()) if precision else []
+        self.results = dict(training.rewritten_functions()) if precision else {}
+        self.rewritten = list(self.results)
         if precision is not None:
             training.disable_mixed_precision_graph_rewrite(restore=False)  # keep this step rewritten
         self.times, self.cpu_times = [], []
@@ -169,8 +173,15 @@ def rewrite_cost(variant, repeats=3):
     return out
 
 
+def steps_for(model_name, args) -> int:
+    """Steps per round: the small CNN's 5 ms steps get ten times as many, so a round outlasts the cache misses of
+    switching variants."""
+    return args.steps * (10 if model_name == "small_cnn" else 1)
+
+
 def bench_model(model_name, args):
-    labels = [v for v in VARIANTS if not (args.skip_float16 and v in FLOAT16_VARIANTS)]
+    chosen = {"float32", *args.variants.split(";")} if args.variants else set(VARIANTS)  # float32: the baseline
+    labels = [v for v in VARIANTS if v in chosen and not (args.skip_float16 and v in FLOAT16_VARIANTS)]
     variants = []
     for label in labels:
         print(f"[{model_name}] setting up {label} ...", file=sys.stderr, flush=True)
@@ -183,7 +194,7 @@ def bench_model(model_name, args):
     for r in range(args.runs):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:  # rotate: no variant always first
             slow = v.label in FLOAT16_VARIANTS and model_name == "resnet50"
-            v.run(1 if slow else args.steps)
+            v.run(1 if slow else steps_for(model_name, args))
         print(f"[{model_name}] round {r + 1}/{args.runs}: " + ", ".join(f"{v.label} {v.times[-1] * 1e3:.0f} ms"
                                                                        for v in variants), file=sys.stderr, flush=True)
     return variants, rewrite_cost(variants[0])
@@ -206,12 +217,13 @@ def machine_facts():
 
 def render(results, args, facts):
     lines = ["# Training step time: graph rewrite vs float32 vs Keras mixed_bfloat16", "",
-             f"Command: `{' '.join(['python3', 'tools/bench_training.py', *sys.argv[1:]])}`", "",
+             f"Command: `{ONEDNN_SET}{shlex.join(['python3', 'tools/bench_training.py', *sys.argv[1:]])}`", "",
              f"Machine: {facts}.", "",
              f"Medians of {args.runs} interleaved rounds (rotating order) after a warm-up round ({args.steps} steps "
-             "per round; ResNet-50 float16 rounds: 1 step). Wall time is what a user waits; CPU time (this "
-             "process, all threads) is less sensitive to other load on the machine, which was heavy while this ran "
-             f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end). The step is forward + "
+             f"per round, the small CNN {steps_for('small_cnn', args)}; ResNet-50 float16 rounds: 1 step). Wall "
+             "time is what a user waits; CPU time (this process, all threads) is less sensitive to other load on "
+             f"the machine (load average {args.load_before:.1f} before, {os.getloadavg()[0]:.1f} at the end, on "
+             f"{os.cpu_count()} cores). The step is forward + "
              "backward + SGD update in one `tf.function`; \"rewrite\" variants run the "
              "mp_rewrite graph rewrite of that function (float16 rewritten for CPU with `device=\"cpu\"`). LSO = "
              "mp_rewrite's LossScaleOptimizer.", ""]
@@ -228,6 +240,14 @@ def render(results, args, facts):
         lines += [f"| {v.label} | {v.median * 1e3:.1f} | {base / v.median:.2f}x | {v.cpu_median * 1e3:.1f} | "
                   f"{cpu_base / v.cpu_median:.2f}x | {v.first_call:.1f} |" for v in variants]
         by_label = {v.label: v for v in variants}
+        if PEER in by_label:
+            peer = by_label[PEER]
+            lines += ["", f"Against {PEER}, same rounds (median over rounds of the per-round speed-up):", ""]
+            for v in variants:
+                if v.label.startswith("rewrite"):
+                    cpu = statistics.median(b / a for a, b in zip(v.cpu_times, peer.cpu_times))
+                    wall = statistics.median(b / a for a, b in zip(v.times, peer.times))
+                    lines.append(f"- {v.label}: CPU time {cpu:.2f}x, wall {wall:.2f}x")
         lines += ["", "Dynamic against fixed loss scaling, same precision (median over rounds of the per-round ratio):",
                   ""]
         for dynamic, fixed in OVERHEAD_PAIRS:
@@ -253,8 +273,14 @@ def main(argv=None):
     parser.add_argument("--size", type=int, default=128, help="ResNet-50 image size")
     parser.add_argument("--transformer-batch", type=int, default=16, help="Transformer encoder batch size")
     parser.add_argument("--skip-float16", action="store_true", help="leave out the (slow on CPU) float16 variants")
+    parser.add_argument("--variants", default="", help="';'-separated labels to run besides float32 (default: "
+                        "all), e.g. 'keras mixed_bfloat16;rewrite bfloat16;rewrite bfloat16, assign cost'")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "bench_training.md"))
     args = parser.parse_args(argv)
+    args.load_before = os.getloadavg()[0]
+    unknown = sorted(set(filter(None, args.variants.split(";"))) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; the variants are {list(VARIANTS)}")
     logging.getLogger("mp_rewrite").setLevel(logging.ERROR)  # the CPU float16 and existing-function warnings
     tf.get_logger().setLevel(logging.ERROR)  # "N out of the last N calls triggered retracing": one step per variant
     results = {name: bench_model(name, args) for name in args.models.split(",")}

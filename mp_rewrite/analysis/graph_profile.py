@@ -6,7 +6,8 @@ is nothing like the sum of its parts timed alone; an elementwise op reads what i
 Measured here on EfficientNetB0 (frozen, batch 8), the op table's cut kept the Swish chains float32 and ran 22
 Casts per call, 1.59x float32, while Grappler's lists reached 2.05x.
 
-`profile_costs` (a frozen graph) and `profile_saved_model` (a SavedModel's MetaGraph) measure instead what
+`profile_costs` (a frozen graph), `profile_saved_model` (a SavedModel's MetaGraph) and `profile_body` (a function
+body the training hook rewrites: a whole training step, run with copies of its variables) measure instead what
 TensorRT's builder measures: the graph as it will run. Each runs the model as it is (float32) and as Grappler's
 lists rewrite it (every candidate low precision), in alternation, with TF's step stats, in a session configured as
 TF serves (remapper and oneDNN fusions on), and reads each node's time in context. A TF1 session inlines a
@@ -18,8 +19,8 @@ this machine's cast times (analysis.op_costs). The costs are cached per graph an
 
 A frozen graph must be self-contained (no variables or tables to capture), every input a number tensor of known
 shape once the batch is fixed, and without functions (the loop and branch bodies it calls are not timed under
-names that map back to theirs);
-`profileable` says why not otherwise, and the caller falls back to the op table.
+names that map back to theirs); a body's arguments must be number tensors or variables, and it must call no
+functions. `profileable` and `body_profileable` say why not otherwise, and the caller falls back to the op table.
 """
 
 from __future__ import annotations
