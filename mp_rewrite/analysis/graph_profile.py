@@ -155,7 +155,7 @@ def profile_body(body, args, options, signatures, machine, batch: int | None = N
     """
     from ..core.body import rewrite_body
     specs = [(arg.dtype, list(arg.shape), arg.variable) for arg in args]
-    targets = [name for name in body.control_outputs if not name.startswith("^")]
+    targets = sorted(name for name in body.control_outputs if not name.startswith("^"))  # control_ret is a map
     return _profile(body.graph_def,
                     lambda opts: rewrite_body(body.graph_def, opts, body.retvals, body.preserved(), signatures,
                                               preserve_stateful=True, label=MAIN),

@@ -141,8 +141,9 @@ def test_a_loop_body_is_priced_from_the_op_table(tmp_path):
     assert verify_saved_models(str(tmp_path / "loop"), str(tmp_path / "out"), precision="bfloat16").passed
 
 
-def test_a_function_body_runs_in_a_session_with_a_copy_of_its_variables():
-    from mp_rewrite.analysis.graph_runs import BodyArg, Runner
+def _step_body():
+    """A tf.function that updates a variable, as a body (core.functions.BodyGraph) with its BodyArgs."""
+    from mp_rewrite.analysis.graph_runs import BodyArg
     from mp_rewrite.core.functions import function_to_graph
     from mp_rewrite.core.op_support import Signatures
     variable = tf.Variable([[1.0, 2.0], [3.0, 4.0]])
@@ -156,6 +157,12 @@ def test_a_function_body_runs_in_a_session_with_a_copy_of_its_variables():
     body = function_to_graph(concrete.function_def, Signatures(None))
     args = [BodyArg(tf.float32.as_datatype_enum, (1, 2), value=[[1.0, 0.0]]),
             BodyArg(tf.float32.as_datatype_enum, (2, 2), variable=True, value=variable.numpy())]
+    return body, args, variable
+
+
+def test_a_function_body_runs_in_a_session_with_a_copy_of_its_variables():
+    from mp_rewrite.analysis.graph_runs import Runner
+    body, args, variable = _step_body()
     runner = Runner.of_body(body.graph_def, args, body.retvals, body.control_outputs)
     try:
         first, second = (runner.session.run(runner.fetches, runner.feed_dict)[0] for _ in range(2))
@@ -164,3 +171,16 @@ def test_a_function_body_runs_in_a_session_with_a_copy_of_its_variables():
     # The session's own variable was updated by each run (its targets ran), the caller's never was.
     assert first.tolist() == [[2.0, 3.0]] and second.tolist() == [[3.0, 4.0]]
     assert variable.numpy().tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_a_body_profiled_again_is_read_from_the_cache_whatever_the_order_of_its_control_outputs():
+    import dataclasses
+    from mp_rewrite.analysis.graph_profile import profile_body
+    from mp_rewrite.core.op_support import Signatures
+    body, args, _ = _step_body()
+    options, machine = make_options("bfloat16"), this_machine("bfloat16")
+    first = profile_body(body, args, options, Signatures(None), machine, runs=1)
+    again = dataclasses.replace(body, control_outputs=tuple(reversed(body.control_outputs)))
+    assert len(body.control_outputs) > 1  # the update and the read: a FunctionDef keeps them in a map
+    second = profile_body(again, args, options, Signatures(None), machine, runs=1)
+    assert "cached in" in second.table.note and "cached in" not in first.table.note
