@@ -41,6 +41,7 @@ RUNS = 5  # traced runs of each variant, alternated; the median of each node's t
 RACE_RUNS = 9  # untraced runs of each variant when the cut's graph is checked against the lists' and float32
 INLINED_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # what a TF1 session inlines
 MAX_PREFIXES = 8  # call sites followed per function
+PROFILE_LIMIT = 2**30  # bytes of weights above which nothing is profiled: every variant run holds its own copy
 UNFUSED = frozenset({"Const", "Identity", "Placeholder", "_Arg", "_Retval"})  # no time of their own, never fused
 
 
@@ -172,6 +173,11 @@ def body_profileable(graph_def, args) -> str:
         return "an argument is neither a number tensor nor a variable"
     if any(arg.variable and any(d is None or d < 0 for d in arg.shape) for arg in args):
         return "a variable's shape is unknown"
+    import tensorflow as tf
+    size = sum(int(np.prod(arg.shape)) * tf.as_dtype(arg.dtype).size for arg in args if arg.variable)
+    if size > PROFILE_LIMIT:
+        return (f"its variables hold {size / 2**30:.1f} GiB, over the {PROFILE_LIMIT / 2**30:.0f} GiB profiled "
+                "(each variant run would hold a copy)")
     calls = {f.signature.name for f in graph_def.library.function}
     if any(node.op in INLINED_CALLS or node.op in calls or "f" in node.attr or "body" in node.attr
            for node in graph_def.node):

@@ -12,10 +12,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ..analysis.graph_profile import PROFILE_LIMIT  # weights (or a frozen graph) above it are not profiled
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
 from .inputs import DEFAULT_DIM, unfeedable_inputs
-
-PROFILE_LIMIT = 2**30  # weights (or a frozen graph) above this are not profiled: both variants would be loaded
 
 
 def measuring(options) -> bool:

@@ -78,10 +78,12 @@ class HookSafeCosts:
         with paused(), tf.init_scope():
             why = "" if self.table.low_units else self.table.no_units_note()
             if current is not None and not why:
-                args = _body_args(current.atomic, graph_def)
+                args, readers = _body_args(current.atomic, graph_def)
                 why = body_profileable(graph_def, args)
                 if not why:
                     try:
+                        args = [dataclasses.replace(arg, value=read()) if read else arg
+                                for arg, read in zip(args, readers)]
                         return profile_body(dataclasses.replace(current.body, graph_def=graph_def), args,
                                             current.options, current.signatures, self.table).table
                     except Exception as error:  # noqa: BLE001 -- the hook must never break training
@@ -114,29 +116,32 @@ def _func_graph_shapes(atomic) -> dict:
         return {}
 
 
-def _body_args(atomic, graph_def) -> list:
-    """One analysis.graph_runs.BodyArg per _Arg of the body, from its FuncGraph's inputs (in argument order): a
-    number tensor fed made-up values (or the value it captured), a captured variable copied with its current value;
-    None for anything else (an iterator, a table, a string)."""
+def _body_args(atomic, graph_def) -> tuple:
+    """([BodyArg], [reader]): one analysis.graph_runs.BodyArg per _Arg of the body, from its FuncGraph's inputs (in
+    argument order) -- a number tensor fed made-up values, or a captured variable or value -- and beside it a
+    callable that reads the captured value (None for made-up values; read only once the body is found profileable).
+    The BodyArg is None for anything else (an iterator, a table, a string)."""
     import tensorflow as tf
     from ..analysis.graph_runs import BodyArg
     graph = getattr(atomic, "graph", None)
     arg_nodes = sorted((n for n in graph_def.node if n.op == "_Arg"), key=lambda n: n.attr["index"].i)
     if graph is None or len(graph.inputs) != len(arg_nodes):
-        return [None]
+        return [None], [None]
     captured = {internal.ref(): external for external, internal in graph.captures}
     variables = {v.handle.ref(): v for v in graph.variables if hasattr(v, "handle")}
-    args = []
+    args, readers = [], []
     for tensor, node in zip(graph.inputs, arg_nodes):
         external = captured.get(tensor.ref())
         if tensor.dtype == tf.resource:
             variable = variables.get(external.ref()) if external is not None else None
             args.append(None if variable is None else BodyArg(
-                variable.dtype.as_datatype_enum, tuple(variable.shape.as_list()), True, variable.numpy()))
+                variable.dtype.as_datatype_enum, tuple(variable.shape.as_list()), True))
+            readers.append(None if variable is None else variable.numpy)
         elif tensor.dtype.as_datatype_enum != node.attr["T"].type or tensor.shape.rank is None or not (
                 tensor.dtype.is_floating or tensor.dtype.is_integer or tensor.dtype.is_bool):
             args.append(None)
+            readers.append(None)
         else:
-            value = external.numpy() if external is not None and hasattr(external, "numpy") else None
-            args.append(BodyArg(tensor.dtype.as_datatype_enum, tuple(tensor.shape.as_list()), False, value))
-    return args
+            args.append(BodyArg(tensor.dtype.as_datatype_enum, tuple(tensor.shape.as_list())))
+            readers.append(external.numpy if external is not None and hasattr(external, "numpy") else None)
+    return args, readers

@@ -184,3 +184,13 @@ def test_a_body_profiled_again_is_read_from_the_cache_whatever_the_order_of_its_
     assert len(body.control_outputs) > 1  # the update and the read: a FunctionDef keeps them in a map
     second = profile_body(again, args, options, Signatures(None), machine, runs=1)
     assert "cached in" in second.table.note and "cached in" not in first.table.note
+
+
+def test_a_body_whose_variables_pass_the_profiled_size_is_not_run():
+    from mp_rewrite.analysis.graph_profile import body_profileable
+    from mp_rewrite.analysis.graph_runs import BodyArg
+    body, args, _ = _step_body()
+    assert body_profileable(body.graph_def, args) == ""
+    huge = [args[0], BodyArg(tf.float32.as_datatype_enum, (2**16, 2**15), variable=True)]  # 8 GiB, never allocated
+    assert "8.0 GiB, over the 1 GiB profiled" in body_profileable(body.graph_def, huge)
+    assert "neither a number tensor nor a variable" in body_profileable(body.graph_def, [args[0], None])
