@@ -9,10 +9,12 @@ opt-in: keras-hub BERT and GPT-2 backbones (`--models ...,bert,gpt2`), and the p
                                        [--inc-python PY] [--openvino-python PY] [--json rows.json]
                                        [--out docs/bench_saved_model.png] [--markdown docs/bench_saved_model.md]
 
-Method: every variant runs in its own subprocess (TF's optimizer options are process-global), all four stay loaded
-at once and are timed in interleaved blocks (round r runs the variants in rotated order), so a change in the
-machine's load hits every variant alike; each block runs the signature several times and the table shows medians
-over all calls. Each worker also records, once, which matmul/conv kernels TF really executed in bfloat16 (eager run
+Method: the TF variants are loaded together in one subprocess, TF AMP in a second (its optimizer option is
+process-global), and all stay loaded at once and are timed in interleaved blocks (round r runs the variants in
+rotated order), so a change in the machine's load hits every variant alike; each block runs the signature several
+times and the table shows medians over all calls. (One process per variant, as before, measured each process's
+luck on the AMX machine: the same ResNet-50 graph ran 62 ms per call in one process and 100-117 ms in seven
+others.) Each worker also records, once for each variant, which matmul/conv kernels TF really executed in bfloat16 (eager run
 metadata), and its outputs, so that the table can show that TF's rewrite took effect. OpenVINO is one more worker
 in the same rotation (in its own Python, see tools/openvino_run.py): it converts the float32 SavedModel itself and
 is fed the arrays the float32 worker was fed. The conversion time of
@@ -243,29 +245,35 @@ def _executed_kernels(function, inputs) -> tuple[int, int, dict]:
     return low, total, census
 
 
-def worker(variant: str, path: str, batch: int, outputs_file: str) -> None:
-    """Load one variant, warm it up, report, then answer "run N" lines with N call times (JSON) until EOF."""
+def worker(batch: int, specs: list) -> None:
+    """Load the variants `specs` ([(variant, path, outputs file)]) in this one process, warm each up and report it
+    (one line each), then answer "run N VARIANT" lines with N call times of that variant (JSON) until EOF."""
     import numpy as np
     import tensorflow as tf
 
     from mp_rewrite.savedmodel.inputs import signature_inputs
-    if variant == "tf_amp":
+    if any(variant == "tf_amp" for variant, _, _ in specs):  # process-global: the tf_amp worker holds it alone
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
-    function = tf.saved_model.load(path).signatures["serving_default"]
-    arrays, _ = signature_inputs("serving_default", function.structured_input_signature[1], {}, batch, seed=0)
-    inputs = {k: tf.constant(v) for k, v in arrays.items()}
-    low, total, census = _executed_kernels(function, inputs)  # the first call: TF records graphs as it builds them
-    start = time.perf_counter()
-    for _ in range(3):
-        outputs = function(**inputs)
-    warm = (time.perf_counter() - start) / 3
-    np.savez(outputs_file, **{k: tf.cast(v, tf.float32).numpy() for k, v in outputs.items()})
-    np.savez(inputs_file(outputs_file), **arrays)  # what OpenVINO's worker is fed
-    print(json.dumps({"ready": True, "warm_s": warm, "bf16_kernels": low, "kernels": total, "census": census}),
-          flush=True)
+    loaded = {}
+    for variant, path, outputs_file in specs:
+        function = tf.saved_model.load(path).signatures["serving_default"]
+        arrays, _ = signature_inputs("serving_default", function.structured_input_signature[1], {}, batch, seed=0)
+        inputs = {k: tf.constant(v) for k, v in arrays.items()}
+        low, total, census = _executed_kernels(function, inputs)  # the first call: TF records graphs it builds
+        start = time.perf_counter()
+        for _ in range(3):
+            outputs = function(**inputs)
+        warm = (time.perf_counter() - start) / 3
+        np.savez(outputs_file, **{k: tf.cast(v, tf.float32).numpy() for k, v in outputs.items()})
+        np.savez(inputs_file(outputs_file), **arrays)  # what OpenVINO's worker is fed
+        loaded[variant] = (function, inputs)
+        print(json.dumps({"ready": True, "variant": variant, "warm_s": warm, "bf16_kernels": low, "kernels": total,
+                          "census": census}), flush=True)
     for line in sys.stdin:
+        _, calls, variant = line.split()
+        function, inputs = loaded[variant]
         times, cpu = [], []
-        for _ in range(int(line.split()[1])):
+        for _ in range(int(calls)):
             start, start_cpu = time.perf_counter(), time.process_time()
             for value in function(**inputs).values():
                 value.numpy()
@@ -280,27 +288,30 @@ def inputs_file(outputs_file) -> str:
 
 
 class Worker:
-    """A variant loaded in its own subprocess (`command`: another program speaking the same protocol)."""
+    """A subprocess holding one or more variants (`command`: another program speaking the same protocol for one)."""
 
-    def __init__(self, variant: str, path: Path, batch: int, outputs_file: Path, log: Path, command=None):
-        self.variant, self.outputs_file = variant, outputs_file
+    def __init__(self, variants: list, paths: list, batch: int, outputs_files: list, log: Path, command=None):
+        self.variants = variants
         self.log = open(log, "a")
-        command = command or [sys.executable, __file__, "--worker", variant, str(path), str(batch), str(outputs_file)]
+        self.named = command is None  # our worker takes "run N VARIANT"; another program, "run N"
+        command = command or [sys.executable, __file__, "--worker", str(batch),
+                              *(str(x) for spec in zip(variants, paths, outputs_files) for x in spec)]
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True, cwd=ROOT)
-        self.info = None
 
     def ready(self) -> dict:
-        """Wait until the model is loaded and warm; return its report."""
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker {self.variant} died; see {self.log.name}")
-        self.info = json.loads(line)
-        return self.info
+        """Wait until every variant is loaded and warm; return {variant: its report}."""
+        infos = {}
+        for variant in self.variants:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"worker {variant} died; see {self.log.name}")
+            infos[variant] = json.loads(line)
+        return infos
 
-    def run(self, calls: int) -> dict:
+    def run(self, calls: int, variant: str) -> dict:
         """Time `calls` calls: {"times": wall seconds, "cpu": CPU seconds of the process (all threads)}."""
-        self.proc.stdin.write(f"run {calls}\n")
+        self.proc.stdin.write(f"run {calls} {variant}\n" if self.named else f"run {calls}\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
@@ -308,9 +319,6 @@ class Worker:
         self.proc.stdin.close()
         self.proc.wait(timeout=120)
         self.log.close()
-
-
-# --------------------------------------------------------------------------------------------- measuring
 
 
 def openvino_command(python: str, path: Path, fp32_outputs: Path, outputs: Path) -> list:
@@ -339,24 +347,30 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
     variants = [v for v in VARIANTS + PEERS if v in paths]
     log = workdir / "workers.log"
     outputs_of = {v: workdir / f"{name}_b{batch}_{v}.npz" for v in variants}
-    workers = {v: Worker(v, paths[v], batch, outputs_of[v], log) for v in variants if v != "openvino"}
+    # Every TF variant but TF AMP (whose optimizer option is process-global) in one process: on the AMX machine the
+    # same graph ran 62 ms in one process and 100-117 ms in others, so one process per variant measured luck.
+    shared = [v for v in variants if v not in ("tf_amp", "openvino")]
+    groups = [shared] + [[v] for v in variants if v == "tf_amp"]
+    processes = [Worker(g, [paths[v] for v in g], batch, [outputs_of[v] for v in g], log) for g in groups]
+    workers = {v: process for process in processes for v in process.variants}
     try:
-        infos = {v: w.ready() for v, w in workers.items()}
+        infos = {v: info for process in processes for v, info in process.ready().items()}
         if "openvino" in variants:  # started once the float32 worker has written its inputs
-            workers["openvino"] = Worker("openvino", paths["openvino"], batch, outputs_of["openvino"], log,
-                                         openvino_command(openvino_python, paths["openvino"], outputs_of["fp32"],
-                                                          outputs_of["openvino"]))
-            infos["openvino"] = workers["openvino"].ready()
+            processes.append(Worker(["openvino"], [paths["openvino"]], batch, [outputs_of["openvino"]], log,
+                                    openvino_command(openvino_python, paths["openvino"], outputs_of["fp32"],
+                                                     outputs_of["openvino"])))
+            workers["openvino"] = processes[-1]
+            infos.update(processes[-1].ready())
         calls = max(1, round(block_seconds / max(i["warm_s"] for i in infos.values())))
         times, cpu = {v: [] for v in variants}, {v: [] for v in variants}
         for r in range(rounds):
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-                block = workers[v].run(calls)
+                block = workers[v].run(calls, v)
                 times[v] += block["times"]
                 cpu[v] += block["cpu"]
     finally:
-        for w in workers.values():
-            w.close()
+        for process in processes:
+            process.close()
     outputs = {v: np.load(outputs_of[v]) for v in variants}
     diff = {v: max(float(np.abs(a - r).max()) for a, r in _matched_outputs(outputs[v], outputs["fp32"]))
             for v in variants}
@@ -424,6 +438,7 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         sys.path.insert(0, str(ROOT))
-        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        specs = sys.argv[3:]
+        worker(int(sys.argv[2]), [tuple(specs[i:i + 3]) for i in range(0, len(specs), 3)])
     else:
         sys.exit(main())
