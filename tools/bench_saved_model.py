@@ -321,6 +321,9 @@ class Worker:
         self.log.close()
 
 
+# --------------------------------------------------------------------------------------------- measuring
+
+
 def openvino_command(python: str, path: Path, fp32_outputs: Path, outputs: Path) -> list:
     """tools/openvino_run.py in OpenVINO's environment, fed the float32 worker's inputs."""
     return [python, str(ROOT / "tools" / "openvino_run.py"), str(path), inputs_file(fp32_outputs), str(outputs),

@@ -69,28 +69,32 @@ class HookSafeCosts:
     def for_graph(self, graph_def, precision=None, fetches=(), batch=None):
         """The core.assignment.CostTable of one function body (measuring what the caches lack)."""
         import tensorflow as tf
-        from ..analysis.graph_profile import body_profileable, profile_body
         current = getattr(_LOCAL, "body", None)
         if current is not None and current.body.graph_def is not graph_def:
             current = None  # a graph the hook is not rewriting: nothing of it is known
         if current is not None:
             graph_def = _annotated(graph_def, _func_graph_shapes(current.atomic))
         with paused(), tf.init_scope():
-            why = "" if self.table.low_units else self.table.no_units_note()
-            if current is not None and not why:
-                args, readers = _body_args(current.atomic, graph_def)
-                why = body_profileable(graph_def, args)
-                if not why:
-                    try:
-                        args = [dataclasses.replace(arg, value=read()) if read else arg
-                                for arg, read in zip(args, readers)]
-                        return profile_body(dataclasses.replace(current.body, graph_def=graph_def), args,
-                                            current.options, current.signatures, self.table).table
-                    except Exception as error:  # noqa: BLE001 -- the hook must never break training
-                        why = f"it did not run in a session ({type(error).__name__}: {str(error)[:200]})"
-                if why:
-                    logger.info("mp_rewrite: %s: costs from the op table: %s", current.name, why)
+            if current is not None and self.table.low_units:
+                table, why = self._profiled(current, graph_def)
+                if table is not None:
+                    return table
+                logger.info("mp_rewrite: %s: costs from the op table: %s", current.name, why)
             return self.table.for_graph(graph_def, precision, fetches, batch)
+
+    def _profiled(self, current, graph_def):
+        """(the CostTable of the body `current` measured as it runs, "") or (None, why it cannot be)."""
+        from ..analysis.graph_profile import body_profileable, profile_body
+        args, readers = _body_args(current.atomic, graph_def)
+        why = body_profileable(graph_def, args)
+        if why:
+            return None, why
+        try:
+            args = [dataclasses.replace(arg, value=read()) if read else arg for arg, read in zip(args, readers)]
+            return profile_body(dataclasses.replace(current.body, graph_def=graph_def), args, current.options,
+                                current.signatures, self.table).table, ""
+        except Exception as error:  # noqa: BLE001 -- the hook must never break training
+            return None, f"it did not run in a session ({type(error).__name__}: {str(error)[:200]})"
 
 
 def _annotated(graph_def, shapes: dict):
