@@ -208,3 +208,36 @@ def test_documented_hyperparameter_delegation():
         opt.epsilon  # noqa: B018  (not a hyperparameter: Adam never calls _set_hyper on it)
     opt.epsilon = 1e-4
     assert opt.epsilon == 1e-4 and opt.inner_optimizer.epsilon == 1e-5
+
+
+def compiled_tf_keras_model(opt):
+    model = tf_keras.Sequential([tf_keras.layers.Dense(4, input_shape=(3,)), tf_keras.layers.Dense(1)])
+    model.compile(optimizer=opt, loss="mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(32, 3)).astype("float32"), rng.normal(size=(32, 1)).astype("float32"),
+              batch_size=8, epochs=1, verbose=0)
+    return model
+
+
+@pytest.mark.parametrize("family", ["legacy", "new"])
+def test_tf_keras_h5_saved_with_ours_loads_in_tf_keras_as_its_own_wrapper_would(tmp_path, family):
+    opt = tf_keras_lso(family, ours=True)
+    saved = compiled_tf_keras_model(opt)
+    saved.save(tmp_path / "m.h5")
+    loaded = tf_keras.models.load_model(tmp_path / "m.h5").optimizer  # tf_keras alone: mp_rewrite not needed
+    peer = tf_keras_lso(family, ours=False)
+    assert type(loaded) is type(peer) and type(opt).__name__ == type(peer).__name__
+    assert loaded.get_config() == opt.get_config()
+    assert (loaded.initial_scale, loaded.dynamic_growth_steps) == (4.0, 2)
+    if family == "legacy":  # tf_keras's .h5 keeps a legacy optimizer's state (for new ones, tf_keras's own loses it)
+        assert int(loaded.iterations) == int(opt.iterations) == 4
+
+
+@pytest.mark.parametrize("family", ["legacy", "new"])
+def test_tf_keras_model_with_ours_saves_and_loads_in_its_native_format(tmp_path, family):
+    opt = tf_keras_lso(family, ours=True)
+    compiled_tf_keras_model(opt).save(tmp_path / "m.keras")
+    loaded = tf_keras.models.load_model(tmp_path / "m.keras").optimizer
+    assert isinstance(loaded, LossScaleOptimizer) and type(loaded) is type(opt)
+    assert loaded.get_config() == opt.get_config()
+

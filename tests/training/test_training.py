@@ -154,6 +154,24 @@ def test_model_fit_train_function_runs_rewritten():
     assert {"Conv2DBackpropFilter", "Conv2DBackpropInput"} <= ops_in(fdef, HALF)
 
 
+@pytest.mark.parametrize("family", ["legacy", "new"])
+def test_tf_keras_model_fit_takes_the_wrapped_optimizer_and_runs_rewritten(family):
+    # tf_keras's compile accepts only its own optimizer classes; the wrapped optimizer must pass as tf_keras's does.
+    tf_keras = pytest.importorskip("tf_keras")
+    inner = (tf_keras.optimizers.legacy.SGD if family == "legacy" else tf_keras.optimizers.SGD)(0.1)
+    opt = enable_mixed_precision_graph_rewrite(inner, **ENABLE["bfloat16"])
+    model = tf_keras.Sequential([tf_keras.layers.Dense(16, activation="relu", input_shape=SHAPES["mlp"]),
+                                 tf_keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer=opt, loss="binary_crossentropy")
+    assert model.optimizer is opt and tf_keras.optimizers.get(opt) is opt
+    assert type(tf_keras.optimizers.get("sgd")).__name__ == "SGD"  # everything else still goes to tf_keras
+    history = model.fit(*sum_sign_data(256, SHAPES["mlp"], 0), batch_size=32, epochs=3, verbose=0,
+                        callbacks=[tf_keras.callbacks.ReduceLROnPlateau(monitor="loss")])  # reads optimizer.lr
+    assert history.history["loss"][-1] < history.history["loss"][0] and int(opt.iterations) == 24
+    names = [n for n in rewritten_functions() if "train_function" in n]
+    assert names and "MatMul" in ops_in(executed(names[0]), BF16)
+
+
 def test_xla_compiled_train_function_runs_rewritten():
     # Keras compiles train functions with XLA by default when a GPU is present; XLA compiles the rewritten body.
     model = make_model("mlp")

@@ -7,4 +7,5 @@
     scaling_contract.py   tf_keras's and Keras 3's apply_gradients contracts
     delegation.py         what is delegated to the inner optimizer
     legacy_methods.py     tf_keras's legacy optimizer methods
+    tf_keras_compile.py   tf_keras's Model.compile accepting it
 """

@@ -1,11 +1,13 @@
 """What a LossScaleOptimizer forwards to its inner optimizer, per optimizer family, as tf_keras and Keras 3 do.
 
 * Always: `iterations`, `learning_rate` (the same object), and hyperparameters on get and set — tf_keras's
-  `_hyper` entries (`lr` too) for a legacy inner optimizer, numeric constructor arguments (`beta_1`, `momentum`)
-  for the others. Arbitrary attributes (`nesterov`) are not forwarded, as in tf_keras.
+  `_hyper` entries for a legacy inner optimizer, numeric constructor arguments (`beta_1`, `momentum`) for the
+  others, and `lr` around either tf_keras family (its callbacks read it). Arbitrary attributes (`nesterov`) are
+  not forwarded, as in tf_keras.
 * tf_keras legacy inner optimizer: `clipnorm`, `global_clipnorm`, `clipvalue`, `weights`, `variables()`, slots
   (`legacy_methods.py`).
-* tf_keras new inner optimizer: `use_ema`, `ema_momentum`, `finalize_variable_values`, as LossScaleOptimizerV3.
+* tf_keras new inner optimizer: `use_ema`, `ema_momentum`, `finalize_variable_values`, `weights` (its
+  `variables`, what tf_keras's .h5 saving reads), as LossScaleOptimizerV3.
 * Keras 3 inner optimizer: the wrapper keeps Keras 3's own options (`use_ema` etc. are the wrapper's, and the
   constructor refuses them as Keras 3 does).
 """
@@ -93,10 +95,14 @@ class InnerDelegation:
 
     @property
     def weights(self):
-        """The inner legacy optimizer's weights (tf_keras legacy only; Keras 3 optimizers have none)."""
-        if self.__dict__.get("_family") != _TF_KERAS_V2:
-            raise AttributeError(f"'{type(self).__name__}' object has no attribute 'weights'")
-        return self.inner_optimizer.weights
+        """The inner tf_keras optimizer's weights (what tf_keras's .h5 saving stores: a legacy optimizer's `weights`,
+        a new one's `variables`); Keras 3 optimizers have none."""
+        family = self.__dict__.get("_family")
+        if family == _TF_KERAS_V2:
+            return self.inner_optimizer.weights
+        if family == _TF_KERAS_V3:
+            return list(self.inner_optimizer.variables)
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute 'weights'")
 
     def finalize_variable_values(self, var_list):
         """Keras's end-of-training hook: the inner optimizer's for a tf_keras inner optimizer (its EMA), else Keras's.
@@ -115,8 +121,9 @@ class InnerDelegation:
         if self._family == _TF_KERAS_V2:
             names = set(inner._hyper)
             return names | {"lr"} if "learning_rate" in names else names
-        # Keras 3 and tf_keras's new optimizers have no registry: take the numeric constructor arguments.
-        names = {"learning_rate"}
+        # Keras 3 and tf_keras's new optimizers have no registry: take the numeric constructor arguments
+        # (and tf_keras's `lr` alias, which its callbacks read).
+        names = {"learning_rate", "lr"} if self._family == _TF_KERAS_V3 else {"learning_rate"}
         for arg in inspect.signature(type(inner).__init__).parameters:
             value = getattr(inner, arg, None) if arg not in _BASE_ARGS else None
             if (isinstance(value, numbers.Real) and not isinstance(value, bool)) or isinstance(
@@ -147,6 +154,6 @@ class InnerDelegation:
         names = set(super().__dir__()) | self._hyperparameter_names()
         if self.__dict__.get("_family") == _TF_KERAS_V2:
             names |= set(PUBLIC_LEGACY_METHODS)  # TF's checkpoint looks for get_slot_names with dir()
-        else:
+        elif self.__dict__.get("_family") == _KERAS:
             names.discard("weights")
         return sorted(names)

@@ -27,10 +27,11 @@ from .delegation import InnerDelegation
 from .dynamic_scale import UNSCALE_SCOPE, DynamicScaleUpdate, multiply  # noqa: F401  (UNSCALE_SCOPE re-exported)
 from .legacy_methods import LegacyWeights
 from .scaling_contract import aggregate_for_inner, apply_to_inner, warn_about_scaling, warn_unscaled_keras_step
+from .tf_keras_compile import accept_in_tf_keras
 from .settings import (  # noqa: F401  (the bounds and is_loss_scale_optimizer are re-exported)
     _KERAS, _TF_KERAS_V2, _TF_KERAS_V3, MAX_LOSS_SCALE, MIN_LOSS_SCALE, SCALE_HISTORY_SIZE, LossScaleError,
-    _check_inner, _check_settings, _check_strategy_supported, _check_wrapper_kwargs, deserialize_inner,
-    is_loss_scale_optimizer, legacy_config)
+    _check_inner, _check_settings, _check_strategy_supported, _check_wrapper_kwargs, _optimizer_family,
+    deserialize_inner, is_loss_scale_optimizer, legacy_config, serialize_inner)
 
 # AutoGraph would re-convert this module's Python on every trace (~3 s); none of it needs conversion.
 _no_autograph = tf.autograph.experimental.do_not_convert
@@ -75,6 +76,12 @@ class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleU
             central storage).
     """
 
+    def __new__(cls, inner_optimizer=None, *args, **kwargs):
+        # As tf_keras's BaseLossScaleOptimizer: a new (non-legacy) tf_keras optimizer gets the V3 class.
+        if cls is LossScaleOptimizer and _optimizer_family(inner_optimizer) == _TF_KERAS_V3:
+            cls = LossScaleOptimizerV3
+        return super().__new__(cls)
+
     def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None, name=None,
                  **kwargs):
         _check_wrapper_kwargs(kwargs)
@@ -95,6 +102,8 @@ class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleU
         inner_optimizer._is_wrapped_by_loss_scale_optimizer = True
         if family == _KERAS:
             inner_optimizer.loss_scale_factor = None  # the loss would otherwise be scaled twice
+        else:
+            accept_in_tf_keras(LossScaleOptimizer)  # so that tf_keras's Model.compile takes it
         self._create_state()
 
     def _create_state(self):
@@ -333,12 +342,18 @@ class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleU
     # -- serialization -------------------------------------------------------------------------------------------
 
     def get_config(self):
-        """Returns the config: name, the serialized inner optimizer and the three loss scale settings."""
-        config = {"name": self.name, "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
-                  "dynamic": self._dynamic, "initial_scale": self._initial_scale,
-                  "dynamic_growth_steps": self._growth_steps}
-        if self._family == _KERAS and self._dynamic:
-            del config["dynamic"]  # Keras 3's own config has no "dynamic" (it is always dynamic)
+        """Returns the config in the peer's layout: the serialized inner optimizer and the loss scale settings.
+
+        Around a tf_keras optimizer it is tf_keras's LossScaleOptimizer config (no name; the inner optimizer as
+        tf_keras serializes it), so that tf_keras loads a model saved with it (.h5, .keras) without mp_rewrite.
+        Around a Keras 3 optimizer it is Keras 3's (with the name; "dynamic" only when the scale is fixed).
+        """
+        config = {"inner_optimizer": serialize_inner(self.inner_optimizer, self._family), "dynamic": self._dynamic,
+                  "initial_scale": self._initial_scale, "dynamic_growth_steps": self._growth_steps}
+        if self._family == _KERAS:
+            config = {"name": self.name, **config}
+            if self._dynamic:
+                del config["dynamic"]  # Keras 3's own config has no "dynamic" (it is always dynamic)
         return config
 
     @classmethod
@@ -355,3 +370,13 @@ class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleU
         config = legacy_config(dict(config))
         inner = deserialize_inner(config.pop("inner_optimizer"), custom_objects)
         return cls(inner, **config)
+
+
+@keras.saving.register_keras_serializable(package="mp_rewrite")
+class LossScaleOptimizerV3(LossScaleOptimizer):
+    """What `LossScaleOptimizer(inner)` is around a new (non-legacy) tf_keras optimizer, as in tf_keras.
+
+    The class adds nothing; its name does the work. tf_keras's .h5 files record the optimizer's class name, and
+    tf_keras loads "LossScaleOptimizerV3" into its own wrapper for new optimizers ("LossScaleOptimizer" is its
+    wrapper for legacy ones, which refuses them).
+    """

@@ -189,21 +189,38 @@ def settings_from_loss_scale(loss_scale):
         f"({', '.join(_SETTINGS)}), a FixedLossScale, or a DynamicLossScale. Got value: {loss_scale!r}")
 
 
+def serialize_inner(inner, family):
+    """The inner optimizer's config as its own library serializes it (tf_keras's or Keras 3's)."""
+    if family == _KERAS:
+        return keras.saving.serialize_keras_object(inner)
+    return _tf_keras().optimizers.serialize(inner)
+
+
+def _written_by_tf_keras(config) -> bool:
+    """Whether an inner optimizer config comes from tf_keras or tf.keras: it has no "module" (Keras 2, TF <= 2.3),
+    or tf_keras's keys ("is_legacy_optimizer" in new optimizers, "decay" in legacy ones) under its "keras.optimizers"
+    module name, which Keras 3 configs share."""
+    inner_config = config.get("config", {})
+    tf_keras_keys = "is_legacy_optimizer" in inner_config or "decay" in inner_config
+    return "class_name" in config and (
+        "module" not in config or (str(config["module"]).startswith("keras.optimizers") and tf_keras_keys))
+
+
 def deserialize_inner(config, custom_objects):
     """Rebuild the inner optimizer of a LossScaleOptimizer config (Keras 3 or tf_keras).
 
-    A config without a "module" was written by tf.keras (Keras 2, or TF <= 2.3) and is rebuilt by tf_keras, as
-    tf_keras's LossScaleOptimizer does (a legacy optimizer when the config says so, or has the legacy "decay" key).
+    A config written by tf_keras or tf.keras (see `_written_by_tf_keras`) is rebuilt by tf_keras, as tf_keras's
+    LossScaleOptimizer does (a legacy optimizer when the config says so, or has the legacy "decay" key).
     """
     module = config.get("module") or ""
-    if "module" not in config and "class_name" in config and importlib.util.find_spec("tf_keras") is not None:
+    if module.startswith("tf_keras"):
+        # Keras 3's deserializer cannot locate tf_keras classes; they rebuild themselves from their own config.
+        return getattr(importlib.import_module(module), config["class_name"]).from_config(config["config"])
+    if _written_by_tf_keras(config) and importlib.util.find_spec("tf_keras") is not None:
         optimizers = importlib.import_module("tf_keras.optimizers")
         inner_config = config.get("config", {})
         legacy = inner_config.get("is_legacy_optimizer", "decay" in inner_config)
         return optimizers.deserialize(config, custom_objects=custom_objects, use_legacy_optimizer=legacy)
-    if module.startswith("tf_keras"):
-        # Keras 3's deserializer cannot locate tf_keras classes; they rebuild themselves from their own config.
-        return getattr(importlib.import_module(module), config["class_name"]).from_config(config["config"])
     return keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
 
 
