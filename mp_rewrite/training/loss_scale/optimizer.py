@@ -345,7 +345,7 @@ class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleU
         """Returns the config in the peer's layout: the serialized inner optimizer and the loss scale settings.
 
         Around a tf_keras optimizer it is tf_keras's LossScaleOptimizer config (no name; the inner optimizer as
-        tf_keras serializes it), so that tf_keras loads a model saved with it (.h5, .keras) without mp_rewrite.
+        tf_keras serializes it), so that tf_keras alone loads an .h5 model saved with it, into its own wrapper.
         Around a Keras 3 optimizer it is Keras 3's (with the name; "dynamic" only when the scale is fixed).
         """
         config = {"inner_optimizer": serialize_inner(self.inner_optimizer, self._family), "dynamic": self._dynamic,
