@@ -110,11 +110,12 @@ class Variant:
             shape = (batch, size, size, 3) if model_name == "resnet50" else (batch, 32, 32, 3)
             self.x = tf.random.stateless_normal(shape, seed=(1, 2))
         self.y = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=10, dtype=tf.int32)
+        earlier = set(training.rewritten_functions())
         start = time.perf_counter()
         self.step(self.x, self.y).numpy()  # trace (+ rewrite) + first run
         self.first_call = time.perf_counter() - start
-        self.results = dict(training.rewritten_functions()) if precision else {}
-        self.rewritten = list(self.results)
+        self.results = {name: result for name, result in training.rewritten_functions().items()
+                        if name not in earlier} if precision else {}  # this variant's (one process runs them all)
         if precision is not None:
             training.disable_mixed_precision_graph_rewrite(restore=False)  # keep this step rewritten
         self.times, self.cpu_times = [], []
@@ -215,6 +216,25 @@ def machine_facts():
             f"Keras {keras.__version__}, Python {platform.python_version()}")
 
 
+def predicted_lines(variants) -> list:
+    """What the cost assignment predicted for each cost variant's step, from the step's own measured node times:
+    the candidate ops in float32, as Grappler's lists make them, as the cut chose, and the bound (each at its faster
+    precision, casts free) -- what any choice of precisions could reach on those ops."""
+    lines = []
+    for v in variants:
+        chosen = [r.assignment for r in v.results.values() if getattr(r, "assignment", None) is not None]
+        if v.label not in COST_VARIANTS or not chosen:
+            continue
+        a = max(chosen, key=lambda a: a.fp32_cost)  # the step (other rewritten functions are small helpers)
+        lines += ["", f"{v.label}, predicted: the {len(a.candidates)} candidate ops of the step cost "
+                  f"{a.fp32_cost:.1f} ms in float32, {a.lists_cost:.1f} ms as Grappler's lists make them "
+                  f"({a.fp32_cost / a.lists_cost:.2f}x), {a.cost:.1f} ms as the cut chose ({len(a.demoted)} kept "
+                  f"float32, {a.fp32_cost / a.cost:.2f}x); bound {a.bound:.1f} ms ({a.fp32_cost / a.bound:.2f}x: "
+                  "each at its faster precision, casts free). The times: "
+                  f"{a.source or 'the op table (each op timed alone)'}."]
+    return lines
+
+
 def render(results, args, facts):
     lines = ["# Training step time: graph rewrite vs float32 vs Keras mixed_bfloat16", "",
              f"Command: `{ONEDNN_SET}{shlex.join(['python3', 'tools/bench_training.py', *sys.argv[1:]])}`", "",
@@ -248,6 +268,7 @@ def render(results, args, facts):
                     cpu = statistics.median(b / a for a, b in zip(v.cpu_times, peer.cpu_times))
                     wall = statistics.median(b / a for a, b in zip(v.times, peer.times))
                     lines.append(f"- {v.label}: CPU time {cpu:.2f}x, wall {wall:.2f}x")
+        lines += predicted_lines(variants)
         lines += ["", "Dynamic against fixed loss scaling, same precision (median over rounds of the per-round ratio):",
                   ""]
         for dynamic, fixed in OVERHEAD_PAIRS:

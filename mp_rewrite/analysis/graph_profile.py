@@ -34,7 +34,7 @@ from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
-from .graph_runs import Runner, made_up_values, opened, race, saved_model_copy, traced_times
+from .graph_runs import FunctionRunner, Runner, made_up_values, opened, race, saved_model_copy, traced_times
 from .profile_cache import graph_bytes, load, profile_key, save
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
@@ -139,7 +139,7 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
 
 
 def profile_body(body, args, options, signatures, machine, batch: int | None = None, runs: int = RUNS,
-                 progress=None) -> Profile:
+                 progress=None, function=None) -> Profile:
     """Measure the cost table of one function body -- a training step's, traced by the tf.function hook -- by
     running it in float32 and as the lists rewrite it (core.body.rewrite_body, as the hook does), each in a session
     with variables of its own (analysis.graph_runs.Runner.of_body: the caller's variables are read, never written).
@@ -150,20 +150,26 @@ def profile_body(body, args, options, signatures, machine, batch: int | None = N
         options: the core.options.Options of the rewrite.
         signatures: the core.op_support.Signatures of the functions the body calls.
         machine, batch, runs, progress: as for profile_costs.
+        function: the body's FunctionDef as traced. When given, the cut is raced against float32 and the lists as
+            the step will run, each variant a FunctionDef called in the eager function runtime (graph_runs.
+            FunctionRunner), not in the sessions that give the node times.
 
     Returns:
         A Profile (its table's graph label is MAIN, under which rewrite_body looks up a body's costs).
     """
     from ..core.body import rewrite_body
+    from ..core.functions import graph_to_function
     specs = [(arg.dtype, list(arg.shape), arg.variable) for arg in args]
     targets = sorted(name for name in body.control_outputs if not name.startswith("^"))  # control_ret is a map
+    racer = None if function is None else (lambda result: FunctionRunner(
+        graph_to_function(result.graph_def if result else body.graph_def, function, signatures), args, batch))
     return _profile(body.graph_def,
                     lambda opts: rewrite_body(body.graph_def, opts, body.retvals, body.preserved(), signatures,
                                               preserve_stateful=True, label=MAIN),
                     lambda result: Runner.of_body(result.graph_def if result else body.graph_def, args,
                                                   body.retvals, targets, batch),
                     [specs, body.retvals, targets], {MAIN: [""]}, options, machine, batch, runs, progress, False,
-                    body.retvals)
+                    body.retvals, racer)
 
 
 def body_profileable(graph_def, args) -> str:
@@ -186,13 +192,14 @@ def body_profileable(graph_def, args) -> str:
 
 
 def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, batch, runs, progress, refresh,
-             fetches) -> Profile:
+             fetches, racer=None) -> Profile:
     """What every front end does: rewrite with the lists (`rewrite(options)` -> RewriteResult), run float32 and the
-    lists' variant (`run(None or RewriteResult)` -> Runner) traced, build the table, race the cut if it differs, and
-    cache the outcome under a key of both graphs and `key_parts`."""
+    lists' variant (`run(None or RewriteResult)` -> Runner) traced, build the table, race the cut if it differs
+    (in those sessions, or as `racer(None or RewriteResult)` runs each variant), and cache the outcome under a key
+    of both graphs and `key_parts`."""
     lists = rewrite(_lists(options))
     key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), *key_parts, batch, runs,
-                      machine.machine, machine.precision)
+                      machine.machine, machine.precision, racer is not None)
     cached = None if refresh else _cached(key)
     if cached is not None:
         return cached
@@ -201,7 +208,14 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
         times, walls = traced_times(runners, runs, progress)
         table = _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches)
         cut = rewrite(dataclasses.replace(options, assign="cost", costs=table))
-        table = _checked(table, cut, runners, lambda: run(cut))
+
+        def racing():  # the float32, lists and cut runners to race (closed with the traced ones)
+            if racer is None:
+                runners.append(run(cut))
+                return runners
+            runners.extend(racer(result) for result in (None, lists, cut))
+            return runners[2:]
+        table = _checked(table, cut, racing, "" if racer is None else " as the function runs")
     return _saved(key, table, walls)
 
 
@@ -217,17 +231,17 @@ def _cached(key: str) -> Profile | None:
     return Profile(dataclasses.replace(table, note=f"{table.note}; cached in {path}"), fp32_ms, lists_ms)
 
 
-def _checked(table, cut, runners, cut_runner) -> CostTable:
+def _checked(table, cut, racing, where: str) -> CostTable:
     """The table, with what running the cut's graph showed: a cut that differs from the lists is raced against the
-    lists' graph and float32 (`runners`); if one of those runs faster by more than the timing resolves, the table
-    says so, and the assignment keeps that one (core.assignment: a prediction is checked against the run)."""
+    lists' graph and float32 (`racing()` -> their three runners); if one of those runs faster by more than the
+    timing resolves, the table says so, and the assignment keeps that one (core.assignment: a prediction is checked
+    against the run)."""
     from ..core.assignment import RESOLUTION
     demoted = sum(len(r.assignment.demoted) for r in (cut, *cut.functions.values()) if r.assignment)
     if not demoted or not table.low_units:
         return table
-    runners.append(cut_runner())
-    fp32_ms, lists_ms, cut_ms = race(runners, RACE_RUNS)
-    ran = f"ran float32 {fp32_ms:.1f} ms, the lists {lists_ms:.1f} ms, the cut {cut_ms:.1f} ms per run"
+    fp32_ms, lists_ms, cut_ms = race(racing(), RACE_RUNS)
+    ran = f"ran{where} float32 {fp32_ms:.1f} ms, the lists {lists_ms:.1f} ms, the cut {cut_ms:.1f} ms per run"
     best = min(("float32", fp32_ms), ("lists", lists_ms), key=lambda c: c[1])
     if best[1] < (1 - RESOLUTION) * cut_ms:
         return dataclasses.replace(table, keep=best[0], note=f"{table.note}; {ran}: {best[0]} kept")

@@ -4,13 +4,14 @@ Each variant -- a GraphDef, or a SavedModel directory -- runs in its own TF1 ses
 model (remapper and oneDNN fusions on, auto mixed precision off: the graph says its own dtypes), on the same
 made-up inputs, in alternation, so that whatever else runs on the machine disturbs them alike. `traced_times`
 reads each node's time from TF's step stats (analysis.graph_profile builds costs from them); `race` times whole
-runs.
+runs, of sessions or of a tf.function body's variants in the eager function runtime (FunctionRunner).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import time
@@ -84,10 +85,8 @@ class Runner:
         (its values copied in once, so running the body -- a training step -- never touches the caller's), and a
         _Retval becomes an Identity of the same name."""
         graph_def, init = runnable_body(body_graph_def, args)
-        fed = [(i, arg) for i, arg in enumerate(args) if not arg.variable]
-        made_up = made_up_values([(a.dtype, a.shape) for _, a in fed], batch)
         names = {node.attr["index"].i: node.name for node in body_graph_def.node if node.op == "_Arg"}
-        feeds = {names[i]: made if arg.value is None else arg.value for (i, arg), made in zip(fed, made_up)}
+        feeds = {names[i]: value for i, value in _fed_values(args, batch).items()}
         return cls.of_graph(graph_def, feeds, fetches, targets, init)
 
     @classmethod
@@ -104,6 +103,49 @@ class Runner:
         from tensorflow.core.protobuf import config_pb2
         options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE) if metadata else None
         self.session.run(self.fetches, self.feed_dict, options=options, run_metadata=metadata)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class FunctionRunner:
+    """A function body's variant run as TF runs a traced tf.function: its FunctionDef registered in the eager
+    context under a name of its own and called as an op, with made-up inputs (`args`, as for Runner.of_body) and,
+    for each resource argument, a variable of its own set to the argument's value (running it -- a training step --
+    never touches the caller's variables). No step stats: it is for `race`, where a step should be timed in the
+    runtime it will run in (a session and the function runtime can rank a small step's variants differently)."""
+
+    _names = itertools.count()
+
+    def __init__(self, fdef, args, batch: int | None = None):
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+        self._ctx = context.context()
+        own = type(fdef)()
+        own.CopyFrom(fdef)
+        own.signature.name = self.name = f"{fdef.signature.name}_mp_rewrite_race_{next(self._names)}"
+        fed = _fed_values(args, batch)
+        self._variables = {i: tf.Variable(made_up_values([(arg.dtype, arg.shape)], 1)[0] if arg.value is None
+                                          else arg.value) for i, arg in enumerate(args) if arg.variable}
+        self._inputs = [self._variables[i].handle if i in self._variables else tf.constant(fed[i])
+                        for i in range(len(args))]
+        self._outputs = len(own.signature.output_arg)
+        self._ctx.add_function_def(own)
+
+    def run(self) -> None:
+        from tensorflow.python.eager import execute
+        execute.execute(self.name, self._outputs, self._inputs, (), self._ctx)
+
+    def close(self) -> None:
+        self._ctx.remove_function(self.name)
+        self._variables.clear()
+
+
+def _fed_values(args, batch) -> dict:
+    """{index: value} of the BodyArgs that are not variables: their own value, else made up."""
+    fed = [(i, arg) for i, arg in enumerate(args) if not arg.variable]
+    made_up = made_up_values([(a.dtype, a.shape) for _, a in fed], batch)
+    return {i: made if arg.value is None else arg.value for (i, arg), made in zip(fed, made_up)}
 
 
 def runnable_body(body_graph_def, args):
@@ -153,12 +195,12 @@ def _add(graph_def, name, op, inputs, **attrs):
 
 @contextlib.contextmanager
 def opened(stack: list):
-    """Close every Runner appended to `stack` on the way out."""
+    """Close every Runner (or FunctionRunner) appended to `stack` on the way out."""
     try:
         yield stack
     finally:
         for runner in stack:
-            runner.session.close()
+            runner.close()
 
 
 def saved_model_copy(export_dir: str, meta_graph_def, directory: str) -> str:

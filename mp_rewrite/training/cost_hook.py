@@ -92,7 +92,7 @@ class HookSafeCosts:
         try:
             args = [dataclasses.replace(arg, value=read()) if read else arg for arg, read in zip(args, readers)]
             return profile_body(dataclasses.replace(current.body, graph_def=graph_def), args, current.options,
-                                current.signatures, self.table).table, ""
+                                current.signatures, self.table, function=current.atomic.definition).table, ""
         except Exception as error:  # noqa: BLE001 -- the hook must never break training
             return None, f"it did not run in a session ({type(error).__name__}: {str(error)[:200]})"
 

@@ -160,14 +160,20 @@ class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleU
         Returns:
             The scaled loss, in the dtype of `loss`.
         """
-        if self._family == _KERAS:
+        if self._family == _KERAS and not self._unit_scale:
             self._pending_unscaled.variable.assign(0.0)
         return self._scaled(loss)
+
+    @property
+    def _unit_scale(self) -> bool:
+        """A fixed scale of 1 (the bfloat16 default): scaling and unscaling are exact no-ops, so no ops are added
+        (a training step would otherwise multiply every gradient by 1)."""
+        return not self._dynamic and self._initial_scale == 1.0
 
     def _scaled(self, loss):
         self._loss_has_been_scaled = True
         loss = tf.convert_to_tensor(loss)
-        return loss * tf.cast(self.loss_scale, loss.dtype)
+        return loss if self._unit_scale else loss * tf.cast(self.loss_scale, loss.dtype)
 
     @_no_autograph
     def get_scaled_loss(self, loss):
@@ -195,12 +201,14 @@ class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleU
             A list of the unscaled gradients; None stays None, IndexedSlices stay IndexedSlices.
         """
         unscaled = self._unscaled(grads)
-        if self._family == _KERAS:
+        if self._family == _KERAS and not self._unit_scale:
             self._pending_unscaled.variable.assign_add(1.0)
         return unscaled
 
     def _unscaled(self, grads):
         self._gradients_have_been_unscaled = True
+        if self._unit_scale:
+            return list(grads)
         reciprocal = tf.math.reciprocal(self.loss_scale)
         return [multiply(g, reciprocal) for g in grads]
 
@@ -276,9 +284,10 @@ class LossScaleOptimizer(TfKerasCheckpointLayout, InnerDelegation, DynamicScaleU
             grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if not self.built:
             self.build(variables)
-        factor = self._unscale_factor(grads_unscaled)
-        grads = [g if getattr(v, "overwrite_with_gradient", False) else multiply(g, factor)
-                 for g, v in zip(grads, variables)]
+        if not self._unit_scale:
+            factor = self._unscale_factor(grads_unscaled)
+            grads = [g if getattr(v, "overwrite_with_gradient", False) else multiply(g, factor)
+                     for g, v in zip(grads, variables)]
         if self._dynamic:
             self._apply_dynamic(grads, variables)
         else:
