@@ -12,7 +12,8 @@ variant alike. Variants:
 - rewrite float16 + fixed 2**15 / + dynamic LSO (the default); rewritten for CPU (device="cpu")
 
 Also: the one-off cost of the rewrite (the hook's work when the step is traced), and the overhead of dynamic
-against fixed loss scaling. Writes a markdown page (default docs/bench_training.md).
+against fixed loss scaling. Prints a markdown page, and writes it to `--out` if given (docs/bench_training.md is
+curated by hand from such pages in docs/bench_raw/, so the default writes nothing there).
 
 Usage::
 
@@ -296,7 +297,7 @@ def main(argv=None):
     parser.add_argument("--skip-float16", action="store_true", help="leave out the (slow on CPU) float16 variants")
     parser.add_argument("--variants", default="", help="';'-separated labels to run besides float32 (default: "
                         "all), e.g. 'keras mixed_bfloat16;rewrite bfloat16;rewrite bfloat16, assign cost'")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "bench_training.md"))
+    parser.add_argument("--out", help="also write the page here (e.g. docs/bench_raw/DATE_training.md)")
     args = parser.parse_args(argv)
     args.load_before = os.getloadavg()[0]
     unknown = sorted(set(filter(None, args.variants.split(";"))) - set(VARIANTS))
@@ -306,8 +307,9 @@ def main(argv=None):
     tf.get_logger().setLevel(logging.ERROR)  # "N out of the last N calls triggered retracing": one step per variant
     results = {name: bench_model(name, args) for name in args.models.split(",")}
     page = render(results, args, machine_facts())
-    with open(args.out, "w") as f:
-        f.write(page)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(page)
     print(page)
 
 
