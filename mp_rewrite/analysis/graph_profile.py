@@ -209,12 +209,15 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
         table = _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches)
         cut = rewrite(dataclasses.replace(options, assign="cost", costs=table))
 
-        def racing():  # the float32, lists and cut runners to race (closed with the traced ones)
+        def racing():  # the float32, lists and cut runners to race (closed on the way out)
             if racer is None:
                 runners.append(run(cut))
                 return runners
-            runners.extend(racer(result) for result in (None, lists, cut))
-            return runners[2:]
+            while runners:  # done with: their copies of the variables go before the racers make theirs
+                runners.pop().close()
+            for result in (None, lists, cut):
+                runners.append(racer(result))
+            return runners
         table = _checked(table, cut, racing, "" if racer is None else " as the function runs")
     return _saved(key, table, walls)
 

@@ -132,9 +132,10 @@ class FunctionRunner:
         self._outputs = len(own.signature.output_arg)
         self._ctx.add_function_def(own)
 
-    def run(self) -> None:
+    def run(self) -> list:
+        """One call; returns its outputs (eager Tensors)."""
         from tensorflow.python.eager import execute
-        execute.execute(self.name, self._outputs, self._inputs, (), self._ctx)
+        return execute.execute(self.name, self._outputs, self._inputs, (), self._ctx)
 
     def close(self) -> None:
         self._ctx.remove_function(self.name)

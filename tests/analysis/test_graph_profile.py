@@ -142,7 +142,8 @@ def test_a_loop_body_is_priced_from_the_op_table(tmp_path):
 
 
 def _step_body():
-    """A tf.function that updates a variable, as a body (core.functions.BodyGraph) with its BodyArgs."""
+    """A tf.function that updates a variable, as a body (core.functions.BodyGraph) with its BodyArgs, the variable
+    and the FunctionDef."""
     from mp_rewrite.analysis.graph_runs import BodyArg
     from mp_rewrite.core.functions import function_to_graph
     from mp_rewrite.core.op_support import Signatures
@@ -157,12 +158,12 @@ def _step_body():
     body = function_to_graph(concrete.function_def, Signatures(None))
     args = [BodyArg(tf.float32.as_datatype_enum, (1, 2), value=[[1.0, 0.0]]),
             BodyArg(tf.float32.as_datatype_enum, (2, 2), variable=True, value=variable.numpy())]
-    return body, args, variable
+    return body, args, variable, concrete.function_def
 
 
 def test_a_function_body_runs_in_a_session_with_a_copy_of_its_variables():
     from mp_rewrite.analysis.graph_runs import Runner
-    body, args, variable = _step_body()
+    body, args, variable, fdef = _step_body()
     runner = Runner.of_body(body.graph_def, args, body.retvals, body.control_outputs)
     try:
         first, second = (runner.session.run(runner.fetches, runner.feed_dict)[0] for _ in range(2))
@@ -173,11 +174,29 @@ def test_a_function_body_runs_in_a_session_with_a_copy_of_its_variables():
     assert variable.numpy().tolist() == [[1.0, 2.0], [3.0, 4.0]]
 
 
+def test_a_function_body_races_as_a_function_with_a_copy_of_its_variables():
+    from tensorflow.python.eager import context
+    from mp_rewrite.analysis.graph_runs import FunctionRunner
+    from mp_rewrite.core.functions import graph_to_function
+    from mp_rewrite.core.op_support import Signatures
+    body, args, variable, fdef = _step_body()
+    fdef = graph_to_function(body.graph_def, fdef, Signatures(None))
+    runner = FunctionRunner(fdef, args)
+    try:
+        assert context.context().has_function(runner.name) and runner.name != fdef.signature.name
+        first, second = (runner.run()[0].numpy() for _ in range(2))
+    finally:
+        runner.close()
+    assert first.tolist() == [[2.0, 3.0]] and second.tolist() == [[3.0, 4.0]]  # its own variable, updated
+    assert variable.numpy().tolist() == [[1.0, 2.0], [3.0, 4.0]]  # the caller's, never written
+    assert not context.context().has_function(runner.name)
+
+
 def test_a_body_profiled_again_is_read_from_the_cache_whatever_the_order_of_its_control_outputs():
     import dataclasses
     from mp_rewrite.analysis.graph_profile import profile_body
     from mp_rewrite.core.op_support import Signatures
-    body, args, _ = _step_body()
+    body, args, _, _ = _step_body()
     options, machine = make_options("bfloat16"), this_machine("bfloat16")
     first = profile_body(body, args, options, Signatures(None), machine, runs=1)
     again = dataclasses.replace(body, control_outputs=tuple(reversed(body.control_outputs)))
@@ -189,7 +208,7 @@ def test_a_body_profiled_again_is_read_from_the_cache_whatever_the_order_of_its_
 def test_a_body_whose_variables_pass_the_profiled_size_is_not_run():
     from mp_rewrite.analysis.graph_profile import body_profileable
     from mp_rewrite.analysis.graph_runs import BodyArg
-    body, args, _ = _step_body()
+    body, args, _, _ = _step_body()
     assert body_profileable(body.graph_def, args) == ""
     huge = [args[0], BodyArg(tf.float32.as_datatype_enum, (2**16, 2**15), variable=True)]  # 8 GiB, never allocated
     assert "8.0 GiB, over the 1 GiB profiled" in body_profileable(body.graph_def, huge)
