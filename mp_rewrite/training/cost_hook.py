@@ -5,10 +5,9 @@ A traced body's costs are measured while the hook rewrites it, as a conversion m
 Grappler's lists rewrite it, in sessions of its own whose variables are copies of the step's (read once from the
 captured variables, never written), and TF's step stats give each node's time in context, fusions included; the
 cut is then raced against both as the step will run, each variant called as a function in the eager runtime with
-variables of its own (analysis.graph_runs.FunctionRunner). A body
-that cannot run that way (an argument that is neither a number nor a variable, such as an iterator; a call into
-other functions; an op the session cannot run) is priced from the op table instead (each op timed alone), and the
-log says why. Either way the hook must leave the functions registered while measuring alone, work eagerly, and hand
+variables of its own (analysis.graph_runs.FunctionRunner). A body that cannot run that way (an argument that is
+neither a number nor a variable, such as an iterator; a call into other functions; an op the session cannot run)
+is priced from the op table instead (each op timed alone), and the log says why. Either way the hook must leave the functions registered while measuring alone, work eagerly, and hand
 the cost model the shapes the FuncGraph knows (a FunctionDef keeps its arguments' shapes, not its variables')."""
 
 from __future__ import annotations
