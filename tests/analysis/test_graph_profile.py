@@ -163,7 +163,7 @@ def _step_body():
 
 def test_a_function_body_runs_in_a_session_with_a_copy_of_its_variables():
     from mp_rewrite.analysis.graph_runs import Runner
-    body, args, variable, fdef = _step_body()
+    body, args, variable, _ = _step_body()
     runner = Runner.of_body(body.graph_def, args, body.retvals, body.control_outputs)
     try:
         first, second = (runner.session.run(runner.fetches, runner.feed_dict)[0] for _ in range(2))

@@ -240,4 +240,3 @@ def test_tf_keras_model_with_ours_saves_and_loads_in_its_native_format(tmp_path,
     loaded = tf_keras.models.load_model(tmp_path / "m.keras").optimizer
     assert isinstance(loaded, LossScaleOptimizer) and type(loaded) is type(opt)
     assert loaded.get_config() == opt.get_config()
-
