@@ -193,11 +193,11 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
             return None
         try:
             signatures = Signatures(_called_library(ctx, fdef))
-            body = function_to_graph(fdef, signatures)
+            body, fused = _with_fused_batch_norms(function_to_graph(fdef, signatures), options, name)
             with cost_hook.rewriting(atomic if options.assign == "cost" else None, body, options, signatures, name):
                 result = rewrite_body(body.graph_def, options, body.retvals, body.preserved(), signatures,
                                       preserve_stateful=True, label=name)
-            if not result.retyped and not result.emulated:  # an emulated body retypes nothing but has Casts
+            if not result.retyped and not result.emulated and not fused:  # emulated: retypes nothing, adds Casts
                 _remember_checked(name)
                 return None
             new = graph_to_function(result.graph_def, fdef, signatures)
@@ -215,6 +215,18 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
             weakref.finalize(atomic, _forget, name).atexit = False
         logger.info("mp_rewrite: %s: %s", name, result.grappler_line())
         return result
+
+
+def _with_fused_batch_norms(body, options, name: str):
+    """(body, [fused layer scopes]): with assign="cost", Keras 3's training BatchNormalizations in the body fused
+    into FusedBatchNormV3 and its gradient (rules.batchnorm_training); Grappler's lists rewrite the body as traced."""
+    if options.assign != "cost":
+        return body, []
+    from ..rules.batchnorm_training import fuse_training_batch_norms
+    graph_def, fused = fuse_training_batch_norms(body.graph_def, keep=(*body.retvals, *body.control_outputs))
+    if fused:
+        logger.info("mp_rewrite: %s: %d BatchNormalization layers fused (forward and gradient)", name, len(fused))
+    return dataclasses.replace(body, graph_def=graph_def), fused
 
 
 def _has_allow_op(fdef, options) -> bool:
