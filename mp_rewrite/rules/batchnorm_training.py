@@ -25,10 +25,12 @@ What is matched:
 - Each gradient is found by its shape in the graph, and a layer is fused only when every piece is found exactly
   once.
 
-Anything else is left as traced, and the pass reports why.
+Anything else is left as traced.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -36,6 +38,29 @@ from .graph import EditableGraph, node_name
 
 _FLOAT = 1  # types_pb2.DT_FLOAT
 _AXES = (0, 1, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layer:
+    """One matched layer: its scopes, the tensors the fused ops read (x, gamma, beta, dy), the nodes whose outputs
+    they replace, the gradient AddN and its three contributions from the layer, and the forward nodes that go."""
+
+    scope: str
+    grad_scope: str
+    x: str
+    gamma: str
+    beta: str
+    eps: float
+    y: object
+    mean_sq: object
+    var_sq: object
+    dy: str
+    addn: object
+    parts: tuple
+    dgamma: object
+    dbeta: object
+    dead: tuple
+    device: str
 
 
 def fuse_training_batch_norms(graph_def, keep=()):
@@ -46,13 +71,14 @@ def fuse_training_batch_norms(graph_def, keep=()):
         keep: names of nodes that must stay (fetches, control outputs); a layer touching one is left alone.
     """
     graph = EditableGraph(graph_def, fetches=keep)
-    fused = []
-    for rsqrt in [n for n in graph.graph_def.node if n.op == "Rsqrt"]:
-        layer = _match(graph, rsqrt)
-        if layer is not None and not any(graph.nodes[n].name in graph.kept for n in layer["dead"]):
-            _fuse(graph, layer)
-            fused.append(layer["scope"])
-    return graph.graph_def, fused
+    layers = [layer for layer in (_match(graph, n) for n in graph.graph_def.node if n.op == "Rsqrt")
+              if layer is not None and not graph.kept & set(layer.dead)]  # all matched before the first edit
+    redirects = {}
+    for layer in layers:
+        redirects.update(_fuse(graph, layer))
+    _redirect(graph, redirects)
+    _prune(graph, layers)
+    return graph.graph_def, [layer.scope for layer in layers]
 
 
 def _op(graph, tensor, *ops):
@@ -91,12 +117,29 @@ def _axes(graph, node) -> bool:
     return axes is not None and tuple(sorted(np.atleast_1d(axes).tolist())) == _AXES and node.attr["keep_dims"].b
 
 
+def _unshaped(graph, tensor: str) -> str:
+    """The tensor a Reshape reads, for a Reshape's output (Keras reshapes the per-channel vectors to [1, 1, 1, C]
+    for a BatchNormalization with a positive axis); else `tensor`."""
+    node = _op(graph, tensor, "Reshape")
+    return node.input[0] if node is not None else tensor
+
+
+def _chain_end(graph, node, scope: str):
+    """`node`, or the last of the Reshapes under `scope` that follow it one after another."""
+    while True:
+        reshapes = [r for r in _readers(graph, node, "Reshape") if r.name.startswith(scope)]
+        if len(reshapes) != 1:
+            return node
+        node = reshapes[0]
+
+
 def _match(graph, rsqrt):
     """The pieces of one training BatchNormalization around `rsqrt`, or None."""
     add_eps = _op(graph, rsqrt.input[0], "AddV2", "Add")
     if add_eps is None or rsqrt.attr["T"].type != _FLOAT:
         return None
-    var_sq = next((_op(graph, t, "Squeeze") for t in add_eps.input if _op(graph, t, "Squeeze")), None)
+    var_sq = next((_op(graph, _unshaped(graph, t), "Squeeze") for t in add_eps.input
+                   if _op(graph, _unshaped(graph, t), "Squeeze")), None)
     eps = next((graph.constant(t) for t in add_eps.input if graph.constant(t) is not None), None)
     variance = _op(graph, var_sq.input[0], "Mean") if var_sq is not None else None
     if variance is None or eps is None or eps.size != 1 or not _axes(graph, variance):
@@ -108,24 +151,25 @@ def _match(graph, rsqrt):
         return None
     x = mean.input[0]
     mean_sq = _readers(graph, mean, "Squeeze")
-    invs = [m for m in _readers(graph, rsqrt, "Mul") if _op(graph, _other(m, rsqrt.name) or "", "ReadVariableOp",
-                                                              "Identity", "Cast")]
+    invs = [m for m in _readers(graph, rsqrt, "Mul")
+            if _op(graph, _unshaped(graph, _other(m, rsqrt.name) or ""), "ReadVariableOp", "Identity", "Cast")]
     if len(mean_sq) != 1 or len(invs) != 1:
         return None
     mean_sq, inv = mean_sq[0], invs[0]
-    gamma = _other(inv, rsqrt.name)
+    gamma = _unshaped(graph, _other(inv, rsqrt.name))
     scope = inv.name.rpartition("/batchnorm/")[0]
-    forward = [m for m in _readers(graph, inv, "Mul") if _reads(m, x) or _reads(m, mean_sq.name)]
-    x_inv = [m for m in forward if _reads(m, x)]
-    mean_inv = [m for m in forward if _reads(m, mean_sq.name)]
+    x_inv = [m for m in _readers(graph, inv, "Mul") if _reads(m, x)]
+    mean_inv = [m for m in _readers(graph, inv, "Mul")
+                if _same(_unshaped(graph, _other(m, inv.name) or ""), mean_sq.name)]
     if not scope or len(x_inv) != 1 or len(mean_inv) != 1:
         return None
     subs = _readers(graph, mean_inv[0], "Sub")
     ys = [a for a in _readers(graph, x_inv[0], "AddV2") if subs and _reads(a, subs[0].name)]
     if len(subs) != 1 or len(ys) != 1 or not _same(subs[0].input[1], mean_inv[0].name):
         return None
-    beta, y = subs[0].input[0], ys[0]
+    beta, y = _unshaped(graph, subs[0].input[0]), ys[0]
     # The gradient: dy is the tensor multiplied both by inv and by x.
+    forward = (x_inv[0], mean_inv[0])
     by_inv = {_other(m, inv.name): m for m in _readers(graph, inv, "Mul") if m not in forward}
     dys = [t for t in by_inv if t and any(_reads(m, x) for m in graph.readers(node_name(t)) if m.op == "Mul")]
     if len(dys) != 1:
@@ -136,29 +180,33 @@ def _match(graph, rsqrt):
     if not prefix:
         return None
     addns = _readers(graph, dx_part, "AddN")
-    dgammas = [m for m in _readers(graph, rsqrt, "Mul") if m is not inv and m.name.startswith(grad_scope)]
-    dbetas = [r for s in graph.readers(node_name(dy)) if s.op == "Sum" and s.name.startswith(grad_scope)
-              for r in _readers(graph, s, "Reshape")]
-    if len(addns) != 1 or len(dgammas) != 1 or len(dbetas) != 1:
+    dgammas = [_chain_end(graph, m, grad_scope) for m in _readers(graph, rsqrt, "Mul")
+               if m is not inv and m.name.startswith(grad_scope)]
+    dbetas = [_chain_end(graph, s, grad_scope) for s in graph.readers(node_name(dy))
+              if s.op == "Sum" and s.name.startswith(grad_scope)]
+    if len(addns) != 1 or len(dgammas) != 1 or len(dbetas) != 1 or dbetas[0].op != "Reshape":
         return None
     addn = addns[0]
     parts = [t for t in graph.data_inputs(addn) if node_name(t).startswith(grad_scope)]
     if len(parts) != 3:
         return None
+    reshapes = [node_name(t) for t in (*add_eps.input, _other(inv, rsqrt.name), _other(mean_inv[0], inv.name),
+                                       subs[0].input[0]) if _op(graph, t, "Reshape")]
     dead = [rsqrt.name, add_eps.name, var_sq.name, variance.name, sqdiff.name, stop.name, mean.name, inv.name,
-            x_inv[0].name, mean_inv[0].name, subs[0].name, y.name]
-    return {"scope": scope, "grad_scope": grad_scope, "x": x, "gamma": gamma, "beta": beta, "eps": float(eps),
-            "y": y, "mean_sq": mean_sq, "var_sq": var_sq, "dy": dy, "addn": addn, "parts": parts,
-            "dgamma": dgammas[0], "dbeta": dbetas[0], "dead": dead, "device": y.device}
+            x_inv[0].name, mean_inv[0].name, subs[0].name, y.name, *reshapes]
+    return _Layer(scope, grad_scope, x, gamma, beta, float(eps), y, mean_sq, var_sq, dy, addn, tuple(parts),
+                  dgammas[0], dbetas[0], tuple(dead), y.device)
 
 
-def _fuse(graph, layer):
+def _fuse(graph, layer) -> dict:
+    """Add the layer's fused ops and point its gradient AddN at them; returns {old node: the tensor replacing its
+    output 0} for `_redirect`."""
     from tensorflow.core.framework import attr_value_pb2
-    scope, device = layer["scope"], layer["device"]
+    scope, device = layer.scope, layer.device
 
     def attrs(**extra):
         values = {"T": attr_value_pb2.AttrValue(type=_FLOAT), "U": attr_value_pb2.AttrValue(type=_FLOAT),
-                  "epsilon": attr_value_pb2.AttrValue(f=layer["eps"]),
+                  "epsilon": attr_value_pb2.AttrValue(f=layer.eps),
                   "data_format": attr_value_pb2.AttrValue(s=b"NHWC"),
                   "is_training": attr_value_pb2.AttrValue(b=True)}
         values.update(extra)
@@ -166,32 +214,28 @@ def _fuse(graph, layer):
 
     empty = graph.add_constant(f"{scope}/fused/empty", np.zeros([0], np.float32), device).name
     fused = graph.add_node(f"{scope}/fused/FusedBatchNormV3", "FusedBatchNormV3",
-                           [layer["x"], layer["gamma"], layer["beta"], empty, empty], device,
+                           [layer.x, layer.gamma, layer.beta, empty, empty], device,
                            attrs(exponential_avg_factor=attr_value_pb2.AttrValue(f=1.0)))
-    grad = graph.add_node(f"{layer['grad_scope']}fused/FusedBatchNormGradV3", "FusedBatchNormGradV3",
-                          [layer["dy"], layer["x"], layer["gamma"]] + [f"{fused.name}:{i}" for i in (3, 4, 5)],
+    grad = graph.add_node(f"{layer.grad_scope}fused/FusedBatchNormGradV3", "FusedBatchNormGradV3",
+                          [layer.dy, layer.x, layer.gamma] + [f"{fused.name}:{i}" for i in (3, 4, 5)],
                           device, attrs())
     biased = _biased_variance(graph, layer, f"{fused.name}:2", device)
-    _redirect(graph, layer["y"].name, fused.name)
-    _redirect(graph, layer["mean_sq"].name, f"{fused.name}:1")
-    _redirect(graph, layer["var_sq"].name, biased)
-    _redirect(graph, layer["dgamma"].name, f"{grad.name}:1")
-    _redirect(graph, layer["dbeta"].name, f"{grad.name}:2")
-    addn = layer["addn"]
-    rest = [t for t in graph.data_inputs(addn) if t not in layer["parts"]]
+    addn = layer.addn
+    rest = [t for t in graph.data_inputs(addn) if t not in layer.parts]
     graph.set_inputs(addn, rest + [grad.name])
     if rest:
         addn.attr["N"].i = len(rest) + 1
     else:
         addn.op = "Identity"
         del addn.attr["N"]
-    _prune(graph, layer)
+    return {layer.y.name: fused.name, layer.mean_sq.name: f"{fused.name}:1", layer.var_sq.name: biased,
+            layer.dgamma.name: f"{grad.name}:1", layer.dbeta.name: f"{grad.name}:2"}
 
 
 def _biased_variance(graph, layer, batch_variance, device):
     """`batch_variance * (1 - C / size(x))`: the variance tf.nn.moments gives, from FusedBatchNormV3's corrected one."""
     from tensorflow.core.framework import attr_value_pb2
-    scope = f"{layer['scope']}/fused"
+    scope = f"{layer.scope}/fused"
     float_t = {"T": attr_value_pb2.AttrValue(type=_FLOAT)}
 
     def size(name, tensor):
@@ -202,33 +246,43 @@ def _biased_variance(graph, layer, batch_variance, device):
                               {"SrcT": attr_value_pb2.AttrValue(type=3), "DstT": attr_value_pb2.AttrValue(type=_FLOAT),
                                "Truncate": attr_value_pb2.AttrValue(b=False)}).name
 
-    share = graph.add_node(f"{scope}/share", "RealDiv", [size("channels", batch_variance), size("elements", layer["x"])],
+    share = graph.add_node(f"{scope}/share", "RealDiv", [size("channels", batch_variance), size("elements", layer.x)],
                            device, float_t)
     one = graph.add_constant(f"{scope}/one", np.float32(1.0), device)
     factor = graph.add_node(f"{scope}/bessel", "Sub", [one.name, share.name], device, float_t)
     return graph.add_node(f"{scope}/variance", "Mul", [batch_variance, factor.name], device, float_t).name
 
 
-def _redirect(graph, old: str, new: str) -> None:
-    """Point every data input that reads `old`'s output 0 at the tensor `new`."""
-    for reader in list(graph.readers(old)):
-        inputs = [new if not t.startswith("^") and node_name(t) == old and graph.producer(t) is not None else t
-                  for t in graph.data_inputs(reader)]
-        graph.set_inputs(reader, inputs)
+def _redirect(graph, redirects: dict) -> None:
+    """Point every data input that reads output 0 of a node named in `redirects` at the tensor it maps to."""
+    for node in graph.graph_def.node:
+        inputs = graph.data_inputs(node)
+        moved = [redirects.get(node_name(t), t) if graph.producer(t) is not None else t for t in inputs]
+        if moved != inputs:
+            graph.set_inputs(node, moved)
 
 
-def _prune(graph, layer) -> None:
-    """Remove the layer's old nodes, and the gradient nodes under its scope, that nothing reads any more."""
-    scoped = {n for n in graph.nodes if n.startswith(layer["grad_scope"])}
+def _prune(graph, layers) -> None:
+    """Remove the layers' old nodes, and the gradient nodes under their scopes, that nothing reads any more."""
+    scopes = tuple(layer.grad_scope for layer in layers)
+    scoped = {n for n in graph.nodes if n.startswith(scopes)} if scopes else set()
     # TF's autodiff names the AddN that sums a tensor's gradients outside every scope ("AddN_3").
     sums = {n.name for n in graph.graph_def.node if n.op == "AddN" and any(node_name(t) in scoped for t in n.input)}
-    candidates = set(layer["dead"]) | scoped | sums | {layer["mean_sq"].name, layer["var_sq"].name}
-    candidates -= {node_name(t) for t in (layer["dy"], layer["x"], layer["gamma"], layer["beta"])}
-    while True:
-        read = {node_name(t) for node in graph.graph_def.node for t in node.input}
-        gone = [n for n in candidates if n in graph.nodes and n not in read and n not in graph.kept
-                and graph.nodes[n].op not in ("FusedBatchNormGradV3",)]
-        if not gone:
-            return
-        graph.remove(gone)
-        candidates -= set(gone)
+    candidates = scoped | sums | {n for layer in layers for n in (*layer.dead, layer.mean_sq.name, layer.var_sq.name)}
+    candidates -= {node_name(t) for layer in layers for t in (layer.dy, layer.x, layer.gamma, layer.beta)}
+    candidates -= graph.kept
+    readers = {}
+    for node in graph.graph_def.node:
+        for tensor in node.input:
+            readers[node_name(tensor)] = readers.get(node_name(tensor), 0) + 1
+    unread = [n for n in candidates if not readers.get(n)]
+    gone = set()
+    while unread:  # each removal may leave its inputs unread
+        name = unread.pop()
+        gone.add(name)
+        for tensor in graph.nodes[name].input:
+            source = node_name(tensor)
+            readers[source] -= 1
+            if not readers[source] and source in candidates and source not in gone:
+                unread.append(source)
+    graph.remove(gone)

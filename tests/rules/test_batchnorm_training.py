@@ -26,7 +26,8 @@ def _model(flat_tail: bool):
     inp = keras.Input((8, 8, 4))
     h = keras.layers.Conv2D(6, 3, padding="same", use_bias=False)(inp)
     h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
-    h = keras.layers.BatchNormalization(epsilon=1.001e-5)(keras.layers.Conv2D(6, 3, padding="same")(h))
+    h = keras.layers.Conv2D(6, 3, padding="same")(h)
+    h = keras.layers.BatchNormalization(axis=3, epsilon=1.001e-5)(h)  # as Keras's ResNet-50 writes it
     h = keras.layers.GlobalAveragePooling2D()(h)
     if flat_tail:  # a BatchNormalization over (batch, features): not NHWC, left as traced
         h = keras.layers.BatchNormalization()(keras.layers.Dense(5)(h))
