@@ -222,7 +222,7 @@ def _with_fused_batch_norms(body, options, name: str):
     into FusedBatchNormV3 and its gradient (rules.batchnorm_training); Grappler's lists rewrite the body as traced."""
     if options.assign != "cost":
         return body, []
-    from ..rules.batchnorm_training import fuse_training_batch_norms
+    from ..rules import fuse_training_batch_norms
     graph_def, fused = fuse_training_batch_norms(body.graph_def, keep=(*body.retvals, *body.control_outputs))
     if fused:
         logger.info("mp_rewrite: %s: %d BatchNormalization layers fused (forward and gradient)", name, len(fused))
