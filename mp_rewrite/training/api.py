@@ -91,7 +91,9 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
         rewrite_existing: also rewrite functions already traced (otherwise a warning names them).
         **rewrite_options: `keep_fp32`, `force_low`, `lists`, `level`, `assign`, `costs`, as for
             `rewrite_graph_def`; with assign="cost" and no costs, each traced function's ops are measured on this
-            machine when it is rewritten (cached per machine, see analysis.op_costs.this_machine).
+            machine when it is rewritten (cached per machine, see analysis.op_costs.this_machine), and Keras 3's
+            training BatchNormalization layers are fused into FusedBatchNormV3 and its gradient first
+            (rules.batchnorm_training).
 
     Returns:
         The wrapped optimizer (a `mp_rewrite.LossScaleOptimizer`; TF's own wrapper for a v1 optimizer).
