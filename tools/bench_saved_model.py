@@ -14,11 +14,11 @@ process-global), and all stay loaded at once and are timed in interleaved blocks
 rotated order), so a change in the machine's load hits every variant alike; each block runs the signature several
 times and the table shows medians over all calls. (One process per variant, as before, measured each process's
 luck on the AMX machine: the same ResNet-50 graph ran 62 ms per call in one process and 100-117 ms in seven
-others.) Each worker also records, once for each variant, which matmul/conv kernels TF really executed in bfloat16 (eager run
-metadata), and its outputs, so that the table can show that TF's rewrite took effect. OpenVINO is one more worker
-in the same rotation (in its own Python, see tools/openvino_run.py): it converts the float32 SavedModel itself and
-is fed the arrays the float32 worker was fed. The conversion time of
-ResNet-50 is the median of 3 in-process `convert_saved_model` calls, plus one end-to-end CLI run.
+others.) Each worker also records, once for each variant, which matmul/conv kernels TF really executed in bfloat16
+(eager run metadata), and its outputs, so that the table can show that TF's rewrite took effect. OpenVINO is one
+more worker in the same rotation (in its own Python, see tools/openvino_run.py): it converts the float32 SavedModel
+itself and is fed the arrays the float32 worker was fed. The conversion time of ResNet-50 is the median of 3
+in-process `convert_saved_model` calls, plus one end-to-end CLI run.
 Writes the table to docs/bench_saved_model.md and a bar chart to --out (if matplotlib is installed).
 """
 
@@ -350,8 +350,7 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
     variants = [v for v in VARIANTS + PEERS if v in paths]
     log = workdir / "workers.log"
     outputs_of = {v: workdir / f"{name}_b{batch}_{v}.npz" for v in variants}
-    # Every TF variant but TF AMP (whose optimizer option is process-global) in one process: on the AMX machine the
-    # same graph ran 62 ms in one process and 100-117 ms in others, so one process per variant measured luck.
+    # Every TF variant but TF AMP in one process (see the module doc's Method).
     shared = [v for v in variants if v not in ("tf_amp", "openvino")]
     groups = [shared] + [[v] for v in variants if v == "tf_amp"]
     processes = [Worker(g, [paths[v] for v in g], batch, [outputs_of[v] for v in g], log) for g in groups]

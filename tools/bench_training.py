@@ -223,7 +223,7 @@ def predicted_lines(variants) -> list:
     precision, casts free) -- what any choice of precisions could reach on those ops."""
     lines = []
     for v in variants:
-        chosen = [r.assignment for r in v.results.values() if getattr(r, "assignment", None) is not None]
+        chosen = [r.assignment for r in v.results.values() if r.assignment is not None]
         if v.label not in COST_VARIANTS or not chosen:
             continue
         a = max(chosen, key=lambda a: a.fp32_cost)  # the step (other rewritten functions are small helpers)

@@ -125,8 +125,7 @@ class FunctionRunner:
         own.CopyFrom(fdef)
         own.signature.name = self.name = f"{fdef.signature.name}_mp_rewrite_race_{next(self._names)}"
         fed = _fed_values(args, batch)
-        self._variables = {i: tf.Variable(made_up_values([(arg.dtype, arg.shape)], 1)[0] if arg.value is None
-                                          else arg.value) for i, arg in enumerate(args) if arg.variable}
+        self._variables = {i: tf.Variable(_variable_value(arg)) for i, arg in enumerate(args) if arg.variable}
         self._inputs = [self._variables[i].handle if i in self._variables else tf.constant(fed[i])
                         for i in range(len(args))]
         self._outputs = len(own.signature.output_arg)
@@ -140,6 +139,11 @@ class FunctionRunner:
     def close(self) -> None:
         self._ctx.remove_function(self.name)
         self._variables.clear()
+
+
+def _variable_value(arg):
+    """The starting value of a resource argument's own variable: the caller's value, else made up."""
+    return made_up_values([(arg.dtype, arg.shape)], 1)[0] if arg.value is None else arg.value
 
 
 def _fed_values(args, batch) -> dict:
@@ -169,8 +173,7 @@ def runnable_body(body_graph_def, args):
                              shape=shape)
                 assigns.append(_add(graph_def, f"{node.name}/mp_rewrite_init", "AssignVariableOp",
                                     [node.name, value.name], dtype=arg.dtype).name)
-                values[f"{value.name}:0"] = (made_up_values([(arg.dtype, arg.shape)], 1)[0] if arg.value is None
-                                             else arg.value)
+                values[f"{value.name}:0"] = _variable_value(arg)
             else:
                 _add(graph_def, node.name, "Placeholder", [], dtype=arg.dtype, shape=shape)
         elif node.op == "_Retval":

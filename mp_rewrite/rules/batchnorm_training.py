@@ -34,7 +34,7 @@ import dataclasses
 
 import numpy as np
 
-from .graph import EditableGraph, node_name
+from .graph import EditableGraph, node_name, reachable
 
 _FLOAT = 1  # types_pb2.DT_FLOAT
 _AXES = (0, 1, 2)
@@ -68,16 +68,19 @@ def fuse_training_batch_norms(graph_def, keep=()):
 
     Args:
         graph_def: a function body (core.functions.BodyGraph.graph_def) or a graph; never modified.
-        keep: names of nodes that must stay (fetches, control outputs); a layer touching one is left alone.
+        keep: names of nodes that must stay (fetches, control outputs); a layer touching one is left alone. The
+            nodes the fusion leaves unread are removed only with `keep` given (what it reaches is what is alive).
     """
     graph = EditableGraph(graph_def, fetches=keep)
+    needed = reachable(graph.graph_def, keep)
     layers = [layer for layer in (_match(graph, n) for n in graph.graph_def.node if n.op == "Rsqrt")
               if layer is not None and not graph.kept & set(layer.dead)]  # all matched before the first edit
     redirects = {}
     for layer in layers:
         redirects.update(_fuse(graph, layer))
     _redirect(graph, redirects)
-    _prune(graph, layers)
+    # The layers' old nodes, forward and gradient, are what the fusion left unread; what was dead before stays.
+    graph.remove(needed - reachable(graph.graph_def, keep))
     return graph.graph_def, [layer.scope for layer in layers]
 
 
@@ -260,29 +263,3 @@ def _redirect(graph, redirects: dict) -> None:
         moved = [redirects.get(node_name(t), t) if graph.producer(t) is not None else t for t in inputs]
         if moved != inputs:
             graph.set_inputs(node, moved)
-
-
-def _prune(graph, layers) -> None:
-    """Remove the layers' old nodes, and the gradient nodes under their scopes, that nothing reads any more."""
-    scopes = tuple(layer.grad_scope for layer in layers)
-    scoped = {n for n in graph.nodes if n.startswith(scopes)} if scopes else set()
-    # TF's autodiff names the AddN that sums a tensor's gradients outside every scope ("AddN_3").
-    sums = {n.name for n in graph.graph_def.node if n.op == "AddN" and any(node_name(t) in scoped for t in n.input)}
-    candidates = scoped | sums | {n for layer in layers for n in (*layer.dead, layer.mean_sq.name, layer.var_sq.name)}
-    candidates -= {node_name(t) for layer in layers for t in (layer.dy, layer.x, layer.gamma, layer.beta)}
-    candidates -= graph.kept
-    readers = {}
-    for node in graph.graph_def.node:
-        for tensor in node.input:
-            readers[node_name(tensor)] = readers.get(node_name(tensor), 0) + 1
-    unread = [n for n in candidates if not readers.get(n)]
-    gone = set()
-    while unread:  # each removal may leave its inputs unread
-        name = unread.pop()
-        gone.add(name)
-        for tensor in graph.nodes[name].input:
-            source = node_name(tensor)
-            readers[source] -= 1
-            if not readers[source] and source in candidates and source not in gone:
-                unread.append(source)
-    graph.remove(gone)

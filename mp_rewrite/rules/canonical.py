@@ -16,7 +16,7 @@ from .batchnorm import fold_batch_norms_recorded
 from .bias import match_bias_add, rewrite_bias_add
 from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activation, rewrite_dense_bias
 from .gelu import match_gelu, rewrite_gelu
-from .graph import EditableGraph
+from .graph import EditableGraph, reachable
 from .record import APPLIED, DECLINED, Match, Record
 from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, rewrite_batch_matmul, rewrite_einsum,
                       rewrite_reshape_pair)
@@ -80,7 +80,7 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
         (a new GraphDef, [Record]): every rule applied and every rule declined where its pattern was found, with
         the reason, in the order they happened; a decline later made moot by another rule's rewrite is dropped.
     """
-    records, needed = [], _reachable(graph_def, fetches)
+    records, needed = [], reachable(graph_def, fetches)
     if fold_batch_norms:
         graph_def, records = fold_batch_norms_recorded(graph_def, fetches)
     graph = EditableGraph(graph_def, fetches, shapes)
@@ -92,20 +92,8 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
     records += [r for r in declined.values() if r.node in graph.nodes]
     # What a rewrite left unread (the chain a BatchNorm was folded out of) would keep the contraction "read by 2
     # nodes" for whoever looks next; what was dead before is not ours to remove.
-    graph.remove(needed - _reachable(graph.graph_def, fetches))
+    graph.remove(needed - reachable(graph.graph_def, fetches))
     return graph.graph_def, records
-
-
-def _reachable(graph_def, fetches) -> set:
-    """The names of the nodes the fetches depend on (data or control); empty without fetches."""
-    inputs = {node.name: node.input for node in graph_def.node}
-    found, stack = set(), [f.lstrip("^").split(":")[0] for f in fetches]
-    while stack:
-        name = stack.pop()
-        if name not in found and name in inputs:
-            found.add(name)
-            stack.extend(i.lstrip("^").split(":")[0] for i in inputs[name])
-    return found
 
 
 def _run_round(graph: EditableGraph, rules, records: list, declined: dict) -> int:

@@ -16,6 +16,18 @@ def node_name(tensor: str) -> str:
     return tensor.lstrip("^").split(":")[0]
 
 
+def reachable(graph_def, fetches) -> set:
+    """The names of the nodes the fetches depend on (data or control); empty without fetches."""
+    inputs = {node.name: node.input for node in graph_def.node}
+    found, stack = set(), [node_name(f) for f in fetches]
+    while stack:
+        name = stack.pop()
+        if name not in found and name in inputs:
+            found.add(name)
+            stack.extend(node_name(i) for i in inputs[name])
+    return found
+
+
 def is_first_output(tensor: str) -> bool:
     """Whether an input reads a node's output 0 as data (not a control input, not another port)."""
     return not tensor.startswith("^") and tensor.partition(":")[2] in ("", "0")

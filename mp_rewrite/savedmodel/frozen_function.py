@@ -8,6 +8,7 @@ import itertools
 import os
 
 from ..core.dtypes import LOW
+from ..rules.graph import reachable
 
 _IMPORTS = itertools.count()  # a fresh suffix per imported graph, unique in the process
 
@@ -38,13 +39,7 @@ def compact(graph_def, fetches):
 
 def prune(graph_def, fetches):
     """Remove, in place, every node the fetches do not depend on (through data or control inputs); return it."""
-    inputs = {node.name: node.input for node in graph_def.node}
-    needed, stack = set(), [f.split(":")[0] for f in fetches]
-    while stack:
-        name = stack.pop()
-        if name not in needed:
-            needed.add(name)
-            stack.extend(i.lstrip("^").split(":")[0] for i in inputs.get(name, ()))
+    needed = reachable(graph_def, fetches)
     # Deleting in place: copying the kept nodes into a new GraphDef would copy every weight once more.
     for index in reversed([i for i, n in enumerate(graph_def.node) if n.name not in needed]):
         del graph_def.node[index]

@@ -6,9 +6,10 @@ Grappler's lists rewrite it, in sessions of its own whose variables are copies o
 captured variables, never written), and TF's step stats give each node's time in context, fusions included; the
 cut is then raced against both as the step will run, each variant called as a function in the eager runtime with
 variables of its own (analysis.graph_runs.FunctionRunner). A body that cannot run that way (an argument that is
-neither a number nor a variable, such as an iterator; a call into other functions; an op the session cannot run)
-is priced from the op table instead (each op timed alone), and the log says why. Either way the hook must leave the functions registered while measuring alone, work eagerly, and hand
-the cost model the shapes the FuncGraph knows (a FunctionDef keeps its arguments' shapes, not its variables')."""
+neither a number nor a variable, such as an iterator; a call into other functions; a body that fails to run)
+is priced from the op table instead (each op timed alone), and the log says why. Either way the hook must leave
+the functions registered while measuring alone, work eagerly, and hand the cost model the shapes the FuncGraph
+knows (a FunctionDef keeps its arguments' shapes, not its variables')."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ class HookSafeCosts:
             return profile_body(dataclasses.replace(current.body, graph_def=graph_def), args, current.options,
                                 current.signatures, self.table, function=current.atomic.definition).table, ""
         except Exception as error:  # noqa: BLE001 -- the hook must never break training
-            return None, f"it did not run in a session ({type(error).__name__}: {str(error)[:200]})"
+            return None, f"measuring it failed ({type(error).__name__}: {str(error)[:200]})"
 
 
 def _annotated(graph_def, shapes: dict):
