@@ -1,5 +1,10 @@
 """`mp-rewrite view MODEL`: Google's Model Explorer on 127.0.0.1 with the model and the rewrite's colors as node
-data (the overlay of `inspect --format model-explorer`). Needs the `viz` extra; runs until Ctrl+C."""
+data (the overlay of `inspect --format model-explorer`). Needs the `viz` extra; runs until Ctrl+C or SIGTERM.
+
+An inherited SIGINT disposition is kept, as Python and Unix programs keep it: a shell without job control (a
+script) starts background jobs with SIGINT ignored so that Ctrl+C at the terminal leaves them running; an
+interactive shell's `mp-rewrite view &` is in its own process group with SIGINT at its default and stops on
+`kill -INT %1`. A script stops its background viewer with SIGTERM (exit 143)."""
 
 from __future__ import annotations
 
@@ -20,7 +25,9 @@ def register(sub) -> None:
                        description="Rewrite MODEL and serve Google's Model Explorer on 127.0.0.1 with the model and "
                                    "the rewrite's decisions as node data (colors as in the SVG/HTML pictures, "
                                    "values like 'bfloat16 (allow: allow list)'). Prints the URL and serves until "
-                                   "Ctrl+C; no browser is opened unless --open is given (headless machines). "
+                                   "Ctrl+C or SIGTERM (kill PID: a script's background job has Ctrl+C ignored, "
+                                   "as POSIX shells start them); no browser is opened unless --open is given "
+                                   "(headless machines). "
                                    "Needs pip install 'mp_rewrite[viz]'.")
     add_model_options(p)
     p.add_argument("--port", type=int, metavar="N",

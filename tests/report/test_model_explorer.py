@@ -189,12 +189,20 @@ def _url_from(proc, deadline: float, printed: list) -> str:
     raise AssertionError(f"view ended without a URL: {proc.wait(5)} {proc.stderr.read()[-1500:]}")
 
 
+def _as_in_a_terminal() -> None:
+    """Run in the child before exec: SIGINT back to its default, as for any command a terminal runs in the
+    foreground, where Ctrl+C reaches it. A shell without job control (a script, CI started as a background job)
+    starts its background jobs with SIGINT ignored; pytest and this child inherit that, and POSIX keeps an ignored
+    signal ignored across exec (Python too leaves it so), so without this the test's "Ctrl+C" would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("stop, code", [(signal.SIGINT, 0), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_view_serves_model_explorer_with_the_overlay_on_localhost(saved_model, overlay_file, stop, code):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "mp_rewrite", "view", saved_model, "--precision", "bfloat16",
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=ROOT)
+                            cwd=ROOT, preexec_fn=_as_in_a_terminal)
     try:
         lines = []
         url = _url_from(proc, time.monotonic() + 90, lines)
