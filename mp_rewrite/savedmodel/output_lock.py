@@ -2,7 +2,8 @@
 
 A conversion holds a lock on its output path from before it checks the output until the new model is in place, so
 two runs cannot interleave their renames. The lock is an `flock` on a small file next to the output; the kernel
-drops it when its process dies, however it dies, so a lock can never be left stale.
+drops it when its process dies, however it dies, so a lock can never be left stale. Its holder removes the file
+before letting go; a SIGKILLed holder cannot, and the next run into the directory removes the file it left.
 
 Writers name their temporary directories `.mpr-<pid>-<kind>-<random>` (short, so an output name near the file
 system's limit still fits): kind "n" is a new model being written, kind "o" holds an existing output set aside
@@ -32,6 +33,7 @@ NEW, OLD = "n", "o"  # kinds of temporary directory: a new model being written, 
 TARGET_FILE = "target"  # in an OLD directory: the name of the output it was moved away from
 PREVIOUS_DIR = "previous"  # in an OLD directory: the output itself
 _LEFTOVER = re.compile(r"\.mpr-(\d+)-([no])-[A-Za-z0-9_]+")
+_LOCK_FILE = re.compile(r"\.mpr-lock-[0-9a-f]{16}")
 
 
 def temporary_prefix(kind: str) -> str:
@@ -104,7 +106,7 @@ def _acquire(path: Path, output: Path) -> int:
             raise ModelError(f"cannot create the output directory '{output}': {e.strerror} ({output.parent}); "
                              "choose an output in a directory you can write to") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = _lock_still_named(fd, path)
         except OSError as e:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
@@ -112,14 +114,28 @@ def _acquire(path: Path, output: Path) -> int:
                 raise ModelError(f"cannot lock '{path}': {e.strerror}") from None
             raise ModelError(f"another conversion (process {holder}) is writing '{output}'; wait for it to "
                              "finish, or choose another output path") from None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-                return fd
-        except FileNotFoundError:
-            pass
+        if locked:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
         os.close(fd)
+
+
+def _lock_still_named(fd: int, path: Path) -> bool:
+    """flock `fd` (a file opened at `path`) without waiting; return whether `path` still names the locked file.
+
+    Every remover of a lock file unlinks it while holding its flock (_release, _remove_if_stale), so once this
+    returns True no other process can remove or replace `path` until this one lets go. False: the file was removed
+    after it was opened (its flock is then held but guards nothing; close it).
+
+    Raises:
+        OSError: EWOULDBLOCK when a live process holds the lock; another errno when it cannot be locked.
+    """
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _release(fd: int, path: Path) -> None:
@@ -127,6 +143,24 @@ def _release(fd: int, path: Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
     os.close(fd)
+
+
+def _remove_if_stale(path: Path) -> None:
+    """Remove a lock file no live process holds: the file of a writer killed with SIGKILL (its flock went with
+    it). Taken over as a writer takes it, then released as a writer releases it, so a file a live run holds is left
+    alone, and a run that opened this file meanwhile finds it gone and makes a new one (_acquire)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)  # never O_CREAT: a file already gone is not to be made again
+    except OSError:
+        return
+    try:
+        locked = _lock_still_named(fd, path)
+    except OSError:  # held by a live run, or not ours to lock
+        locked = False
+    if locked:
+        _release(fd, path)
+    else:
+        os.close(fd)
 
 
 def _is_running(pid: int) -> bool:
@@ -142,8 +176,9 @@ def _is_running(pid: int) -> bool:
 
 
 def recover_leftovers(directory: Path, note, holding: Path | None = None) -> None:
-    """Clean up the temporary directories of writers in `directory` whose process is gone: remove their
-    unfinished models, restore (or remove) the outputs they had set aside. Each action is told to `note`.
+    """Clean up after writers in `directory` whose process is gone: remove their unfinished models, restore (or
+    remove) the outputs they had set aside, each told to `note`, and remove the lock files they left (silently: a
+    lock file holds nothing of the user's).
 
     Args:
         directory: the directory to scan.
@@ -155,7 +190,11 @@ def recover_leftovers(directory: Path, note, holding: Path | None = None) -> Non
         entries = sorted(os.scandir(directory), key=lambda e: e.name)
     except OSError:
         return
+    own_lock = lock_path(holding) if holding is not None else None
     for entry in entries:
+        if _LOCK_FILE.fullmatch(entry.name) and Path(entry.path) != own_lock:
+            _remove_if_stale(Path(entry.path))
+            continue
         match = _LEFTOVER.fullmatch(entry.name)
         if not match or _is_running(int(match.group(1))):
             continue

@@ -5,7 +5,11 @@ next run restores or cleans up what was left, and says so."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ import pytest
 from mp_rewrite import convert_saved_model
 from mp_rewrite.errors import ModelError
 from mp_rewrite.savedmodel import model_dir
+from mp_rewrite.savedmodel.output_lock import lock_path, output_lock
 from users import entries, load_and_run, one_line_error, run_cli, tree_hash
 
 # Python run in the CLI's interpreter before main(): SIGKILL itself at one point of the write.
@@ -65,7 +70,6 @@ def test_kill_after_the_new_model_is_in_place_then_the_old_copy_is_removed(sourc
     assert killed.returncode == -9 and tree_hash(out) != before
     load_and_run(out)
     notes = []
-    from mp_rewrite.savedmodel.output_lock import output_lock
     with output_lock(out.parent / "other", on_note=notes.append):
         pass
     assert len(notes) == 1 and "the previous copy of" in notes[0] and str(out) in notes[0]
@@ -182,3 +186,48 @@ def test_the_same_model_converted_twice_has_the_same_bytes(source, tmp_path):
         convert_saved_model(source, tmp_path / name, "bfloat16")
     files = ("saved_model.pb", "fingerprint.pb")
     assert [(tmp_path / "a" / f).read_bytes() for f in files] == [(tmp_path / "b" / f).read_bytes() for f in files]
+
+
+def _cli(*args) -> list[str]:
+    return [sys.executable, "-c", "import sys\nfrom mp_rewrite.commands.cli import main\nsys.exit(main(sys.argv[1:]))",
+            *map(str, args)]
+
+
+def _kill_while_converting(source, out) -> None:
+    """Start a real `convert` into `out` and SIGKILL it once it is writing (its staging directory exists)."""
+    proc = subprocess.Popen(_cli("convert", source, out, "--precision", "bfloat16"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    deadline = time.monotonic() + 120
+    try:
+        while not any("-n-" in name for name in entries(out.parent)):
+            assert proc.poll() is None, "the conversion ended before it could be killed"
+            assert time.monotonic() < deadline, "the conversion did not start writing in time"
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def test_kill_9_leaves_a_lock_file_the_next_run_in_the_directory_removes(source, tmp_path):
+    out = tmp_path / "out"
+    _kill_while_converting(source, out)
+    stale = lock_path(out)
+    assert stale.exists() and not out.exists()  # the kernel dropped the flock; the file stays
+    # The next conversion into the directory, of another output, takes the stale lock over and removes it.
+    notes = []
+    with output_lock(tmp_path / "other", on_note=notes.append):
+        assert not stale.exists()
+    assert len(notes) == 1 and "the unfinished output of an interrupted conversion" in notes[0]
+    assert entries(tmp_path) == []
+
+
+def test_a_lock_a_live_conversion_holds_is_not_removed(source, tmp_path):
+    held = tmp_path / "held"
+    with output_lock(held):
+        before = os.stat(lock_path(held))
+        proc = run_cli("convert", source, tmp_path / "out", "--precision", "bfloat16")  # another process
+        assert proc.returncode == 0, proc.stderr
+        assert os.path.samestat(os.stat(lock_path(held)), before)
+        refused = run_cli("convert", source, held, "--precision", "bfloat16")
+        one_line_error(refused.stderr, f"another conversion (process {os.getpid()}) is writing")
+    assert entries(tmp_path) == ["out"]
