@@ -85,7 +85,8 @@ def _candidate_lists(name: str, base):
 
 def tune_saved_model(source, output, precision: str = "bfloat16", *, options=None, freeze: bool = False,
                      overwrite: bool = False, lists=None, rounds: int = 5, calls: int = 3, inputs=None, seed: int = 0,
-                     batch_size: int = 2, tag_set=None, signatures=None, weights: str = "keep", **rewrite_options):
+                     batch_size: int = 2, tag_set=None, signatures=None, weights: str = "keep", progress=None,
+                     **rewrite_options):
     """Convert each candidate, time and verify it here, and write the fastest that verifies to `output`.
 
     Args:
@@ -94,6 +95,9 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
         options: an Options made with make_options (each candidate changes only its lists).
         rounds, calls: interleaved timing rounds, and calls of each signature per round.
         inputs, seed, batch_size: the inputs every candidate runs on (as for verify_saved_models).
+        progress: optional callable (done, total, step), as each step begins: converting, verifying and loading
+            each candidate ("verifying 'grappler' (candidate 2 of 5), about 40 s left"), each timing round, then
+            writing the chosen one (done == total).
         **rewrite_options: the other make_options arguments (device, keep_fp32, force_low, ...).
 
     Returns:
@@ -111,24 +115,26 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     candidates = {name: freeze for name in CANDIDATES if (name != "no-depthwise" or depthwise)
                   and (name != "cost" or costs.low_units)}
     candidates |= {ORIGINAL: False} if freeze else {}
+    steps = TuneSteps(progress, len(candidates), rounds)
     with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work:
         converted = {}
-        for name, frozen in candidates.items():
+        for name in steps.each("converting", candidates):
             chosen = (dataclasses.replace(options, assign="cost", costs=costs) if name == "cost" else
                       dataclasses.replace(options, assign="lists", costs=None, lists=_candidate_lists(
                           name if name != ORIGINAL else "float32", options.lists)))
-            converted[name] = convert_saved_model(source, Path(work) / name, options=chosen, freeze=frozen,
+            converted[name] = convert_saved_model(source, Path(work) / name, options=chosen, freeze=candidates[name],
                                                   tag_set=tag_set, signatures=signatures,
-                                                  weights=weights if frozen else "keep")
+                                                  weights=weights if candidates[name] else "keep")
         passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size, tag_set)
-                  for name in candidates}
+                  for name in steps.each("verifying", candidates)}
         milliseconds = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size, tags,
-                                        rounds, calls, precision)
+                                        rounds, calls, precision, steps)
         fine = [name for name in candidates if passed[name]]
         if not fine:
             raise ModelError("no candidate of --tune meets the verification tolerance, not even float32; check the "
                              "model and the inputs (--inputs), or loosen --rtol/--atol")
         chosen = min(fine, key=milliseconds.get)
+        steps.finish(f"writing '{chosen}', the fastest candidate that verifies")
         result = TuneResult(chosen, milliseconds, passed, converted[chosen])
         winner = Path(work) / chosen
         (winner / "assets").mkdir(exist_ok=True)
@@ -172,9 +178,10 @@ def _verifies(original, converted, precision, inputs, seed, batch_size, tag_set)
 
 
 def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, tags, rounds: int, calls: int,
-                     precision: str) -> dict:
+                     precision: str, steps: TuneSteps) -> dict:
     """Median CPU ms of one call of every signature, per candidate, timed in rotated interleaved rounds, on the
-    inputs verify makes (ids inside the tables they index, learned on the original)."""
+    inputs verify makes (ids inside the tables they index, learned on the original). Each load and round is a step
+    told to `steps`."""
     import tensorflow as tf
 
     from .inputs import load_inputs
@@ -185,14 +192,15 @@ def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, ta
                                                                     precision).items()}
              for key, function in original.signatures.items()}
     runs = {}
-    for name, path in paths.items():
-        loaded = tf.saved_model.load(str(path), tags=tags)
+    for name in steps.each("loading", paths):
+        loaded = tf.saved_model.load(str(paths[name]), tags=tags)
         for key, function in loaded.signatures.items():
             function(**feeds[key])  # the first call builds and optimizes the graph
             runs.setdefault(name, []).append((function, feeds[key]))
     samples = {name: [] for name in paths}
     names = list(paths)
     for r in range(rounds):
+        steps.begin("timing", f"timing round {r + 1} of {rounds} (every candidate, interleaved)")
         for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.process_time()
             for _ in range(calls):
@@ -201,6 +209,60 @@ def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, ta
                         value.numpy()
             samples[name].append((time.process_time() - start) * 1000 / calls)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+class TuneSteps:
+    """The steps of a tuning run told to a progress callback (done, total, step) as each begins -- the callback
+    convert and verify drive their progress bars with -- with roughly how long is left: each phase's remaining
+    steps at the mean time its finished steps took (converting the cost candidate, which measures, takes longest;
+    the timing rounds are alike), a phase not yet begun at the mean of all finished steps."""
+
+    def __init__(self, progress, candidates: int, rounds: int):
+        self._progress = progress
+        self._todo = {"converting": candidates, "verifying": candidates, "loading": candidates, "timing": rounds}
+        self._took = {phase: [] for phase in self._todo}
+        self._current = None  # (phase, monotonic time it began)
+
+    def each(self, phase: str, names):
+        """Yield each of `names` (candidates), first telling that `phase` of it begins."""
+        names = list(names)
+        for i, name in enumerate(names, 1):
+            self.begin(phase, f"{phase} '{name}' (candidate {i} of {len(names)})")
+            yield name
+
+    def begin(self, phase: str, step: str) -> None:
+        """A step of `phase` begins (the one before it has ended); tell the callback, with the time left."""
+        self._end_current()
+        self._current = (phase, time.monotonic())
+        if self._progress is not None:
+            done = sum(len(took) for took in self._took.values())
+            self._progress(done, sum(self._todo.values()), step + self._left())
+
+    def finish(self, step: str) -> None:
+        """Every counted step has ended; `step` (writing the output) is what remains."""
+        self._end_current()
+        if self._progress is not None:
+            total = sum(self._todo.values())
+            self._progress(total, total, step)
+
+    def _end_current(self) -> None:
+        if self._current is not None:
+            phase, began = self._current
+            self._took[phase].append(time.monotonic() - began)
+            self._current = None
+
+    def _left(self) -> str:
+        finished = [seconds for took in self._took.values() for seconds in took]
+        if not finished:
+            return ""  # nothing measured yet: any figure would be a guess
+        overall = statistics.mean(finished)
+        seconds = sum((self._todo[phase] - len(took)) * (statistics.mean(took) if took else overall)
+                      for phase, took in self._took.items())
+        return f", about {_duration(seconds)} left"
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(1, round(seconds))} s" if seconds < 90 else f"{round(seconds / 60)} min"
 
 
 def _machine() -> dict:

@@ -1,9 +1,11 @@
-"""`convert --tune`: three candidates converted, timed here and verified; the fastest that verifies is written."""
+"""`convert --tune`: the candidates converted, timed here and verified; the fastest that verifies is written,
+and each step is told as it begins."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
@@ -65,3 +67,26 @@ def test_ids_are_drawn_inside_a_small_vocabulary(tmp_path):
     keras.Model(tokens, keras.layers.Dense(4)(x)).export(str(tmp_path / "emb"), verbose=False)
     result = tune_saved_model(tmp_path / "emb", tmp_path / "tuned", "bfloat16", rounds=1, calls=1)
     assert result.passed[result.chosen] and all(ms > 0 for ms in result.milliseconds.values())
+
+
+def test_progress_names_each_candidate_its_place_and_the_time_left(tmp_path):
+    import keras
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,), name="x")
+    keras.Model(inp, keras.layers.Dense(4)(keras.layers.Dense(8, activation="relu")(inp))).export(
+        str(tmp_path / "mlp"), verbose=False)
+    told = []
+    result = tune_saved_model(tmp_path / "mlp", tmp_path / "tuned", "bfloat16", rounds=2, calls=1,
+                              progress=lambda done, total, step: told.append((done, total, step)))
+    names = list(result.milliseconds)
+    total = 3 * len(names) + 2
+    assert [done for done, _, _ in told] == list(range(total + 1)) and {t for _, t, _ in told} == {total}
+    steps = [step for _, _, step in told]
+    for phase in ("converting", "verifying", "loading"):
+        assert [s.split(",")[0] for s in steps if s.startswith(phase)] == [
+            f"{phase} '{name}' (candidate {i} of {len(names)})" for i, name in enumerate(names, 1)]
+    assert [s.split(",")[0] for s in steps if s.startswith("timing")] == [
+        "timing round 1 of 2 (every candidate", "timing round 2 of 2 (every candidate"]
+    # Once a step has been timed, every step says roughly how long is left.
+    assert "left" not in steps[0] and all(re.search(r", about \d+ (s|min) left$", s) for s in steps[1:-1])
+    assert steps[-1] == f"writing '{result.chosen}', the fastest candidate that verifies"
