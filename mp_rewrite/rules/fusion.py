@@ -11,6 +11,7 @@ import dataclasses
 
 from .activation import GELUS, activation_name, activation_region
 from .graph import FLOAT_TYPES, EditableGraph
+from .layer_norm import FUSED_ROLES, MARK as LAYER_NORM_MARK
 
 CONTRACTIONS = {"MatMul": "_FusedMatMul", "Conv2D": "_FusedConv2D",
                 "DepthwiseConv2dNative": "_FusedDepthwiseConv2dNative", "Conv3D": "_FusedConv3D"}
@@ -24,8 +25,9 @@ class FusionGroup:
     """Nodes the remapper fuses into one op.
 
     Attributes:
-        root: the contraction (or FusedBatchNorm, or Sigmoid of a swish).
-        op: the fused op TensorFlow makes ("_FusedMatMul", "_FusedConv2D", "_FusedBatchNormEx", "_MklSwish").
+        root: the contraction (or FusedBatchNorm, or Sigmoid of a swish, or a layer normalization's output).
+        op: the fused op TensorFlow makes ("_FusedMatMul", "_FusedConv2D", "_FusedBatchNormEx", "_MklSwish",
+            "_MklLayerNorm").
         fused_ops: its `fused_ops` attribute, e.g. ("BiasAdd", "GeluExact").
         nodes: every node of the group, root included.
     """
@@ -59,6 +61,22 @@ def fusion_groups(graph_def, fetches=()) -> list[FusionGroup]:
             group = None
         if group is not None:
             groups.append(group)
+    return groups + _layer_norm_groups(graph)
+
+
+def _layer_norm_groups(graph: EditableGraph) -> list[FusionGroup]:
+    """The layer normalizations rules/layer_norm.py wrote, by their nodes' names (<output>/layer_norm_form/<role>);
+    the output is in the group when it is the pattern's last AddV2 (a rank-2 input)."""
+    members = {}
+    for node in graph.graph_def.node:
+        output, mark, role = node.name.rpartition(LAYER_NORM_MARK)
+        if mark and role in FUSED_ROLES:
+            members.setdefault(output, set()).add(node.name)
+    groups = []
+    for output, names in members.items():
+        root = output if graph.nodes.get(output) is not None and graph.nodes[output].op == "AddV2" else \
+            f"{output}{LAYER_NORM_MARK}normalized_flat"
+        groups.append(FusionGroup(root, "_MklLayerNorm", (), frozenset(names | {root})))
     return groups
 
 

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from .activation import activation_region
+from .evaluate import erf, evaluate
 from .graph import EditableGraph
 from .record import Match
 
@@ -24,11 +25,10 @@ TOLERANCE = 1e-5  # relative to max(1, |x|): float32 constants in the graph diff
 MARK = "/gelu_form/"  # the canonical spelling's nodes are named <output>/gelu_form/<role>
 SQRT_HALF, SQRT_2_OVER_PI, CUBIC = 0.7071067811865476, math.sqrt(2.0 / math.pi), 0.044715
 ARITHMETIC_MARK = "_grappler_ArithmeticOptimizer_MinimizeBroadcasts"
-_erf = np.vectorize(math.erf)
 
 
 def gelu_exact(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + _erf(x * SQRT_HALF))
+    return 0.5 * x * (1.0 + erf(x * SQRT_HALF))
 
 
 def gelu_approximate(x: np.ndarray) -> np.ndarray:
@@ -52,47 +52,6 @@ def match_gelu(graph: EditableGraph, bias) -> Match | None:
     for form, function in (("GeluExact", gelu_exact), ("GeluApproximate", gelu_approximate)):
         if np.all(np.abs(values - function(POINTS)) <= TOLERANCE * np.maximum(1.0, np.abs(POINTS))):
             return Match(nodes={"bias": bias, "exit": exit_node}, values={"region": region, "form": form})
-    return None
-
-
-def evaluate(graph: EditableGraph, start, region: list, exit_node, x: np.ndarray) -> np.ndarray | None:
-    """The region's output for input `x` (float64), or None if it uses an op this evaluator does not know."""
-    values = {start.name: x.astype(np.float64)}
-    pending = list(region)
-    while pending:
-        ready = [n for n in pending if all(_value(graph, t, values) is not None for t in graph.data_inputs(n))]
-        if not ready:
-            return None
-        for node in ready:
-            result = _apply(node, [_value(graph, t, values) for t in graph.data_inputs(node)])
-            if result is None:
-                return None
-            values[node.name] = result
-            pending.remove(node)
-    return values[exit_node.name]
-
-
-def _value(graph: EditableGraph, tensor: str, values: dict):
-    name = tensor.split(":")[0]
-    if name in values:
-        return values[name]
-    constant = graph.constant(tensor)
-    return None if constant is None else constant.astype(np.float64).reshape(())
-
-
-_UNARY = {"Tanh": np.tanh, "Erf": _erf, "Erfc": lambda v: 1.0 - _erf(v), "Neg": np.negative, "Square": np.square,
-          "Exp": np.exp, "Sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v)), "Relu": lambda v: np.maximum(v, 0.0),
-          "Softplus": lambda v: np.logaddexp(0.0, v), "Softsign": lambda v: v / (1.0 + np.abs(v))}
-_BINARY = {"Mul": np.multiply, "AddV2": np.add, "Add": np.add, "Sub": np.subtract, "RealDiv": np.divide,
-           "Pow": np.power, "Maximum": np.maximum, "Minimum": np.minimum}
-
-
-def _apply(node, args: list):
-    with np.errstate(all="ignore"):
-        if node.op in _UNARY and len(args) == 1:
-            return _UNARY[node.op](args[0])
-        if node.op in _BINARY and len(args) == 2:
-            return _BINARY[node.op](args[0], args[1])
     return None
 
 

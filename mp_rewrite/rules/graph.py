@@ -46,6 +46,15 @@ class EditableGraph:
         self.kept = {node_name(f) for f in fetches}
         self.shapes = {name: tuple(shape) for name, shape in (shapes or {}).items()}
         self._readers = None
+        self._shapes = None
+
+    def inferred_shape(self, tensor: str) -> tuple | None:
+        """The shape TensorFlow's shape inference gives `tensor` (output 0 of a node; None for an unknown
+        dimension), or None when its rank is unknown or the node was added after the first question (the graph is
+        imported once, when first asked)."""
+        if self._shapes is None:
+            self._shapes = _inferred_shapes(self.graph_def)
+        return self._shapes.get(node_name(tensor)) if is_first_output(tensor) else None
 
     def readers(self, name: str) -> list:
         """The nodes that read any output of `name` as data (a node reading it twice appears twice)."""
@@ -152,3 +161,15 @@ class EditableGraph:
     def is_kept(self, node) -> bool:
         """Whether the node is a fetch (its name, op and output must stay)."""
         return node.name in self.kept
+
+
+def _inferred_shapes(graph_def) -> dict:
+    """{node name: shape of its output 0} from importing the graph into TensorFlow; {} if it does not import."""
+    import tensorflow as tf
+    try:
+        with tf.Graph().as_default() as graph:
+            tf.graph_util.import_graph_def(graph_def, name="")
+    except (ValueError, TypeError, tf.errors.OpError):
+        return {}
+    return {op.name: tuple(op.outputs[0].shape.as_list()) for op in graph.get_operations()
+            if op.outputs and op.outputs[0].shape.rank is not None}

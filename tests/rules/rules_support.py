@@ -85,3 +85,16 @@ def dense_gelu(approximate: bool = False, units: int = 64):
     inp = keras.Input((16, 32))
     act = (lambda t: keras.activations.gelu(t, approximate=True)) if approximate else "gelu"
     return with_nonzero_biases(keras.Model(inp, keras.layers.Dense(units, activation=act)(inp)))
+
+
+def canonical(model, x, **options):
+    """(graph before, graph after, records, fetches) of a Keras model's frozen graph and `canonicalize`'s rewrite of
+    it, after checking that the input graph is untouched and that the two compute the same on x."""
+    from mp_rewrite.rules import canonicalize
+    graph_def, fetches, feed = frozen(model, x.shape)
+    snapshot = graph_def.SerializeToString(deterministic=True)
+    new, records = canonicalize(graph_def, fetches, **options)
+    assert graph_def.SerializeToString(deterministic=True) == snapshot  # the input is never modified
+    for fetch in fetches:
+        assert_same(run(graph_def, feed, fetch, x), run(new, feed, fetch, x))
+    return graph_def, new, records, fetches

@@ -1,5 +1,5 @@
 """A keras-hub GPT-2 backbone (built from its constructor, random weights, non-zero biases): every projection and
-FFN becomes a fused MatMul in TF, the groups fusion_groups names are the ones TF fuses, and the outputs are equal."""
+FFN becomes a fused MatMul in TF, every LayerNorm one _MklLayerNorm, the groups fusion_groups names are the ones TF fuses, and the outputs are equal."""
 
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ def test_gpt2_backbone_fuses_every_projection_and_ffn():
     assert not [r for r in records if not r.applied]
     assert fused(runtime_graph(graph_def, fetches)) == []
     after = collections.Counter(tuple(ops) for _, ops in fused(runtime_graph(new, fetches)))
-    assert after == {("BiasAdd",): 10, ("BiasAdd", "GeluApproximate"): 2}  # 2 layers x (4 projections + 1 FFN)
+    # 2 layers x (4 projections + 1 FFN); 2 layers x 2 LayerNorms + the final one, each one _MklLayerNorm
+    assert after == {("BiasAdd",): 10, ("BiasAdd", "GeluApproximate"): 2, (): 5}
+    assert sum(op == "_MklLayerNorm" for op, _ in fused(runtime_graph(new, fetches))) == 5
     assert collections.Counter(g.fused_ops for g in fusion_groups(new, fetches)) == after
     rng = np.random.default_rng(0)
     values = {f: (rng.integers(0, 1000, (2, 32)) if "token" in f else np.ones((2, 32))).astype(np.int32)

@@ -1,0 +1,211 @@
+"""`layer_norm`: a layer normalization over the last axis, however it is spelled, rewritten in the spelling
+TensorFlow 2.21's oneDNN remapper fuses into one `_MklLayerNorm` kernel.
+
+Keras 3 writes LayerNormalization as `moments` (Mean, SquaredDifference against a StopGradient of the mean, Mean),
+`rsqrt(variance + epsilon) * gamma`, and `x * inv + (beta - mean * inv)` spread over a Neg, Muls and an AddN after
+`--freeze`'s arithmetic optimization; keras-hub uses Keras 3's layer; the remapper matches none of these (measured:
+about ten separate kernels per LayerNorm). Its "common norm" pattern is
+
+    AddV2(Mul(x, Mul(Rsqrt(AddV2(Mean(SquaredDifference(x, Mean(x, axis)), axis), epsilon)), gamma)),
+          Sub(beta, Mul(Mul(Rsqrt(...), gamma), Mean(x, axis))))
+
+with Const gamma, beta and epsilon, `axis` the positive last axis, x of rank 2 or 3. The region is recognized by
+what it computes: the nodes after a last-axis Mean of x whose inputs are x, the region or constants are evaluated
+(float64) on rows of known mean and variance, which gives gamma, beta and epsilon; rows of random values must then
+agree with the layer normalization they define. So every spelling of the same function is found, and nothing else.
+
+Before the remapper, TF's arithmetic optimizer sorts the inputs of commutative ops by name (grappler's
+CanonicalizeNode), and the pattern is order-sensitive: the canonical nodes are named so that sorting keeps them in the
+pattern's order (and marked, as the GELU's are, so that the broadcast minimizer leaves the Muls alone).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .evaluate import BINARY, REDUCTIONS, UNARY, evaluate
+from .gelu import ARITHMETIC_MARK
+from .graph import FLOAT_TYPES, EditableGraph, is_first_output
+from .record import Match
+
+MARK = "/layer_norm_form/"
+# Identities are left out: a fetch's Identity ends the region rather than joining it.
+REGION_OPS = (frozenset(UNARY) | frozenset(BINARY) | frozenset(REDUCTIONS) | {"AddN"}) - {"Identity", "Snapshot"}
+MAX_NODES = 24
+TOLERANCE = 1e-5  # relative: float32 constants through float64 arithmetic
+RANKS = (2, 3)  # what TF 2.21's _MklLayerNorm takes
+# The roles of the nodes TF fuses into _MklLayerNorm (named <output>/layer_norm_form/<role>; the output itself when
+# the input is rank 2, else the role "normalized_flat" before the Reshape back).
+FUSED_ROLES = ("mean", "squared_difference", "variance", "variance_plus", "rsqrt", "inv", "mean_inv", "shift",
+               "normalized", "normalized_flat")
+FUSED_EPSILON = 1e-3  # the epsilon TF 2.21's _MklLayerNorm runs with (its attribute's default)
+
+
+def match_layer_norm(graph: EditableGraph, mean) -> Match | None:
+    """A layer normalization whose first node is `mean` (a Mean of x over its last axis); None if `mean` does not
+    start one, a declined Match when it does but cannot be fused."""
+    if not mean.attr["keep_dims"].b or mean.attr["T"].type not in FLOAT_TYPES or not is_first_output(mean.input[0]):
+        return None
+    axis = graph.constant(mean.input[1])
+    if axis is None or axis.size != 1:
+        return None
+    x, region = mean.input[0], _region(graph, mean)
+    if region is None or MARK in mean.name:
+        return None
+    names = {n.name for n in region}
+    exits = [n for n in region if graph.is_kept(n) or any(r.name not in names for r in graph.readers(n.name))]
+    if len(exits) != 1 or sum(n.op == "Mean" for n in region) != 2:
+        return None
+    shape, axis = graph.inferred_shape(x), int(axis.reshape(()))
+    rank = None if shape is None else len(shape)
+    if rank is None:
+        return Match().fail(f"the rank of '{x}' is unknown (TF's _MklLayerNorm takes rank 2 or 3)")
+    if rank not in RANKS or axis not in (-1, rank - 1):
+        return Match().fail(f"the mean over axis {axis} of a rank-{rank} input is not over the last axis of a "
+                            "rank-2 or rank-3 tensor (what TF's _MklLayerNorm takes)")
+    channels = shape[-1] or _channels(graph, region)
+    if channels is None:
+        return Match().fail("the size of the last axis is unknown (not inferred, and no per-channel scale or shift)")
+    params = _parameters(graph, mean, region, exits[0], rank, channels)
+    if params is None:
+        return None
+    if not params["epsilon"] > 0:
+        return Match().fail("its epsilon is 0 (TF's fused kernel adds 0.001, and no rescaling makes that exact)")
+    unscaled = abs(params["epsilon"] - FUSED_EPSILON) <= 1e-7 * FUSED_EPSILON
+    if rank == 2 and unscaled and not f"{exits[0].name}{MARK}" > x.split(":")[0]:
+        return Match().fail(f"'{x}' sorts after the normalization's own nodes, so TF would reorder the pattern")
+    return Match(nodes={"mean": mean, "exit": exits[0]},
+                 values={"region": region, "x": x, "rank": rank, "channels": channels, **params})
+
+
+def _region(graph: EditableGraph, mean) -> list | None:
+    """The nodes after `mean` whose data inputs are x, the region or constants, in graph order."""
+    x = mean.input[0]
+    found = {mean.name: mean}
+    changed = True
+    while changed:
+        changed = False
+        for node in list(found.values()):
+            for reader in graph.readers(node.name):
+                if reader.name in found or reader.op not in REGION_OPS or graph.is_kept(reader):
+                    continue
+                if all(t == x or t.split(":")[0] in found or graph.constant(t) is not None
+                       for t in graph.data_inputs(reader)):
+                    found[reader.name] = reader
+                    changed = True
+        if len(found) > MAX_NODES:
+            return None
+    order = {node.name: i for i, node in enumerate(graph.graph_def.node)}
+    return sorted(found.values(), key=lambda n: order[n.name])
+
+
+def _channels(graph: EditableGraph, region: list) -> int | None:
+    """The size of the normalized axis, when shape inference does not know it, from a per-channel constant."""
+    for node in region:
+        for tensor in graph.data_inputs(node):
+            value = graph.constant(tensor)
+            if value is not None and value.size > 1 and value.shape[-1] == value.size:
+                return int(value.size)
+    return None
+
+
+def _parameters(graph: EditableGraph, mean, region: list, exit_node, rank: int, channels: int) -> dict | None:
+    """{gamma, beta, epsilon} of the layer normalization the region computes, or None if it computes none."""
+    rng = np.random.default_rng(0)
+    unit = rng.normal(size=channels)
+    unit = (unit - unit.mean()) / unit.std()  # mean 0, variance 1
+
+    start = graph.producer(mean.input[0])
+
+    def run(rows: np.ndarray) -> np.ndarray | None:
+        shaped = rows.reshape((1,) * (rank - 2) + rows.shape)
+        out = None if start is None else evaluate(graph, start, region, exit_node, shaped)
+        return None if out is None or out.shape != shaped.shape else out.reshape(rows.shape)
+
+    scales = np.array([1e3, 1e-1, 1e-2, 1e-3, 1e-4, 1e-6])
+    out = run(np.vstack([np.full(channels, 0.7)] + [s * unit for s in scales]))
+    if out is None or not np.all(np.isfinite(out)):
+        return None
+    beta = out[0]
+    ratios = (out[1:] - beta) / unit  # gamma * s / sqrt(s^2 + epsilon), per scale
+    gamma = ratios[0]
+    if not np.all(np.isfinite(gamma)):
+        return None
+    epsilon = _epsilon(ratios[1:], gamma, scales[1:])
+    rows = rng.normal(size=(8, channels)) * np.array([[1e-3], [1e-2], [0.1], [1], [10], [100], [1], [3]]) + 2.0
+    expected = _layer_norm(rows, gamma, beta, epsilon)
+    got = run(rows)
+    if got is None or np.any(np.abs(got - expected) > TOLERANCE * np.maximum(1.0, np.abs(expected))):
+        return None
+    return {"gamma": gamma, "beta": beta, "epsilon": epsilon}
+
+
+def _epsilon(ratios: np.ndarray, gamma: np.ndarray, scales: np.ndarray) -> float:
+    """Epsilon from the shrink of a row of standard deviation s: ratio / gamma = s / sqrt(s^2 + epsilon)."""
+    channel = int(np.argmax(np.abs(gamma)))
+    shrink = ratios[:, channel] / gamma[channel]
+    usable = (shrink > 1e-3) & (shrink < 0.999)
+    if not usable.any():
+        return 0.0 if np.all(shrink >= 0.999) else float(np.square(scales[-1]) / 1e-6)
+    s, k = scales[usable][0], shrink[usable][0]
+    return float(s * s * (1.0 / (k * k) - 1.0))
+
+
+def _layer_norm(rows: np.ndarray, gamma, beta, epsilon: float) -> np.ndarray:
+    mean = rows.mean(axis=-1, keepdims=True)
+    variance = np.square(rows - mean).mean(axis=-1, keepdims=True)
+    return gamma * (rows - mean) / np.sqrt(variance + epsilon) + beta
+
+
+def rewrite_layer_norm(graph: EditableGraph, match: Match) -> str:
+    """Replace the region by the remapper's spelling; its output node takes the old output's name."""
+    import tensorflow as tf
+    from tensorflow.core.framework.attr_value_pb2 import AttrValue
+    exit_node, x, values = match.nodes["exit"], match.values["x"], match.values
+    name, dtype, device = exit_node.name, exit_node.attr["T"].type, exit_node.device
+    numpy_type = tf.dtypes.as_dtype(dtype).as_numpy_dtype
+    old = [n.name for n in values["region"]]
+    graph.remove(old)
+    scope = f"{name}{MARK}"
+
+    def const(role: str, value, kind=numpy_type) -> str:
+        return graph.add_constant(scope + role, np.asarray(value, kind), device).name
+
+    def op(role: str, kind: str, *inputs, node_name: str | None = None, **attrs) -> str:
+        node = graph.add_node(node_name or scope + role, kind, list(inputs), device)
+        node.attr["T"].type = dtype
+        for key, value in attrs.items():
+            node.attr[key].CopyFrom(value)
+        if kind in ("Mul", "AddV2"):
+            node.attr[ARITHMETIC_MARK].b = True
+        return node.name
+
+    int32 = AttrValue(type=tf.int32.as_datatype_enum)
+    # Grappler checks that the input's and output's shapes are symbolically equal, which a Keras Dense's output
+    # (reshaped by a computed shape) never is: the normalization runs on the rows, [-1, C], and is reshaped back.
+    rows = op("flat", "Reshape", x, const("flat_shape", [-1, values["channels"]], np.int32), Tshape=int32) \
+        if values["rank"] == 3 else x
+    # TF 2.21's remapper gives _MklLayerNorm its default epsilon, 0.001, whatever the pattern's constant says
+    # (measured). A layer normalization is unchanged when x is scaled by k and epsilon by k^2, so x is scaled to make
+    # epsilon 0.001.
+    scale = float(np.sqrt(FUSED_EPSILON / values["epsilon"]))
+    if abs(scale - 1.0) > 1e-7:
+        rows = op("flat_scaled", "Mul", rows, const("flat_scale", scale))
+    axis = const("axis", [1], np.int32)
+    mean = op("mean", "Mean", rows, axis, keep_dims=AttrValue(b=True), Tidx=int32)
+    variance = op("variance", "Mean", op("squared_difference", "SquaredDifference", rows, mean), axis,
+                  keep_dims=AttrValue(b=True), Tidx=int32)
+    rsqrt = op("rsqrt", "Rsqrt", op("variance_plus", "AddV2", variance, const("variance_epsilon", FUSED_EPSILON)))
+    # Names sort as the pattern reads: flat < inv < mean, normalized < shift, variance < variance_epsilon,
+    # rsqrt < scale (for an unscaled rank-2 input the matcher checks x < inv and x < mean).
+    inv = op("inv", "Mul", rsqrt, const("scale", values["gamma"]))
+    shift = op("shift", "Sub", const("offset", values["beta"]), op("mean_inv", "Mul", inv, mean))
+    if values["rank"] == 3:
+        normalized = op("normalized_flat", "AddV2", op("normalized", "Mul", rows, inv), shift)
+        shape = graph.add_node(scope + "shape", "Shape", [x], device)
+        shape.attr["T"].type, shape.attr["out_type"].type = dtype, tf.int32.as_datatype_enum
+        op(None, "Reshape", normalized, shape.name, node_name=name, Tshape=int32)
+    else:
+        op(None, "AddV2", op("normalized", "Mul", rows, inv), shift, node_name=name)
+    return (f"rewrote the {len(old)}-node layer normalization of '{x}' (epsilon {values['epsilon']:.3g}) as the "
+            "remapper's LayerNorm spelling")
