@@ -340,3 +340,20 @@ def _fused_into(graph_def, timed: dict) -> dict:
 
 def _is_float(node) -> bool:
     return node.attr["T"].type in (dtypes.FLOAT, *dtypes.LOW) if "T" in node.attr else False
+
+
+def measured_runs(table: CostTable) -> dict:
+    """The whole-model times per run that a profiled table's note reports (as _table and _checked write it), for
+    reports that show them beside the per-node times: {"traced": (float32 ms, lists ms)} of the traced runs (step
+    stats on, so slower), and when the cut was raced {"raced": (float32, lists, cut ms)} of untraced runs; {} for a
+    table not profiled in its graph (an op table, a cost file)."""
+    import re
+    found = {}
+    traced = re.search(r"traced runs of each: float32 ([\d.]+) ms, Grappler's lists ([\d.]+) ms per run", table.note)
+    if traced:
+        found["traced"] = tuple(float(x) for x in traced.groups())
+    raced = re.search(r"ran(?: as the function runs)? float32 ([\d.]+) ms, the lists ([\d.]+) ms, the cut ([\d.]+) "
+                      r"ms per run", table.note)
+    if raced:
+        found["raced"] = tuple(float(x) for x in raced.groups())
+    return found

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .inspect import add_model_options, check_model_path, load_and_rewrite
+from .inspect import add_model_options, check_model_path, rewrite_with_costs, time_costs
 
 
 def register(sub) -> None:
@@ -23,8 +23,9 @@ def register(sub) -> None:
 def run(args) -> int:
     """Print the explanation of every node named NODE."""
     from ..report.explain import explain_all
-    _, result = load_and_rewrite(args)
-    explanations = explain_all(result, args.node, args.function)
+    model, result, costs = rewrite_with_costs(args)
+    costs = time_costs(args, model, costs, measure=False)  # times where the rewrite had a table: none measured
+    explanations = explain_all(result, args.node, args.function, costs=costs)
     if args.json:
         print(json.dumps([e.as_dict() for e in explanations], indent=1))
         return 0

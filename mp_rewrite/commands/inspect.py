@@ -54,6 +54,10 @@ def register(sub) -> None:
     p.add_argument("--max-nodes", type=int, default=150, metavar="N",
                    help="box budget of a picture; for the whole model, of opening nested layers (default 150)")
     p.add_argument("--top", type=int, default=12, metavar="N", help="rows per summary table (default 12)")
+    p.add_argument("--show", choices=("precision", "time"), default=None,
+                   help="whole-model svg/html: color the layers by precision or by their measured time per call "
+                        "(float32 → as converted, from the cost table; measured once where none is cached). "
+                        "Default: svg precision; html both, with a toggle (--show precision leaves times out)")
     p.set_defaults(func=run, precheck=check_inspect_args)
 
 
@@ -75,15 +79,46 @@ def check_model_path(args) -> None:
 
 def load_and_rewrite(args):
     """Read args.model and rewrite it with the options of add_model_options; returns (LoadedModel, result)."""
+    model, result, _ = rewrite_with_costs(args)
+    return model, result
+
+
+def rewrite_with_costs(args):
+    """As load_and_rewrite, and the costs the rewrite read: a CostTable, a machine or file table (the rewrite
+    made the graph's table from it), or None for Grappler's lists. Returns (LoadedModel, result, costs)."""
     from ..model.loaded import load_model, rewrite_model
-    from ..savedmodel.measured_costs import in_place_costs
     model = load_model(args.model, args.tag_set, say)
-    options = options_from_args(args, **assign_from_args(args))
-    if model.kind == "saved_model" and os.path.isdir(model.path) and args.fetch is None:
-        options = in_place_costs(options, model.path, model.meta_graph)  # measured as convert measures it
+    options = _measured_in_model(args, model, options_from_args(args, **assign_from_args(args)))
     result = rewrite_model(model, fetches=args.fetch, options=options)
     say_assignment(result)
-    return model, result
+    return model, result, options.costs
+
+
+def _measured_in_model(args, model, options):
+    """The options with the SavedModel's costs measured in the model (or cached), as convert measures them."""
+    from ..savedmodel.measured_costs import in_place_costs, measuring
+    from .verify import stderr_status
+    if not (model.kind == "saved_model" and os.path.isdir(model.path) and args.fetch is None and measuring(options)):
+        return options
+    with stderr_status("timing the model's ops on this machine (once: the times are cached)"):
+        return in_place_costs(options, model.path, model.meta_graph)
+
+
+def time_costs(args, model, costs, measure: bool = True):
+    """The CostTable of the time view and explain's times: the one the rewrite read; made from the machine's or
+    file's table for this model; or, after Grappler's lists, measured now as `--assign cost` measures it (with a
+    note: it takes a while once, then the cache answers). None without a table and `measure` False."""
+    from ..core.assignment import CostTable
+    if costs is None:
+        if not measure:
+            return None
+        from ..analysis.op_costs import this_machine
+        say("measuring the model's op times on this machine for the time view (cached for the next time)")
+        options = options_from_args(args, assign="cost", costs=this_machine(args.precision))
+        costs = _measured_in_model(args, model, options).costs
+    if isinstance(costs, CostTable):
+        return costs
+    return costs.for_graph(model.graph_def, args.precision, fetches=model.fetches)
 
 
 def write_output(path: str | None, text: str) -> None:
@@ -117,9 +152,16 @@ def run(args) -> int:
         raise OptionError("--format tensorboard needs -o LOGDIR")
     if args.around and args.format in ("text", "json", "tensorboard", "model-explorer"):
         raise OptionError(f"--around draws a picture: use it with --format dot, svg or html, not {args.format}")
-    model, result = load_and_rewrite(args)
+    timed = _check_show(args)
+    model, result, costs = rewrite_with_costs(args)
+    costs = time_costs(args, model, costs) if timed else None
     if args.format == "dot":
         write_output(args.output, dot.to_dot(result, args.function, **_picture_options(args)))
+        return 0
+    if args.format == "svg" and costs is not None:
+        from ..report.whole_model import whole_model_svg
+        write_output(args.output, whole_model_svg(result, args.function, _picture_options(args)["max_nodes"],
+                                                  costs=costs))
         return 0
     if args.format == "svg":
         write_output(args.output, dot.to_svg(result, args.function, engine=args.engine, **_picture_options(args)))
@@ -135,7 +177,8 @@ def run(args) -> int:
         write_output(args.output, json_report.to_json(result, args.function, tables=tables, model=args.model))
     elif args.format == "html":
         write_output(args.output, html.to_html(result, args.function, tables=tables, model=args.model,
-                                               top=args.top, **_picture_options(args)))
+                                               top=args.top, costs=costs, show=args.show or "precision",
+                                               **_picture_options(args)))
     elif args.output is None and sys.stdout.isatty():
         from rich.console import Console
         from ..report.stats import summarize
@@ -143,6 +186,22 @@ def run(args) -> int:
     else:
         write_output(args.output, text.to_text(result, args.top, args.function, tables))
     return 0
+
+
+def _check_show(args) -> bool:
+    """Whether the report draws the time view (--show time, or an HTML whole-model page unless --show precision).
+
+    Raises:
+        OptionError: --show with a format or picture that has no time view.
+    """
+    whole = not args.around and args.collapse_scopes is None
+    if args.show is not None and args.format not in ("svg", "html"):
+        raise OptionError(f"--show colors a picture: use it with --format svg or html, not {args.format}")
+    if args.show == "time" and not whole:
+        raise OptionError("--show time draws the whole-model picture: drop --around and --collapse-scopes")
+    if args.show == "time" and args.format == "svg" and args.engine == "graphviz":
+        raise OptionError("--show time is drawn by the Python layout: drop --engine graphviz")
+    return whole and (args.show == "time" or (args.format == "html" and args.show is None))
 
 
 def _write_model_explorer(args, model, result) -> int:

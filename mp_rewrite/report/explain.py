@@ -49,7 +49,7 @@ class Explanation:
         listed = f"{self.category} list" if self.category else "in no op list"
         out = [self.headline(), f"  op {self.op} ({listed}), {where}, color {self.node_class}"]
         out += [f"  {line}" for line in self.lines[1:]]
-        out += [f"  near miss: {h}" if not h.startswith(("note:", "cast:")) else f"  {h}" for h in self.hints]
+        out += [f"  near miss: {h}" if not h.startswith(("note:", "cast:", "time:")) else f"  {h}" for h in self.hints]
         if self.also_in:
             out.append(f"  also a node of: {', '.join(g or '(main graph)' for g in self.also_in)} (use --function)")
         return "\n".join(out)
@@ -67,13 +67,34 @@ def _pick(decisions, color: str, source: str | None):
     return next((d for d in same if d.reason.source == source), same[0] if same else None)
 
 
-class Explainer:
-    """Explains nodes of a set of GraphTables; builds each graph's consumer index once."""
+COST_RULES = ("cost_low", "cost_float32")  # the cost assignment's reasons, which already state the node's times
 
-    def __init__(self, tables, precision: str):
+
+class Explainer:
+    """Explains nodes of a set of GraphTables; builds each graph's consumer index once.
+
+    `times` (layer_times.node_times: graph -> node -> (float32 ms, ms as converted)), when a cost table exists,
+    adds a node's times in one line where its reason does not already give them.
+    """
+
+    def __init__(self, tables, precision: str, times: dict | None = None):
         self.tables = {t.name: t for t in tables}
         self.precision = precision
+        self.times = times or {}
         self._consumers = {}
+
+    def time_hint(self, row) -> list:
+        """["time: bfloat16 0.780 ms vs float32 1.420 ms per call ..."] when the node has times and its reason
+        does not say them (the cost assignment's does), else []."""
+        from ..core.assignment import _ms
+        t = self.times.get(row.graph, {}).get(row.name)
+        if t is None or any(d.reason.rule in COST_RULES for d in row.decisions):
+            return []
+        if row.cast is not None:
+            return [f"time: {_ms(t[1])} per call (priced by its tensor's size from this machine's cast times)"]
+        low = row.node_class == "allow"
+        where = f"it computes in {self.precision}" if low else "it computes in float32 here"
+        return [f"time: {self.precision} {_ms(t[1] if low else t[0])} vs float32 {_ms(t[0])} per call ({where})"]
 
     def consumers(self, graph: str) -> dict:
         """node -> names of the nodes reading it (original graph, inserted Casts looked through)."""
@@ -138,6 +159,7 @@ class Explainer:
             lines = [f"{d.attr}: {text}" for d, text in zip(shown, lines)]
         kept = primary is not None and primary.dtype_before == primary.dtype_after == "float"
         hints = self.hints(row, [d for d in shown if d.dtype_after == "float"]) if kept else []
+        hints += self.time_hint(row)
         return Explanation(row.graph, row.name, row.op, row.category, row.node_class, lines, chains, hints,
                            list(also_in))
 
@@ -147,7 +169,8 @@ class Explainer:
                 f"{cast.src}:{cast.src_port}")
         consumers = ", ".join(n for n, _ in cast.consumers)
         hint = f"cast: {cast.src} and its consumer(s) {consumers} differ in precision, so the rewrite casts between"
-        return Explanation(row.graph, row.name, "Cast", None, "cast", [line], [[]], [hint], list(also_in))
+        return Explanation(row.graph, row.name, "Cast", None, "cast", [line], [[]], [hint, *self.time_hint(row)],
+                           list(also_in))
 
     def hints(self, row, kept) -> list:
         """Near misses: for each type attribute kept in float32, what would have converted it."""
@@ -186,7 +209,7 @@ def closest_names(query: str, names, n: int = 5) -> list:
     return found[:n]
 
 
-def explain_all(result, node: str, function: str | None = None, tables=None) -> list[Explanation]:
+def explain_all(result, node: str, function: str | None = None, tables=None, costs=None) -> list[Explanation]:
     """Explain every node named `node`: in the main graph and each rewritten function (or only `function`).
 
     Args:
@@ -194,6 +217,7 @@ def explain_all(result, node: str, function: str | None = None, tables=None) -> 
         node: the node name (function body nodes keep their FunctionDef names).
         function: look only in this rewritten function.
         tables: node_table.build_tables(result), if already built.
+        costs: the CostTable the rewrite read: the node's times are added where its reason lacks them.
 
     Returns:
         One Explanation per graph holding the node, main graph first.
@@ -205,7 +229,8 @@ def explain_all(result, node: str, function: str | None = None, tables=None) -> 
     from .node_table import build_tables
     if tables is None:
         tables = build_tables(result, function, with_flops=False)
-    explainer = Explainer(tables, result.precision)
+    from .layer_times import has_times, node_times
+    explainer = Explainer(tables, result.precision, node_times(tables, costs) if has_times(costs) else None)
     rows = explainer.find(node, function)
     graphs = [r.graph for r in rows]
     return [explainer.explain_row(r, [g for g in graphs if g != r.graph]) for r in rows]

@@ -4,17 +4,19 @@ The script reads `data.explorer` (explorer.explorer_data) from the page's JSON, 
 (compound nodes: an opened layer is a frame around its ops) and draws it as SVG; drag pans, the wheel zooms, a click
 on a layer opens it, a click on an op shows its explanation (the page's panel), the search box finds nodes and
 layers. The URL fragment `#find=TEXT` searches on load, `#click=LAYER` clicks that layer's box once drawn (links
-and the headless-browser test use them) and `#only=network` hides the summary and the node table.
+and the headless-browser test use them) and `#only=network` hides the summary and the node table. With a time view
+(data.explorer.casts/ops/heat, explorer._add_times) the toggle button switches the fills between precision and
+time, and each slowest-layer link centres its box; `#show=time` clicks the toggle on load, `#top=N` the N-th link.
 """
 
 import string
 
-EXPLORER_MARKUP = string.Template("""<p class="muted"><b>$title</b></p>
+EXPLORER_MARKUP = string.Template("""<p class="muted"><b>$title</b></p>$times
 <div id="xbar"><input id="xfind" type="search" placeholder="find a node or layer (Enter: go to it)"
  aria-label="find in the network"> <button data-x="fit">fit</button> <button data-x="in">+</button>
- <button data-x="out">−</button> <button data-x="close">close all layers</button> <span id="xstatus" class="muted">
-</span></div>
-<div id="xlegend">$legend</div><ul id="xnotes" class="muted">$notes
+ <button data-x="out">−</button> <button data-x="close">close all layers</button> $toggle<span id="xstatus"
+ class="muted"></span></div>
+$legend<ul id="xnotes" class="muted">$notes
 <li>Drag to pan, wheel to zoom; click a layer to open it into its ops (click its frame to close), an op to see why
 it has its dtype.</li></ul>
 <div id="xbox"><svg id="xsvg" xmlns="http://www.w3.org/2000/svg"><defs><marker id="xarrow" viewBox="0 0 10 10"
@@ -24,7 +26,10 @@ it has its dtype.</li></ul>
 EXPLORER_CSS = """
 body.network-only #summary, body.network-only #nodes { display: none; }
 #xbar { margin: 6px 0; } #xfind { width: 360px; font-size: 14px; padding: 3px 8px; }
-#xlegend { font-size: 12px; margin: 4px 0; } .xchip { margin-right: 14px; white-space: nowrap; }
+#xlegend, #xlegend-time { font-size: 12px; margin: 4px 0; } .xchip { margin-right: 14px; white-space: nowrap; }
+#xlegend-time, body.time-view #xlegend { display: none; } body.time-view #xlegend-time { display: block; }
+#xslowest { font-size: 13px; } #xtotal { margin: 4px 0; }
+#xsvg .xnode.xgoto .xoutline { stroke: #e8710a; stroke-width: 4px; }
 .xcast { border: 1px dashed #c5221f; color: #c5221f; border-radius: 7px; padding: 0 5px; margin-right: 6px;
   font-size: 10px; }
 #xnotes { font-size: 12px; margin: 4px 0 6px 0; padding-left: 18px; }
@@ -45,6 +50,7 @@ EXPLORER_JS = r"""
   var box = document.getElementById("xbox"), status = document.getElementById("xstatus");
   var find = document.getElementById("xfind");
   var open = {}, layerOf = {}, tf = { x: 0, y: 0, k: 1 }, current = null, selected = -1, query = "";
+  var mode = "precision", goto = -1;
   X.layers.forEach(function (L, i) { L.members.forEach(function (m) { layerOf[m] = i; }); });
 
   function el(tag, attrs, parent) {
@@ -52,6 +58,10 @@ EXPLORER_JS = r"""
     Object.keys(attrs).forEach(function (k) { e.setAttribute(k, attrs[k]); });
     if (parent) { parent.appendChild(e); }
     return e;
+  }
+  function msText(ms) {  // as layer_times.ms_text
+    if (ms >= 100) { return ms.toFixed(0); } if (ms >= 10) { return ms.toFixed(1); }
+    if (ms >= 0.1) { return ms.toFixed(2); } return ms >= 0.001 ? ms.toFixed(3) : "<0.001";
   }
   function opened(i) { return !!open[i] && X.layers[i].members.length > 1; }
   function idOf(m) { return opened(layerOf[m]) ? "n" + m : "L" + layerOf[m]; }
@@ -65,8 +75,11 @@ EXPLORER_JS = r"""
     var n = data.nodes[m], key = X.layers[layerOf[m]].key;
     var name = n[1].indexOf(key) === 0 ? n[1].slice(key.length) : n[1].split("/").slice(-2).join("/");
     if (name.length > 32) { name = "…" + name.slice(-31); }
-    return [name, n[2] + (n[4] ? " " + n[4] : "")];
+    var lines = [name, n[2] + (n[4] ? " " + n[4] : "")];
+    if (X.ops && X.ops[m]) { lines.push(X.ops[m][3]); }
+    return lines;
   }
+  function layerLines(L) { return L.tline ? L.lines.concat([L.tline]) : L.lines; }
 
   function layout() {
     var g = new dagre.graphlib.Graph({ compound: true });
@@ -74,8 +87,8 @@ EXPLORER_JS = r"""
     g.setDefaultEdgeLabel(function () { return {}; });
     X.layers.forEach(function (L, i) {
       if (!opened(i)) {
-        var s = size(L.lines);
-        g.setNode("L" + i, { layer: i, lines: L.lines, classes: L.classes, width: s.width, height: s.height });
+        var lines = layerLines(L), s = size(lines);
+        g.setNode("L" + i, { layer: i, lines: lines, classes: L.classes, width: s.width, height: s.height });
         return;
       }
       g.setNode("C" + i, { frame: i, paddingTop: 22 });
@@ -89,9 +102,10 @@ EXPLORER_JS = r"""
     X.edges.forEach(function (e) {
       var a = idOf(e[0]), b = idOf(e[1]);
       if (a === b) { return; }
-      var x = merged[a + ">" + b] || (merged[a + ">" + b] = { a: a, b: b, count: 0, casts: {} });
+      var x = merged[a + ">" + b] || (merged[a + ">" + b] = { a: a, b: b, count: 0, casts: {}, castIds: {} });
       x.count += 1;
       if (e[2]) { e[2].split(",").forEach(function (c) { x.casts[c] = (x.casts[c] || 0) + 1; }); }
+      e[3].forEach(function (c) { x.castIds[c] = true; });
     });
     var fanout = {};
     Object.keys(merged).forEach(function (k) { fanout[merged[k].a] = (fanout[merged[k].a] || 0) + 1; });
@@ -118,11 +132,14 @@ EXPLORER_JS = r"""
     var g = el("g", { "class": "xnode", "data-key": key }, parent);
     if (n.layer !== undefined) { g.setAttribute("data-layer", n.layer); } else { g.setAttribute("data-op", n.op); }
     el("title", {}, g).textContent = key;
-    var total = n.classes.reduce(function (s, c) { return s + c[1]; }, 0), left = n.x - n.width / 2;
-    n.classes.forEach(function (c) {
+    var heat = mode !== "time" ? null : n.layer !== undefined ? X.layers[n.layer].heat :
+      (X.ops && X.ops[n.op] ? X.ops[n.op][2] : X.noTime);
+    var stripes = heat ? [["heat", 1, heat]] : n.classes.map(function (c) {
+      return [c[0], c[1], data.fills[c[0]] || "#eee"]; });
+    var total = stripes.reduce(function (s, c) { return s + c[1]; }, 0), left = n.x - n.width / 2;
+    stripes.forEach(function (c) {
       var w = n.width * c[1] / total;
-      el("rect", { x: left, y: n.y - n.height / 2, width: w, height: n.height, fill: data.fills[c[0]] || "#eee",
-                   "class": "mp-" + c[0] }, g);
+      el("rect", { x: left, y: n.y - n.height / 2, width: w, height: n.height, fill: c[2], "class": "mp-" + c[0] }, g);
       left += w;
     });
     el("rect", { x: n.x - n.width / 2, y: n.y - n.height / 2, width: n.width, height: n.height, fill: "none",
@@ -143,6 +160,10 @@ EXPLORER_JS = r"""
     var names = Object.keys(e.casts);
     if (!names.length) { return; }
     var text = names.map(function (c) { return e.casts[c] > 1 ? e.casts[c] + "× " + c : c; }).join(", ");
+    if (X.casts) {
+      var ms = Object.keys(e.castIds).reduce(function (s, c) { return s + X.casts[c]; }, 0);
+      text += " " + msText(ms) + " ms";
+    }
     var a = e.points[e.points.length - 2], b = e.points[e.points.length - 1];
     var mx = (a.x + b.x) / 2, my = (a.y + b.y) / 2, w = text.length * 5.4 + 10;
     var g = el("g", { "class": "xcast-mark" }, marks);
@@ -205,6 +226,7 @@ EXPLORER_JS = r"""
       var members = g.hasAttribute("data-layer") ? X.layers[Number(g.getAttribute("data-layer"))].members : [];
       g.classList.toggle("xsel", g.hasAttribute("data-op") ? Number(g.getAttribute("data-op")) === selected :
         members.length === 1 && members[0] === selected);
+      g.classList.toggle("xgoto", g.hasAttribute("data-layer") && Number(g.getAttribute("data-layer")) === goto);
       if (hit) { count += 1; }
     });
     status.textContent = query ? count + " box(es) match" : X.layers.length + " boxes; " + X.graph;
@@ -267,8 +289,30 @@ EXPLORER_JS = r"""
     b.addEventListener("click", function () {
       var act = b.getAttribute("data-x");
       if (act === "fit") { fit(true); } else if (act === "in") { zoom(1.25); } else if (act === "out") { zoom(0.8); }
+      else if (act === "mode") { setMode(mode === "time" ? "precision" : "time"); }
       else { open = {}; draw(); fit(false); }
     });
+  });
+  function setMode(m) {
+    // the toggle: the same layout, the boxes filled by precision or by time (and the legend that goes with it)
+    mode = m;
+    document.body.classList.toggle("time-view", m === "time");
+    document.getElementById("xmode").textContent = m === "time" ? "color by precision" : "color by time";
+    var keep = view.getAttribute("transform");
+    draw();
+    if (keep) { view.setAttribute("transform", keep); }
+  }
+  function goTo(key) {
+    // a slowest-layer link: show the explorer and centre the layer's box (or its frame when it is open)
+    var i = X.layers.findIndex(function (L) { return L.key === key; });
+    if (i < 0) { return; }
+    goto = i; mark();
+    centre(opened(i) ? "C" + i : "L" + i);
+    document.getElementById("xbar").scrollIntoView();
+    view.setAttribute("data-goto", key);
+  }
+  document.querySelectorAll("[data-goto]").forEach(function (a) {
+    a.addEventListener("click", function (ev) { ev.preventDefault(); goTo(a.getAttribute("data-goto")); });
   });
   find.addEventListener("input", function () { query = find.value.trim().toLowerCase(); mark(); });
   find.addEventListener("keydown", function (ev) { if (ev.key === "Enter") { go(find.value); } });
@@ -290,7 +334,16 @@ EXPLORER_JS = r"""
     if (target) { target.querySelector("rect").dispatchEvent(new MouseEvent("click", { bubbles: true })); }
   }
   if (params.only === "network") { document.body.classList.add("network-only"); }
+  var toggle = document.getElementById("xmode");
+  if (toggle && (params.show || toggle.getAttribute("data-show")) === "time") {
+    toggle.dispatchEvent(new MouseEvent("click", { bubbles: true }));
+  }
   if (params.find || params.click) { document.getElementById("xbar").scrollIntoView(); }
+  var links = document.querySelectorAll("#xslowest [data-goto]");
+  if (params.top && links[Number(params.top) - 1]) {
+    links[Number(params.top) - 1].dispatchEvent(new MouseEvent("click", { bubbles: true, cancelable: true }));
+    document.body.dataset.scrollY = String(Math.round(window.scrollY));
+  }
   document.body.dataset.explorer = "ready";
 })();
 """

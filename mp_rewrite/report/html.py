@@ -12,6 +12,7 @@ from ..errors import ModelError
 from .dot import is_whole_model, picture as make_picture, picture_svg
 from .explain import Explainer
 from .html_assets import CSS, JS, PAGE
+from .layer_times import has_times, node_times
 from .palette import CLASSES, FILL, dtype_label
 from .stats import summarize
 from .text import blocks
@@ -74,20 +75,24 @@ def _picture_html(result, tables, options) -> tuple:
             pic.source or "(main graph)")
 
 
-def _explorer_html(result, tables, data: dict, options: dict) -> str:
-    """The network explorer (explorer.py) of the graph holding the network; adds its data to `data`."""
+def _explorer_html(result, tables, data: dict, options: dict, costs=None, show: str = "precision") -> str:
+    """The network explorer (explorer.py) of the graph holding the network, with its time view when `costs` has
+    times; adds its data to `data`."""
     from .explorer import explorer_data, explorer_markup
-    from .whole_model import layer_picture
+    from .whole_model import layer_picture, picture_times
     graph, title, notes = layer_picture(result, options.get("function"), options.get("max_nodes", 150), tables)
+    times = None if costs is None else picture_times(graph, tables, costs, result)
+    if costs is not None and times is None:
+        notes = [f"No times: {costs.note}."] + notes
     g = next(i for i, t in enumerate(tables) if t.name == graph.source)
     index = {n[1]: i for i, n in enumerate(data["nodes"]) if n[0] == g}
-    data["explorer"] = explorer_data(graph, result.precision, index)
+    data["explorer"] = explorer_data(graph, result.precision, index, times)
     data["pictureGraph"] = data["graphs"][g]
-    return explorer_markup(graph, title, notes)
+    return explorer_markup(graph, title, notes, times, show)
 
 
 def to_html(result, function: str | None = None, tables=None, model: str | None = None, top: int = 15,
-            **picture_options) -> str:
+            costs=None, show: str = "precision", **picture_options) -> str:
     """The HTML report of a RewriteResult as one self-contained page.
 
     Args:
@@ -96,6 +101,9 @@ def to_html(result, function: str | None = None, tables=None, model: str | None 
         tables: build_tables(result, function), if already built.
         model: the model path for the title.
         top: rows in the summary tables.
+        costs: the CostTable the rewrite read (or one measured for it): the whole-model explorer gains its time
+            view (layer_times), and each node's explanation its times.
+        show: "time" opens the explorer colored by time, "precision" by precision.
         picture_options: dot.picture options (around, depth, collapse_scopes, max_nodes).
 
     Raises:
@@ -104,13 +112,13 @@ def to_html(result, function: str | None = None, tables=None, model: str | None 
     from .node_table import build_tables
     tables = build_tables(result, function) if tables is None else tables
     summary = summarize(tables, result)
-    explainer = Explainer(tables, result.precision)
+    explainer = Explainer(tables, result.precision, node_times(tables, costs) if has_times(costs) else None)
     data = _node_data(tables, explainer)
     options = {"function": function, **picture_options}
     scripts = ""
     if is_whole_model(options):
         from .explorer import explorer_scripts
-        picture_markup, scripts = _explorer_html(result, tables, data, options), explorer_scripts()
+        picture_markup, scripts = _explorer_html(result, tables, data, options, costs, show), explorer_scripts()
     else:
         picture_markup, data["pictureGraph"] = _picture_html(result, tables, options)
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")

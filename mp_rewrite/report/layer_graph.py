@@ -38,6 +38,7 @@ class Layer:
         ops: op type -> count over `members`.
         variables: the variables its ops read (through ReadVariableOps and weight-only arithmetic).
         casts: "float32→bfloat16" -> count of Casts inserted inside it or on its weights.
+        cast_nodes: the names of those Casts (the time view prices each once).
     """
 
     key: str
@@ -48,6 +49,7 @@ class Layer:
     ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     variables: set = dataclasses.field(default_factory=set)
     casts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    cast_nodes: set = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass
@@ -58,7 +60,8 @@ class LayerGraph:
         source: the graph drawn ("" for the main graph, else the function's name).
         table: its GraphTable.
         layers: box key -> Layer, in graph order.
-        edges: (box, box) -> {"count": data edges, "casts": Counter of Cast directions on them}.
+        edges: (box, box) -> {"count": data edges, "casts": Counter of Cast directions on them, "cast_nodes": the
+            names of those Casts}.
         op_edges: (op, op, cast directions) between drawn ops and inputs/outputs, for opening a box.
         box_of: drawn node -> box key.
         hidden: role -> count of the nodes not drawn ("variable or constant", "identity", "ordering").
@@ -154,19 +157,21 @@ def _cast_label(row) -> str:
 
 
 def trace_input(rows: dict, role: dict, src: str, port: int) -> tuple:
-    """(role, node, cast directions) of what feeds an input, looking through inserted Casts and identities."""
-    casts = []
+    """(role, node, cast directions, cast node names) of what feeds an input, looking through inserted Casts and
+    identities."""
+    casts, names = [], []
     while src in rows:
         r = role[src]
         if r == "cast":
             casts.append(_cast_label(rows[src]))
+            names.append(src)
         elif r != "pass":
-            return r, src, tuple(casts)
+            return r, src, tuple(casts), tuple(names)
         inputs = rows[src].drawn_inputs
         if not inputs:
-            return "drop", src, tuple(casts)
+            return "drop", src, tuple(casts), tuple(names)
         src, port = inputs[port] if rows[src].op == "IdentityN" and port < len(inputs) else inputs[0]
-    return "drop", src, tuple(casts)
+    return "drop", src, tuple(casts), tuple(names)
 
 
 def called_functions(node) -> list:
@@ -238,13 +243,14 @@ def build_layer_graph(table, budget: int = 150, tables: dict | None = None) -> L
     op_edges, edges = [], {}
     for name, key in box_of.items():
         for src, port in rows[name].drawn_inputs:
-            kind, node, casts = trace_input(rows, role, src, port)
+            kind, node, casts, cast_nodes = trace_input(rows, role, src, port)
             if kind == "param":
                 layers[key].variables |= variables.get(node, set())
                 layers[key].casts.update(casts)
+                layers[key].cast_nodes.update(cast_nodes)
             elif node in box_of:
-                op_edges.append((node, name, casts))
-                _add_edge(edges, layers, box_of[node], key, casts)
+                op_edges.append((node, name, casts, cast_nodes))
+                _add_edge(edges, layers, box_of[node], key, casts, cast_nodes)
     fold_plumbing(layers, edges, box_of)
     hidden = collections.Counter({"param": "variable or constant", "pass": "identity", "drop": "ordering",
                                   "cast": "inserted Cast"}.get(role[n], "") for n in rows if n not in box_of)
@@ -276,6 +282,7 @@ def _merge(layers: dict, edges: dict, box_of: dict, key: str, into: str) -> None
     target.ops.update(source.ops)
     target.variables |= source.variables
     target.casts.update(source.casts)
+    target.cast_nodes |= source.cast_nodes
     for name in source.members:
         box_of[name] = into
     for (a, b) in [e for e in edges if key in e]:
@@ -283,17 +290,25 @@ def _merge(layers: dict, edges: dict, box_of: dict, key: str, into: str) -> None
         a, b = (into if a == key else a), (into if b == key else b)
         if a == b:
             target.casts.update(data["casts"])
+            target.cast_nodes |= data["cast_nodes"]
             continue
-        edge = edges.setdefault((a, b), {"count": 0, "casts": collections.Counter()})
+        edge = _edge_data(edges, a, b)
         edge["count"] += data["count"]
         edge["casts"].update(data["casts"])
+        edge["cast_nodes"] |= data["cast_nodes"]
 
 
-def _add_edge(edges: dict, layers: dict, a: str, b: str, casts: tuple) -> None:
+def _edge_data(edges: dict, a: str, b: str) -> dict:
+    return edges.setdefault((a, b), {"count": 0, "casts": collections.Counter(), "cast_nodes": set()})
+
+
+def _add_edge(edges: dict, layers: dict, a: str, b: str, casts: tuple, cast_nodes: tuple) -> None:
     """Count one data edge between boxes; inside one box its Casts count on the box."""
     if a == b:
         layers[a].casts.update(casts)
+        layers[a].cast_nodes.update(cast_nodes)
         return
-    edge = edges.setdefault((a, b), {"count": 0, "casts": collections.Counter()})
+    edge = _edge_data(edges, a, b)
     edge["count"] += 1
     edge["casts"].update(casts)
+    edge["cast_nodes"].update(cast_nodes)

@@ -4,6 +4,10 @@ computes in (striped, with counts, when its ops differ), Casts as marks on the e
 Each box is `<g class="node mp-layer mp-CLASS">` with the box key as `<title>` (the HTML page finds boxes by it);
 cast marks are `<g class="mp-cast-mark">`. Text is 11 and 9.5 px, never scaled down: a big model wraps into columns
 (layer_layout) rather than shrinking.
+
+The time view (`--show time`, a layer_times.TimeView) fills each box by its time as converted on the heat scale
+instead, adds its time line ("1.42 → 0.78 ms · 2.1%") and the Casts' cost on the edges, and the legend gives the
+scale in ms.
 """
 
 from __future__ import annotations
@@ -48,8 +52,7 @@ def box_lines(layer, precision: str) -> list:
     ops = sorted(layer.ops, key=lambda op: (op not in PRIMARY_OPS, op not in WEIGHT_OPS, -layer.ops[op]))
     shown = ", ".join(f"{op}×{layer.ops[op]}" if layer.ops[op] > 1 else op for op in ops[:2])
     more = f" +{len(ops) - 2}" if len(ops) > 2 else ""
-    low = SHORT.get(precision, precision)
-    counts = " · ".join(f"{low if c == 'allow' else KEPT.get(c, c)} {n}" for c, n in shown_classes(layer))
+    counts = counts_text(layer, precision)
     extra = []
     if layer.variables:
         extra.append(f"{len(layer.variables)} var{'s' if len(layer.variables) > 1 else ''}")
@@ -58,19 +61,26 @@ def box_lines(layer, precision: str) -> list:
     return [_clip(layer.label), _clip(shown + more, 40), " · ".join([counts] + extra)]
 
 
+def counts_text(layer, precision: str) -> str:
+    """A box's ops per precision: "bf16 5 · f32 deny 7 · f32 infer 2"."""
+    low = SHORT.get(precision, precision)
+    return " · ".join(f"{low if c == 'allow' else KEPT.get(c, c)} {n}" for c, n in shown_classes(layer))
+
+
 def box_size(lines: list) -> tuple:
     width = max([len(lines[0]) * CHAR] + [len(line) * SMALL_CHAR for line in lines[1:]]) + 2 * PAD
     return max(MIN_WIDTH, width), len(lines) * LINE + PAD
 
 
-def _fill(index: int, layer, x: float, y: float, w: float, h: float) -> str:
-    """The box: one fill, or vertical stripes in proportion to its classes."""
+def _fill(index: int, layer, x: float, y: float, w: float, h: float, heat: str | None = None) -> str:
+    """The box: one fill, or vertical stripes in proportion to its classes; in the time view its `heat` fill."""
     classes = shown_classes(layer) if layer.kind not in ("input", "output") else [("untouched", 1)]
-    total, left, parts = sum(n for _, n in classes), x - w / 2, []
-    for c, n in classes:
+    stripes = [(f"mp-stripe mp-{c}", n, FILL[c]) for c, n in classes] if heat is None else [("mp-heat", 1, heat)]
+    total, left, parts = sum(n for _, n, _ in stripes), x - w / 2, []
+    for cls, n, fill in stripes:
         part = w * n / total
-        parts.append(f'<rect class="mp-stripe mp-{c}" x="{left:.1f}" y="{y - h / 2:.1f}" width="{part:.1f}" '
-                     f'height="{h:.1f}" fill="{FILL[c]}"/>')
+        parts.append(f'<rect class="{cls}" x="{left:.1f}" y="{y - h / 2:.1f}" width="{part:.1f}" '
+                     f'height="{h:.1f}" fill="{fill}"/>')
         left += part
     rx = h / 2 if layer.kind in ("input", "output") else 4
     clip = f"clip-{index}"
@@ -80,7 +90,7 @@ def _fill(index: int, layer, x: float, y: float, w: float, h: float) -> str:
             'fill="none" stroke="#333" stroke-width="1.2"/>')
 
 
-def _box(index: int, key: str, layer, lines: list, center: tuple, size: tuple) -> str:
+def _box(index: int, key: str, layer, lines: list, center: tuple, size: tuple, heat: str | None = None) -> str:
     (x, y), (w, h) = center, size
     top = y - h / 2 + PAD / 2 + LINE - 3
     texts = []
@@ -91,7 +101,7 @@ def _box(index: int, key: str, layer, lines: list, center: tuple, size: tuple) -
     main = shown_classes(layer)[0][0] if layer.kind not in ("input", "output") else "untouched"
     tip = f"{key}: {len(layer.members)} ops; " + ", ".join(f"{c} {n}" for c, n in layer.classes.items())
     return (f'<g class="node mp-layer mp-{main}" data-kind="{layer.kind}"><title>{html.escape(key)}</title>'
-            f'<desc>{html.escape(tip)}</desc>{_fill(index, layer, x, y, w, h)}{"".join(texts)}</g>')
+            f'<desc>{html.escape(tip)}</desc>{_fill(index, layer, x, y, w, h, heat)}{"".join(texts)}</g>')
 
 
 def _clip_to_box(point, center, size) -> tuple:
@@ -104,7 +114,14 @@ def _clip_to_box(point, center, size) -> tuple:
     return cx + dx * min(scale, 1.0), cy + dy * min(scale, 1.0)
 
 
-def _edge(points: list, data: dict, a: tuple, b: tuple) -> str:
+def cast_text(casts, ms: float | None = None) -> str:
+    """A cast mark's text: "2× f32→bf16", with the Casts' time per call in the time view."""
+    from .layer_times import ms_text
+    text = ", ".join(f"{n}× {_short(c)}" if n > 1 else _short(c) for c, n in casts.items())
+    return text if ms is None else f"{text} {ms_text(ms)} ms"
+
+
+def _edge(points: list, data: dict, a: tuple, b: tuple, cast_ms: float | None = None) -> str:
     points = list(points)
     points[0] = _clip_to_box(points[1], *a)
     points[-1] = _clip_to_box(points[-2], *b)
@@ -113,7 +130,7 @@ def _edge(points: list, data: dict, a: tuple, b: tuple) -> str:
     out = (f'<g class="edge"><path d="{d}" fill="none" stroke="#555" stroke-width="{width:.1f}" '
            'marker-end="url(#arrow)"/></g>')
     if data["casts"]:
-        text = ", ".join(f"{n}× {_short(c)}" if n > 1 else _short(c) for c, n in data["casts"].items())
+        text = cast_text(data["casts"], cast_ms)
         (x1, y1), (x2, y2) = points[-2], points[-1]
         mx, my = (x1 + x2) / 2, (y1 + y2) / 2
         w = len(text) * SMALL_CHAR + 10
@@ -125,13 +142,13 @@ def _edge(points: list, data: dict, a: tuple, b: tuple) -> str:
     return out
 
 
-def _legend(classes: list, notes: list) -> str:
+def _legend(chips: list, notes: list) -> str:
+    """The legend line ([(text, tooltip, fill)] chips, then the cast mark) and the notes under it."""
     parts, x = [], MARGIN
-    for c in classes:
-        text = LEGEND[c].split(":")[0] if c != "cast" else "cast"
+    for text, tip, fill in chips:
         w = len(text) * SMALL_CHAR + 16
-        parts.append(f'<g class="legend"><title>{html.escape(LEGEND[c])}</title><rect x="{x:.1f}" y="30" '
-                     f'width="{w:.1f}" height="14" rx="3" fill="{FILL[c]}" stroke="#333"/><text x="{x + w / 2:.1f}" '
+        parts.append(f'<g class="legend"><title>{html.escape(tip)}</title><rect x="{x:.1f}" y="30" '
+                     f'width="{w:.1f}" height="14" rx="3" fill="{fill}" stroke="#333"/><text x="{x + w / 2:.1f}" '
                      f'y="40.5" text-anchor="middle" font-family="{FONT}" font-size="9">{html.escape(text)}</text></g>')
         x += w + 6
     parts.append(f'<g class="legend mp-cast-mark"><rect x="{x:.1f}" y="30" width="70" height="14" rx="7" '
@@ -163,7 +180,29 @@ def split_shared_inputs(layers: dict, edges: dict) -> tuple:
     return out_layers, out_edges
 
 
-def layer_svg(graph, title: str, notes: list, precision: str) -> tuple:
+def legend_chips(graph, times=None) -> list:
+    """[(text, tooltip, fill)] of the legend: the precision classes present, or the time view's heat steps."""
+    if times is None:
+        present = [c for c in CLASS_NAMES
+                   if c != "cast" and any(layer.classes.get(c) for layer in graph.layers.values())]
+        return [(LEGEND[c].split(":")[0], LEGEND[c], FILL[c]) for c in present]
+    from .layer_times import ms_text
+    from .palette import NO_TIME_FILL
+    steps = [(f"{'≥ ' + ms_text(lo) if i == len(times.steps()) - 1 else '< ' + ms_text(hi)} ms",
+              f"a layer taking {ms_text(lo)} to {ms_text(hi)} ms per call as converted", fill)
+             for i, (lo, hi, fill) in enumerate(times.steps())]
+    return steps + [("no time", "no op of the layer has a time in the cost table", NO_TIME_FILL)]
+
+
+def time_line(times, key: str) -> str:
+    """A box's time line in the time view: "1.42 → 0.78 ms · 2.1%" (float32 → as converted, share of the total)."""
+    from .layer_times import time_label
+    t = times.layers[key]
+    share = f" · {100 * t.ms / times.total:.1f}%" if t.timed and times.total else ""
+    return time_label(t) + share
+
+
+def layer_svg(graph, title: str, notes: list, precision: str, times=None) -> tuple:
     """(SVG text, (width, height)) of a LayerGraph.
 
     Args:
@@ -171,9 +210,13 @@ def layer_svg(graph, title: str, notes: list, precision: str) -> tuple:
         title: the first line.
         notes: lines under the legend (what is not drawn, how it was collapsed).
         precision: "float16" or "bfloat16" (names the low precision in the boxes).
+        times: a layer_times.TimeView to draw the time view, or None for the precision colors.
     """
     layers, edges = split_shared_inputs(graph.layers, graph.edges)
     lines = {k: box_lines(layer, precision) for k, layer in layers.items()}
+    if times is not None:
+        lines = {k: v + [time_line(times, layer.key)] if layer.kind not in ("input", "output") else v
+                 for (k, v), layer in zip(lines.items(), layers.values())}
     sizes = {k: box_size(v) for k, v in lines.items()}
     placed = lay_out(sizes, list(edges))
     top = HEADER + 12 * max(len(notes) - 1, 0)
@@ -181,16 +224,22 @@ def layer_svg(graph, title: str, notes: list, precision: str) -> tuple:
     height = placed.height + top + 2 * MARGIN
     centers = {k: (x + MARGIN, y + top) for k, (x, y) in placed.centers.items()}
     drawn = "".join(_edge([(x + MARGIN, y + top) for x, y in placed.paths[key]], data,
-                          (centers[key[0]], sizes[key[0]]), (centers[key[1]], sizes[key[1]]))
+                          (centers[key[0]], sizes[key[0]]), (centers[key[1]], sizes[key[1]]),
+                          None if times is None else times.edges.get(_original(key), 0.0))
                     for key, data in edges.items() if key in placed.paths)
-    boxes = "".join(_box(i, layer.key, layer, lines[k], centers[k], sizes[k])
+    boxes = "".join(_box(i, layer.key, layer, lines[k], centers[k], sizes[k],
+                         None if times is None or layer.kind in ("input", "output") else times.fill(layer.key))
                     for i, (k, layer) in enumerate(layers.items()))
-    classes = [c for c in CLASS_NAMES if c != "cast" and any(layer.classes.get(c) for layer in graph.layers.values())]
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
            f'viewBox="0 0 {width:.0f} {height:.0f}" class="mp-layers"><title>{html.escape(title)}</title>'
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
            'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>'
            '<rect width="100%" height="100%" fill="white"/>'
            f'<text x="{MARGIN}" y="20" font-family="{FONT}" font-size="13" font-weight="bold">{html.escape(title)}'
-           f'</text>{_legend(classes, notes)}<g class="graph">{drawn}{boxes}</g></svg>')
+           f'</text>{_legend(legend_chips(graph, times), notes)}<g class="graph">{drawn}{boxes}</g></svg>')
     return svg, (width, height)
+
+
+def _original(pair: tuple) -> tuple:
+    """The LayerGraph edge of a drawn edge (a shared input's copy "key#2" stands for "key")."""
+    return tuple(key.split("#", 1)[0] if "#" in key else key for key in pair)

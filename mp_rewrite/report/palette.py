@@ -45,3 +45,24 @@ def node_class(decisions, category: str | None) -> str:
     if any(d.dtype_before == "float" for d in decisions) and category in ("infer", "clear", "allow"):
         return f"{category}-kept"
     return "untouched"
+
+
+# The time view's heat scale (light to dark orange; black text reads on every step), one step per halving of the
+# slowest layer's time: layer times spread over three orders of magnitude, so equal steps would leave all but a
+# few boxes white.
+HEAT = ("#fff5eb", "#fee6ce", "#fdd0a2", "#fdae6b", "#fd8d3c", "#f16913")
+NO_TIME_FILL = "#e8eaed"
+
+
+def heat_steps(top: float) -> list:
+    """[(from ms, to ms, fill)] of the heat scale when the slowest layer takes `top` ms: the last step is its upper
+    half, each step before it half the one after."""
+    edges = [0.0] + [top / 2 ** k for k in range(len(HEAT) - 1, 0, -1)] + [top]
+    return [(lo, hi, fill) for lo, hi, fill in zip(edges, edges[1:], HEAT)]
+
+
+def heat_fill(ms: float | None, top: float) -> str:
+    """The fill of a layer taking `ms` (None: no time measured) when the slowest takes `top`."""
+    if ms is None:
+        return NO_TIME_FILL
+    return next((fill for _, hi, fill in heat_steps(top) if ms < hi), HEAT[-1])

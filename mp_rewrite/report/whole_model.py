@@ -47,8 +47,44 @@ def layer_picture(result, function: str | None = None, max_nodes: int = 150, tab
     return graph, title, notes
 
 
-def whole_model_svg(result, function: str | None = None, max_nodes: int = 150, tables=None) -> str:
-    """The SVG of the whole model (see layer_picture for the arguments)."""
+def whole_model_svg(result, function: str | None = None, max_nodes: int = 150, tables=None, costs=None) -> str:
+    """The SVG of the whole model (see layer_picture for the arguments); with `costs` (the CostTable the rewrite
+    read, or one measured for it) its time view (layer_times)."""
+    from .node_table import build_tables
+    tables = build_tables(result, function, with_flops=False) if tables is None else tables
     graph, title, notes = layer_picture(result, function, max_nodes, tables)
-    svg, _ = layer_svg(graph, title, notes, result.precision)
+    times = None
+    if costs is not None:
+        times = picture_times(graph, tables, costs, result)
+        notes = (time_notes(times, graph) if times else [f"No times: {costs.note}."]) + notes
+    svg, _ = layer_svg(graph, title, notes, result.precision, times)
     return svg
+
+
+def picture_times(graph, tables, costs, result):
+    """The layer_times.TimeView of a picture's LayerGraph, or None when the table has no times (a machine without
+    low-precision units measures nothing: its note says so)."""
+    from .layer_times import has_times, time_view
+    if not has_times(costs):
+        return None
+    return time_view(graph, tables, costs, result)
+
+
+def total_line(times) -> str:
+    """"Time per call: float32 73.5 ms → as converted 56.4 ms, the sum of the layers' ...; measured: ..."."""
+    from .layer_times import ms_text
+    line = (f"Time per call: float32 {ms_text(times.total_fp32)} ms → as converted {ms_text(times.total)} ms, the "
+            f"sum of the layers' times (Casts on edges {ms_text(times.edge_casts)} ms of it)")
+    measured = times.measured
+    if measured:
+        line += (f"; measured: float32 {ms_text(measured['float32'])} ms → {ms_text(measured['converted'])} ms "
+                 f"({measured['how']})")
+    return line
+
+
+def time_notes(times, graph) -> list:
+    """The time view's lines above the picture: the total per call, the three slowest layers, where the times
+    come from."""
+    from .layer_times import time_label
+    slowest = "; ".join(f"{graph.layers[key].label} {time_label(t)}" for key, t in times.slowest(3))
+    return [total_line(times), f"Slowest layers: {slowest}.", f"Times: {times.source}."]
