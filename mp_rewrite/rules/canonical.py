@@ -18,6 +18,7 @@ from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activ
 from .gelu import match_gelu, rewrite_gelu
 from .graph import EditableGraph, reachable
 from .layer_norm import match_layer_norm, rewrite_layer_norm
+from .padding import match_explicit_padding, rewrite_explicit_padding
 from .record import APPLIED, DECLINED, Match, Record
 from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, rewrite_batch_matmul, rewrite_einsum,
                       rewrite_reshape_pair)
@@ -61,6 +62,8 @@ RULES = (
     Rule("conv1d_activation", ("Squeeze",), match_dense_activation, rewrite_dense_activation,
          lambda m: f"Conv2D + BiasAdd + {m.values['activation']}"),
     Rule("gelu", ("BiasAdd",), match_gelu, rewrite_gelu, lambda m: f"MatMul + BiasAdd + {m.values['form']}"),
+    Rule("explicit_padding", ("Conv2D", "DepthwiseConv2dNative"), match_explicit_padding, rewrite_explicit_padding,
+         lambda m: f"{m.nodes['conv'].op} with its Pad (padding {m.values['padding'].decode()})"),
     Rule("layer_norm", ("Mean",), match_layer_norm, rewrite_layer_norm, lambda m: "LayerNorm (_MklLayerNorm)"),
 )
 
