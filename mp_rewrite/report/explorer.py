@@ -33,7 +33,8 @@ def explorer_data(graph, precision: str, node_index: dict, times=None) -> dict:
          "edges": [[node index, node index, "2× f32→bf16" or "", [cast index]]], "graph": the graph's name};
         with times, each layer also has "time": [float32 ms, ms as converted], "heat" (its fill) and "tline" (its
         time line), and "casts": [ms of each Cast the edges name], "ops": {node index: [float32 ms, ms, fill,
-        time text]} for the ops drawn when a layer opens.
+        time text]} for the ops drawn when a layer opens, "noTime" (the fill of an op without one), "totals"
+        (layer_times.TimeView's total, total_fp32, edge_casts and undrawn).
     """
     layers = []
     for key, layer in graph.layers.items():
@@ -62,6 +63,8 @@ def _add_times(data: dict, graph, node_index: dict, times, casts: dict) -> None:
         entry.update(time=[t.fp32, t.ms], heat=times.fill(key), tline=time_line(times, key))
     data["casts"] = [own.get(name, (0.0, 0.0))[1] for name in casts]
     data["noTime"] = NO_TIME_FILL
+    data["totals"] = {"total": times.total, "fp32": times.total_fp32, "edgeCasts": times.edge_casts,
+                      "undrawn": list(times.undrawn)}
     data["ops"] = {}
     for name in graph.box_of:
         if name in own and name in node_index:

@@ -47,7 +47,9 @@ class TimeView:
         layers: box key -> LayerTime (boxes with nothing timed included, at 0 ms).
         edges: (box, box) -> ms of the Casts inserted on that edge (a Cast read by two boxes is on both).
         edge_casts: ms of the Casts on edges, each counted once (none of them is inside a box).
-        total_fp32, total: the sum of the layers (and of edge_casts) per call, float32 and as converted.
+        undrawn: (float32 ms, ms) of the timed nodes no box holds: arithmetic on weights alone (a BatchNorm's
+            scale from its variables, computed every call) and Casts no drawn edge carries.
+        total_fp32, total: per call, float32 and as converted: the sum of the layers, edge_casts and undrawn.
         measured: {"float32": ms, "converted": ms, "how": phrase} of whole runs, or {} (see measured_totals).
         source: where the times come from (the cost table's note).
         nodes: graph name -> node -> (float32 ms, ms as converted), for explain and the node table.
@@ -57,6 +59,7 @@ class TimeView:
     layers: dict
     edges: dict
     edge_casts: float
+    undrawn: tuple
     total_fp32: float
     total: float
     measured: dict
@@ -175,9 +178,11 @@ def time_view(graph, tables, costs, result) -> TimeView:
         if names:
             edges[pair] = sum(own.get(c, (0.0, 0.0))[1] for c in names)
     edge_casts = sum(own.get(c, (0.0, 0.0))[1] for c in on_edges)
-    total_fp32 = sum(t.fp32 for t in layers.values())
-    total = sum(t.ms for t in layers.values()) + edge_casts
-    return TimeView(result.precision, layers, edges, edge_casts, total_fp32, total,
+    counted = set(graph.box_of) | inside | on_edges
+    undrawn = tuple(sum(t[i] for name, t in own.items() if name not in counted) for i in (0, 1))
+    total_fp32 = sum(t.fp32 for t in layers.values()) + undrawn[0]
+    total = sum(t.ms for t in layers.values()) + edge_casts + undrawn[1]
+    return TimeView(result.precision, layers, edges, edge_casts, undrawn, total_fp32, total,
                     measured_totals(costs, result), costs.note, times)
 
 

@@ -74,7 +74,8 @@ def total_line(times) -> str:
     """"Time per call: float32 73.5 ms → as converted 56.4 ms, the sum of the layers' ...; measured: ..."."""
     from .layer_times import ms_text
     line = (f"Time per call: float32 {ms_text(times.total_fp32)} ms → as converted {ms_text(times.total)} ms, the "
-            f"sum of the layers' times (Casts on edges {ms_text(times.edge_casts)} ms of it)")
+            f"sum of the layers' times, the Casts on edges ({ms_text(times.edge_casts)} ms) and the nodes not drawn "
+            f"(weight arithmetic, {ms_text(times.undrawn[0])} → {ms_text(times.undrawn[1])} ms)")
     measured = times.measured
     if measured:
         line += (f"; measured: float32 {ms_text(measured['float32'])} ms → {ms_text(measured['converted'])} ms "
