@@ -9,7 +9,8 @@ about ten separate kernels per LayerNorm). Its "common norm" pattern is
     AddV2(Mul(x, Mul(Rsqrt(AddV2(Mean(SquaredDifference(x, Mean(x, axis)), axis), epsilon)), gamma)),
           Sub(beta, Mul(Mul(Rsqrt(...), gamma), Mean(x, axis))))
 
-with Const gamma, beta and epsilon, `axis` the positive last axis, x of rank 2 or 3. The region is recognized by
+with Const gamma, beta and epsilon, `axis` the positive last axis, x of rank 2 or 3 (any other rank is normalized
+as rows, [-1, C], and reshaped back). The region is recognized by
 what it computes: the nodes after a last-axis Mean of x whose inputs are x, the region or constants are evaluated
 (float64) on rows of known mean and variance, which gives gamma, beta and epsilon; rows of random values must then
 agree with the layer normalization they define. So every spelling of the same function is found, and nothing else.
@@ -33,7 +34,6 @@ MARK = "/layer_norm_form/"
 REGION_OPS = (frozenset(UNARY) | frozenset(BINARY) | frozenset(REDUCTIONS) | {"AddN"}) - {"Identity", "Snapshot"}
 MAX_NODES = 24
 TOLERANCE = 1e-5  # relative: float32 constants through float64 arithmetic
-RANKS = (2, 3)  # what TF 2.21's _MklLayerNorm takes
 # The roles of the nodes TF fuses into _MklLayerNorm (named <output>/layer_norm_form/<role>; the output itself when
 # the input is rank 2, else the role "normalized_flat" before the Reshape back).
 FUSED_ROLES = ("mean", "squared_difference", "variance", "variance_plus", "rsqrt", "inv", "mean_inv", "shift",
@@ -59,10 +59,9 @@ def match_layer_norm(graph: EditableGraph, mean) -> Match | None:
     shape, axis = graph.inferred_shape(x), int(axis.reshape(()))
     rank = None if shape is None else len(shape)
     if rank is None:
-        return Match().fail(f"the rank of '{x}' is unknown (TF's _MklLayerNorm takes rank 2 or 3)")
-    if rank not in RANKS or axis not in (-1, rank - 1):
-        return Match().fail(f"the mean over axis {axis} of a rank-{rank} input is not over the last axis of a "
-                            "rank-2 or rank-3 tensor (what TF's _MklLayerNorm takes)")
+        return Match().fail(f"the rank of '{x}' is unknown, so its last axis is")
+    if rank < 2 or axis not in (-1, rank - 1):
+        return Match().fail(f"the mean over axis {axis} of a rank-{rank} input is not over the last axis")
     channels = shape[-1] or _channels(graph, region)
     if channels is None:
         return Match().fail("the size of the last axis is unknown (not inferred, and no per-channel scale or shift)")
@@ -181,10 +180,11 @@ def rewrite_layer_norm(graph: EditableGraph, match: Match) -> str:
         return node.name
 
     int32 = AttrValue(type=tf.int32.as_datatype_enum)
-    # Grappler checks that the input's and output's shapes are symbolically equal, which a Keras Dense's output
-    # (reshaped by a computed shape) never is: the normalization runs on the rows, [-1, C], and is reshaped back.
+    # _MklLayerNorm takes rank 2 or 3, and Grappler checks that the input's and output's shapes are symbolically
+    # equal, which a Keras Dense's output (reshaped by a computed shape) never is: the normalization runs on the
+    # rows, [-1, C], and is reshaped back (a channels-last ConvNeXt LayerNorm, rank 4, too).
     rows = op("flat", "Reshape", x, const("flat_shape", [-1, values["channels"]], np.int32), Tshape=int32) \
-        if values["rank"] == 3 else x
+        if values["rank"] != 2 else x
     # TF 2.21's remapper gives _MklLayerNorm its default epsilon, 0.001, whatever the pattern's constant says
     # (measured). A layer normalization is unchanged when x is scaled by k and epsilon by k^2, so x is scaled to make
     # epsilon 0.001.
@@ -200,7 +200,7 @@ def rewrite_layer_norm(graph: EditableGraph, match: Match) -> str:
     # rsqrt < scale (for an unscaled rank-2 input the matcher checks x < inv and x < mean).
     inv = op("inv", "Mul", rsqrt, const("scale", values["gamma"]))
     shift = op("shift", "Sub", const("offset", values["beta"]), op("mean_inv", "Mul", inv, mean))
-    if values["rank"] == 3:
+    if values["rank"] != 2:
         normalized = op("normalized_flat", "AddV2", op("normalized", "Mul", rows, inv), shift)
         shape = graph.add_node(scope + "shape", "Shape", [x], device)
         shape.attr["T"].type, shape.attr["out_type"].type = dtype, tf.int32.as_datatype_enum
