@@ -98,12 +98,14 @@ def explorer_markup(graph, title: str, notes: list, times=None, show: str = "pre
 
 def slowest_markup(graph, times) -> str:
     """The total per call and the slowest layers, each a link to its box (the page script centres it)."""
+    from .layer_scopes import distinct_labels
     from .layer_times import ms_text
     from .whole_model import total_line
     precision = SHORT.get(times.precision, times.precision)
+    labels = distinct_labels(graph.layers)
     rows = "".join(
         f'<tr><td class="num">{i}</td><td><a href="#" data-goto="{html.escape(key)}">'
-        f'{html.escape(graph.layers[key].label)}</a></td><td class="num">{ms_text(t.fp32)} → {ms_text(t.ms)}</td>'
+        f'{html.escape(labels[key])}</a></td><td class="num">{ms_text(t.fp32)} → {ms_text(t.ms)}</td>'
         f'<td class="num">{100 * t.ms / times.total:.1f}%</td>'
         f'<td>{html.escape(counts_text(graph.layers[key], times.precision))}</td></tr>'
         for i, (key, t) in enumerate(times.slowest(), 1))

@@ -112,3 +112,18 @@ def group_ops(ops: dict, budget: int) -> Grouping:
     scopes = [k.rstrip("/").split("/")[-1] for k in set(box_of.values()) if k.endswith("/")]
     suffixed = sum(1 for s in scopes if TRACE_SUFFIX.search(s))
     return Grouping(box_of, root, depth, note, bool(scopes) and suffixed >= 0.9 * len(scopes))
+
+
+def distinct_labels(keys) -> dict:
+    """{box key: the shortest tail of its scope path (trace suffixes dropped) that no other box shares}: the four
+    "value" boxes of a BERT read "transformer_layer_0/self_attention_layer/value", ... where a list names them
+    outside the picture."""
+    paths = {key: [TRACE_SUFFIX.sub("", part) for part in key.rstrip("/").split("/")] for key in keys}
+    out = {}
+    for key, parts in paths.items():
+        for n in range(1, len(parts) + 1):
+            tail = parts[-n:]
+            if n == len(parts) or sum(1 for other in paths.values() if other[-n:] == tail) == 1:
+                out[key] = "/".join(tail)
+                break
+    return out

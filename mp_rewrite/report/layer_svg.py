@@ -20,6 +20,7 @@ from .palette import CLASS_NAMES, FILL, LEGEND
 FONT = "Helvetica,Arial,sans-serif"
 CHAR, SMALL_CHAR, LINE, PAD = 6.6, 5.5, 14.0, 7.0
 MIN_WIDTH, MAX_CHARS, MARGIN, HEADER = 120.0, 34, 16.0, 74.0
+LEGEND_TITLE = "layer time per call, as converted:"  # the time view's legend
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "half": "f16", "float": "f32"}
 # Ops named first in a box: what the layer is (a Dense layer's Tensordot also gathers shapes with GatherV2).
 PRIMARY_OPS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMulV2", "BatchMatMulV3",
@@ -142,9 +143,13 @@ def _edge(points: list, data: dict, a: tuple, b: tuple, cast_ms: float | None = 
     return out
 
 
-def _legend(chips: list, notes: list) -> str:
-    """The legend line ([(text, tooltip, fill)] chips, then the cast mark) and the notes under it."""
+def _legend(chips: list, notes: list, title: str = "") -> str:
+    """The legend line (`title`, [(text, tooltip, fill)] chips, then the cast mark) and the notes under it."""
     parts, x = [], MARGIN
+    if title:
+        parts.append(f'<text x="{x:.1f}" y="40.5" font-family="{FONT}" font-size="9.5" font-weight="bold">'
+                     f'{html.escape(title)}</text>')
+        x += len(title) * SMALL_CHAR + 8
     for text, tip, fill in chips:
         w = len(text) * SMALL_CHAR + 16
         parts.append(f'<g class="legend"><title>{html.escape(tip)}</title><rect x="{x:.1f}" y="30" '
@@ -236,7 +241,8 @@ def layer_svg(graph, title: str, notes: list, precision: str, times=None) -> tup
            'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>'
            '<rect width="100%" height="100%" fill="white"/>'
            f'<text x="{MARGIN}" y="20" font-family="{FONT}" font-size="13" font-weight="bold">{html.escape(title)}'
-           f'</text>{_legend(legend_chips(graph, times), notes)}<g class="graph">{drawn}{boxes}</g></svg>')
+           f'</text>{_legend(legend_chips(graph, times), notes, LEGEND_TITLE if times else "")}'
+           f'<g class="graph">{drawn}{boxes}</g></svg>')
     return svg, (width, height)
 
 

@@ -100,7 +100,8 @@ def ms_text(ms: float) -> str:
 def time_label(t: LayerTime) -> str:
     """A box's time line, "1.42 → 0.78 ms" (float32 → as converted), or why it has none."""
     if not t.timed:
-        return f"no time measured ({t.untimed} f32 ops)" if t.untimed else "no time of its own"
+        ops = f"{t.untimed} f32 op{'s' if t.untimed > 1 else ''}"
+        return f"not timed ({ops}, never a candidate)" if t.untimed else "no time of its own"
     return f"{ms_text(t.fp32)} → {ms_text(t.ms)} ms"
 
 

@@ -86,6 +86,8 @@ def total_line(times) -> str:
 def time_notes(times, graph) -> list:
     """The time view's lines above the picture: the total per call, the three slowest layers, where the times
     come from."""
+    from .layer_scopes import distinct_labels
     from .layer_times import time_label
-    slowest = "; ".join(f"{graph.layers[key].label} {time_label(t)}" for key, t in times.slowest(3))
+    labels = distinct_labels(graph.layers)
+    slowest = "; ".join(f"{labels[key]} {time_label(t)}" for key, t in times.slowest(3))
     return [total_line(times), f"Slowest layers: {slowest}.", f"Times: {times.source}."]
