@@ -16,7 +16,8 @@ from .batchnorm import fold_batch_norms_recorded
 from .bias import match_bias_add, rewrite_bias_add
 from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activation, rewrite_dense_bias
 from .gelu import match_gelu, rewrite_gelu
-from .graph import EditableGraph, reachable
+from .graph import EditableGraph, drop_unset_attrs, reachable
+from .grouped_conv import match_grouped_conv, rewrite_grouped_conv
 from .layer_norm import match_layer_norm, rewrite_layer_norm
 from .padding import match_explicit_padding, rewrite_explicit_padding
 from .record import APPLIED, DECLINED, Match, Record
@@ -50,6 +51,8 @@ def _contraction_fusion(match: Match) -> str:
 
 
 RULES = (
+    Rule("grouped_conv", ("StatefulPartitionedCall", "PartitionedCall"), match_grouped_conv, rewrite_grouped_conv,
+         lambda m: "DepthwiseConv2dNative" if m.values["depthwise"] else "Conv2D per group"),
     Rule("batch_matmul", ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"), match_batch_matmul, rewrite_batch_matmul,
          lambda m: "MatMul (the remapper fuses no BatchMatMul with a bias)"),
     Rule("einsum", ("Einsum",), match_einsum, rewrite_einsum, lambda m: "MatMul (the remapper fuses no Einsum)"),
@@ -98,6 +101,7 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
     # What a rewrite left unread (the chain a BatchNorm was folded out of) would keep the contraction "read by 2
     # nodes" for whoever looks next; what was dead before is not ours to remove.
     graph.remove(needed - reachable(graph.graph_def, fetches))
+    drop_unset_attrs(graph.graph_def)
     return graph.graph_def, records
 
 

@@ -33,6 +33,20 @@ def is_first_output(tensor: str) -> bool:
     return not tensor.startswith("^") and tensor.partition(":")[2] in ("", "0")
 
 
+def drop_unset_attrs(graph_def) -> int:
+    """Remove the attributes that hold no value from every node (in place); returns how many.
+
+    Reading `node.attr[key]` for an attribute a node does not have (one left at its default, as SavedModels store
+    them) inserts an empty AttrValue, and TensorFlow then refuses the graph at its first run ("Failed to bind all
+    placeholders in <Unknown AttrValue type>"). Rules read such attributes; this undoes what the reads added."""
+    dropped = 0
+    for node in graph_def.node:
+        for key in [k for k, v in node.attr.items() if v.WhichOneof("value") is None]:
+            del node.attr[key]
+            dropped += 1
+    return dropped
+
+
 class EditableGraph:
     """A copy of a GraphDef with lookups by name and the consumers of each node, kept current across edits."""
 
