@@ -113,7 +113,8 @@ def time_costs(args, model, costs, measure: bool = True):
         if not measure:
             return None
         from ..analysis.op_costs import this_machine
-        say("measuring the model's op times on this machine for the time view (cached for the next time)")
+        say("the time view reads the model's op times on this machine: measured now unless cached (the first "
+            "time takes a while)")
         options = options_from_args(args, assign="cost", costs=this_machine(args.precision))
         costs = _measured_in_model(args, model, options).costs
     if isinstance(costs, CostTable):

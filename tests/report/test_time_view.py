@@ -105,3 +105,26 @@ def test_show_time_where_there_is_no_picture_is_a_one_line_error(timed, capsys, 
     assert cli_main(["inspect", path, "--precision", "bfloat16", "--assign", "lists", *argv]) != 0
     err = capsys.readouterr().err.strip()
     assert words in err and "\n" not in err and "Traceback" not in err
+
+
+def _has_bf16_units() -> bool:
+    from mp_rewrite.analysis.op_costs import NATIVE_FLAGS, machine_facts
+    return bool(set(NATIVE_FLAGS["bfloat16"]) & set(machine_facts()["cpu_flags"]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_bf16_units(), reason="no bfloat16 units: nothing is measured, every op stays float32")
+def test_a_page_after_the_lists_measures_the_times_once_then_reads_the_cache(timed, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = timed[0]
+    argv = ["inspect", path, "--precision", "bfloat16", "--assign", "lists", "--format", "html"]
+    assert cli_main([*argv, "-o", str(tmp_path / "a.html")]) == 0
+    assert "the time view reads the model's op times on this machine" in capsys.readouterr().err
+    page = (tmp_path / "a.html").read_text(encoding="utf-8")
+    total = re.search(r'<p id="xtotal">([^<]*)</p>', page).group(1)
+    assert "measured: float32" in total and "whole runs" in total
+    profiles = list((tmp_path / "cache" / "mp_rewrite" / "profiles").iterdir())
+    assert cli_main([*argv, "-o", str(tmp_path / "b.html")]) == 0  # the same model again: the cache answers
+    assert list((tmp_path / "cache" / "mp_rewrite" / "profiles").iterdir()) == profiles
+    again = re.search(r'<p id="xtotal">([^<]*)</p>', (tmp_path / "b.html").read_text(encoding="utf-8")).group(1)
+    assert again == total
