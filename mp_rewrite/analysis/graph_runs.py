@@ -35,6 +35,19 @@ def made_up_values(specs, batch: int | None) -> list:
     return values
 
 
+def tf_reason(error: BaseException) -> str:
+    """TensorFlow's first words on why `error` happened, on one line: the first line of its message, or, for a graph
+    execution error (whose first line is only "Graph execution error:", followed by the node and where it was
+    defined), the first line after that stack ("assertion failed: ...", "could not create a primitive ...")."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    if lines and lines[0].strip() == "Graph execution error:":
+        after = list(itertools.dropwhile(lambda line: not line.startswith("Detected at node"), lines))[1:]
+        # The stack's lines are indented, or say that it is unavailable; the node's own line starts with a tab.
+        said = [line for line in after if not line[0].isspace() and line.strip() != "<stack traces unavailable>"]
+        lines = said or lines
+    return lines[0].strip() if lines else type(error).__name__
+
+
 @dataclasses.dataclass(frozen=True)
 class BodyArg:
     """One argument of a function body run in a session (Runner.of_body).

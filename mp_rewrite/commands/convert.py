@@ -65,6 +65,10 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output (only once the new one is complete)")
     p.add_argument("--verify", action="store_true", help="then run both models on the same inputs and compare")
+    p.add_argument("--no-run-check", dest="run_check", action="store_false",
+                   help="do not call each signature of the written copy once before moving it into place (on the "
+                   "inputs --verify would make: --inputs, --batch-size, --seq-len, --input-shapes); it is still "
+                   "loaded")
     p.add_argument("--guard", action="store_true",
                    help="accuracy guard: measure against float32 on --inputs (or random inputs) and keep in float32 "
                    "the few nodes the outputs need to meet --rtol/--atol")
@@ -82,7 +86,7 @@ def precheck(args) -> None:
     from ..savedmodel.model_dir import check_output
     if not args.source.lower().endswith(KERAS_SUFFIXES):
         check_output(args.source, args.output, args.overwrite)
-    if args.verify or args.guard or args.tune:
+    if args.verify or args.guard or args.tune or args.run_check:
         check_verify_options(args)  # a bad option must not be found after the output is written
     if args.guard and args.guard_overrides:
         from ..guard.result import check_overrides_path
@@ -164,11 +168,17 @@ def check_before_writing(args, options) -> None:
 
 def _convert(args, options):
     from ..savedmodel.convert import convert_saved_model
-    with progress_bar("rewriting functions", finishing="estimating FLOPs, writing") as progress:
+    from ..savedmodel.inputs import input_recipe
+    recipe = input_recipe(args.inputs, batch_size=args.batch_size, dim=args.dim, input_shapes=args.input_shapes,
+                          seed=args.seed)
+    finishing = "estimating FLOPs, writing, running the written copy" if args.run_check else \
+        "estimating FLOPs, writing"
+    with progress_bar("rewriting functions", finishing=finishing) as progress:
         return convert_saved_model(args.source, args.output, options=options, tag_set=args.tag_set,
                                    signatures=args.signature or None, weights=args.weights, freeze=args.freeze,
                                    freeze_weights=args.freeze_weights, keras_metadata=args.keras_metadata,
-                                   overwrite=args.overwrite, progress=progress)
+                                   overwrite=args.overwrite, run_check=args.run_check, run_inputs=recipe,
+                                   progress=progress)
 
 
 def _tune(args, options):
@@ -275,6 +285,9 @@ def print_result(result) -> None:
                   f"{_count(result.casts, 'cast')} inserted, in {result.seconds:.1f} s", soft_wrap=True)
     console.print("(nodes now computing in low precision, and casts in both directions: the numbers "
                   "mp-rewrite inspect and demo report for the same rewrite)", soft_wrap=True)
+    if result.ran:
+        console.print(f"the written copy ran {_count(len(result.ran), 'signature')} once before it was moved into "
+                      f"place ({', '.join(result.ran)})", soft_wrap=True)
 
 
 def _fusion_lines(result) -> list[str]:

@@ -24,10 +24,12 @@ from ..model.tags import parse_tag_set, select_meta_graphs, single_meta_graph
 from .freeze import freeze_saved_model, weights_form
 from .frozen_function import remove_tree
 from .in_place import rewrite_in_place
+from .inputs import InputRecipe
 from .keras_metadata import check_mode
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 from .result import ConversionResult
+from .run_check import RunCheck
 from .source_check import check_source, check_written, node_names
 
 WEIGHTS = ("keep", "low")
@@ -39,7 +41,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                         keep_fp32=(), force_low=(), level: str | None = None, emulate: bool | None = None,
                         assign: str = "lists", costs=None, weights: str = "keep", freeze: bool = False,
                         freeze_weights: str = "auto", keras_metadata: str = "keep", overwrite: bool = False,
-                        flops: bool = True, progress=None, on_note=None) -> ConversionResult:
+                        flops: bool = True, run_check: bool = True, run_inputs: InputRecipe | None = None,
+                        progress=None, on_note=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
     dtypes, shapes), variables, assets and object graph, whose functions compute in float16 or bfloat16.
 
@@ -65,6 +68,10 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
         keras_metadata: "keep" or "drop" a tf_keras model's keras_metadata.pb (see keras_metadata.py).
         overwrite: replace an existing output (a SavedModel or an empty directory), once the new one is complete.
         flops: estimate the share of matmul/conv FLOPs in low precision (result.flops).
+        run_check: call every signature of the written copy once before it is moved into place (run_check.py);
+            False skips it (the copy is still loaded).
+        run_inputs: how the run check makes inputs (inputs.input_recipe: --inputs, --batch-size, --seq-len,
+            --input-shapes, --seed); None: every input made up with the defaults.
         progress: optional callable (done, total, name), after each function body (or frozen signature).
         on_note: optional callable(str) for one-line notes made before the result (a Keras file was exported).
 
@@ -73,7 +80,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
 
     Raises:
         OptionError, ListError: bad options. ModelError: bad source or output, unknown tag-set or signature, a
-        model TensorFlow cannot load (freeze), write failure. GraphError, StageError: a graph the pass cannot
+        model TensorFlow cannot load (freeze), a written copy that does not load or whose signature fails to run
+        (the line says whether the source runs it), write failure. GraphError, StageError: a graph the pass cannot
         handle. Nothing is written on any error.
     """
     start = time.perf_counter()
@@ -99,14 +107,16 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                     check_patterns_match(getattr(options, option), option, rewritten.node_names)
                 with _step("estimate"):
                     share, per_function, per_graph = estimate_flops(rewritten.graphs) if flops else (None, {}, {})
+                runs = RunCheck(source_dir, saved_model, run_inputs, options.precision, options.device)
                 write_model_dir(rewritten.files, output_dir, rewritten.saved_model, overwrite, drop=rewritten.drop,
                                 check=lambda written: check_written(source_dir, saved_model, written,
-                                                                    rewritten.saved_model))
+                                                                    rewritten.saved_model, runs if run_check else None))
             finally:
                 remove_tree(rewritten.staging)
     return ConversionResult(str(source), str(output), options.precision, options.device, rewritten.keys,
                             rewritten.graphs, rewritten.skipped, share, per_function, per_graph,
-                            time.perf_counter() - start, frozen=freeze, notes=rewritten.notes)
+                            time.perf_counter() - start, frozen=freeze, notes=rewritten.notes + runs.notes,
+                            ran=tuple(runs.ran) if run_check else None)
 
 
 def check_modes(weights: str, freeze: bool, keras_metadata: str) -> None:

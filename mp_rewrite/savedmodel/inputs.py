@@ -15,6 +15,7 @@ its TensorSpec with a fixed seed:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -70,6 +71,37 @@ def check_input_options(*, inputs=None, seed: int = 0, batch_size: int = 2, dim:
     parse_input_shapes(input_shapes)
     if inputs is not None and not isinstance(inputs, dict):
         load_inputs(inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputRecipe:
+    """How the inputs of a signature are made where no one hands them over (the run check of `convert`, verify):
+    `given` arrays (keys "input" or "SIGNATURE/input"), else made from the TensorSpec with `seed`, undefined
+    batch dimensions `batch_size`, other undefined ones `dim`, and `shapes` ({name: shape}) where given."""
+
+    given: dict = dataclasses.field(default_factory=dict)
+    batch_size: int = 2
+    dim: int = DEFAULT_DIM
+    shapes: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0
+
+
+def input_recipe(inputs=None, *, batch_size: int = 2, dim: int = DEFAULT_DIM, input_shapes=None,
+                 seed: int = 0) -> InputRecipe:
+    """An InputRecipe from the options as the CLI and the API take them, checked once.
+
+    Args:
+        inputs: a dict of arrays, or the path of an .npz file of them; None: every input made up.
+        batch_size, dim, seed: as check_input_options takes them.
+        input_shapes: "name=2x128,..." or a dict name -> shape.
+
+    Raises:
+        OptionError: as check_input_options.
+    """
+    shapes = input_shapes if isinstance(input_shapes, dict) else None
+    check_input_options(seed=seed, batch_size=batch_size, dim=dim, input_shapes=None if shapes else input_shapes)
+    given = inputs if isinstance(inputs, dict) else load_inputs(inputs) if inputs is not None else {}
+    return InputRecipe(dict(given), batch_size, dim, dict(shapes or parse_input_shapes(input_shapes)), seed)
 
 
 def load_inputs(path) -> dict:

@@ -51,6 +51,8 @@ class ConversionResult:
         seconds: wall time of the conversion.
         notes: what the user must know about the output (e.g. how to load a converted tf_keras model).
         frozen: True for a --freeze conversion (graphs then maps "signature KEY (frozen)" to its RewriteResult).
+        ran: the signature keys called on the written copy before it was moved into place (the run check); None
+            when the check was skipped. Signatures not run are in `notes`.
     """
 
     source: str
@@ -66,6 +68,7 @@ class ConversionResult:
     seconds: float = 0.0
     frozen: bool = False
     notes: list = dataclasses.field(default_factory=list)
+    ran: tuple | None = None
 
     @property
     def functions(self) -> dict:

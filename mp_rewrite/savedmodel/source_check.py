@@ -21,6 +21,7 @@ from ..core import dtypes
 from ..core.graph_view import parse_input
 from ..errors import GraphError, ModelError
 from ..model.runtime import first_line
+from ..model.tags import load_tags
 
 VARIABLES_INDEX = Path("variables") / "variables.index"
 KNOWN_DTYPES = dtypes.KNOWN
@@ -182,15 +183,22 @@ def node_names(saved_model, functions) -> list[str]:
 def load_error(directory, saved_model) -> str | None:
     """Load every MetaGraph of the SavedModel at `directory` as `tf.saved_model.load` would; return the first line
     of its error, or None when it loads."""
+    return next((loaded for _, loaded in loaded_meta_graphs(directory, saved_model) if isinstance(loaded, str)),
+                None)
+
+
+def loaded_meta_graphs(directory, saved_model):
+    """Yield (tags, the loaded object or the first line of the loader's error) for every MetaGraph of the
+    SavedModel at `directory`, one at a time (a model is dropped before the next one is loaded)."""
     import tensorflow as tf
-    tags = [list(mg.meta_info_def.tags) or None for mg in saved_model.meta_graphs]
-    with _tf_warnings_off():
-        for tag_set in tags:
+    for tags in [load_tags(mg) for mg in saved_model.meta_graphs]:
+        with _tf_warnings_off():
             try:
-                tf.saved_model.load(str(directory), tags=tag_set)
+                loaded = tf.saved_model.load(str(directory), tags=tags)
             except Exception as e:  # TF raises ValueError, KeyError, OpError, ... for a model it cannot load
-                return first_line(e)
-    return None
+                loaded = first_line(e)
+        yield tags, loaded
+        loaded = None
 
 
 @contextlib.contextmanager
@@ -205,19 +213,28 @@ def _tf_warnings_off():
         logger.setLevel(level)
 
 
-def check_written(source, source_model, written, written_model) -> None:
-    """Load the written copy before it is moved into place; when it does not load, tell whether the source does.
+def check_written(source, source_model, written, written_model, run=None) -> None:
+    """Load the written copy before it is moved into place (and, given `run`, call it); when it does not load, tell
+    whether the source does.
 
     Args:
         source, source_model: the source SavedModel directory and its proto.
         written, written_model: the written copy and its proto.
+        run: optional callable(loaded, tags), called on each loaded MetaGraph (run_check.RunCheck); it raises an
+            MpRewriteError when the copy fails to run.
 
     Raises:
         ModelError: the copy does not load (the reason says whether the source is at fault).
     """
-    reason = load_error(written, written_model)
-    if reason is None:
-        return
+    for tags, loaded in loaded_meta_graphs(written, written_model):
+        if isinstance(loaded, str):
+            _blame_load(source, source_model, loaded)
+        if run is not None:
+            run(loaded, tags)
+
+
+def _blame_load(source, source_model, reason: str) -> None:
+    """The written copy does not load (`reason`): raise the error that says whether the source does."""
     source_reason = load_error(source, source_model)
     if source_reason is not None:
         raise ModelError(f"the source SavedModel '{source}' does not load in TensorFlow ({source_reason}); nothing "

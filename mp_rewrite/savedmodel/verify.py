@@ -12,9 +12,10 @@ import dataclasses
 import time
 
 from ..analysis.compare import OutputCheck, compare_outputs, default_tolerance
+from ..analysis.graph_runs import tf_reason
 from ..errors import ModelError
 from ..model.files import read_saved_model
-from ..model.runtime import first_line, load_saved_model
+from ..model.runtime import load_saved_model
 from ..model.signatures import check_signature_keys, require_signatures
 from ..model.tags import load_tags, parse_tag_set, single_meta_graph
 from .inputs import (DEFAULT_DIM, DEFAULT_ID_LIMIT, check_given_keys, check_input_options, id_limit_from_error,
@@ -90,7 +91,7 @@ def _run(function, inputs: dict, which: str, signature: str, precision: str) -> 
     try:
         outputs = function(**{k: tf.constant(v) for k, v in inputs.items()})
     except (tf.errors.OpError, ValueError, TypeError) as e:
-        message = first_line(e)
+        message = tf_reason(e)
         hint = ""
         if "OpKernel" in message and precision == "float16":
             hint = " (a float16 model converted for --device gpu needs a GPU; convert with --device cpu to run here)"
@@ -178,26 +179,29 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
                         time.perf_counter() - start)
 
 
-def signature_feeds(function, key: str, given: dict, batch_size: int, seed: int, precision: str) -> dict:
+def signature_feeds(function, key: str, given: dict, batch_size: int, seed: int, precision: str, *,
+                    shapes: dict | None = None, dim: int = DEFAULT_DIM, which: str = "original") -> dict:
     """The inputs a signature runs on (as verify makes them): given, else made up, with integer ids inside the
-    tables they index (learned by running `function`, the original model's signature).
+    tables they index (learned by running `function`, the `which` model's signature: the original's, or the
+    written copy's for the run check of convert).
 
     Raises:
-        ModelError: an input cannot be made up, or the original fails on every try.
+        ModelError: an input cannot be made up, or `function` fails on every try.
     """
     specs = function.structured_input_signature[1]
-    made = lambda limit: signature_inputs(key, specs, given, batch_size, seed, id_limit=limit)  # noqa: E731
-    return _run_learning_id_range(function, made, key, precision)[0]
+    made = lambda limit: signature_inputs(key, specs, given, batch_size, seed, shapes=shapes,  # noqa: E731
+                                          dim=dim, id_limit=limit)
+    return _run_learning_id_range(function, made, key, precision, which)[0]
 
 
-def _run_learning_id_range(function, made, key: str, precision: str, tries: int = 4):
-    """Run the original on made-up inputs; when an id indexes past a table ("... is not in [0, N)"), draw the ids
-    below N and run again. Returns (arrays, how they were made, outputs)."""
+def _run_learning_id_range(function, made, key: str, precision: str, which: str = "original", tries: int = 4):
+    """Run `function` (the `which` model's) on made-up inputs; when an id indexes past a table ("... is not in
+    [0, N)"), draw the ids below N and run again. Returns (arrays, how they were made, outputs)."""
     limit = DEFAULT_ID_LIMIT
     for _ in range(tries):
         arrays, sources = made(limit)
         try:
-            return arrays, sources, _run(function, arrays, "original", key, precision)
+            return arrays, sources, _run(function, arrays, which, key, precision)
         except ModelError as e:
             smaller = id_limit_from_error(str(e))
             if smaller is None or smaller >= limit:

@@ -1,0 +1,123 @@
+"""The written copy runs: before a converted SavedModel is moved into place, every signature whose inputs can be
+made is called once on it, on the inputs `--verify` makes (verify.signature_feeds), so that a conversion never
+exits 0 with a model that loads but fails when called (an attr with no value: "Failed to bind all placeholders";
+a kernel oneDNN cannot create for this CPU: "could not create a primitive descriptor").
+
+When a signature fails, the source's same signature is called on the same inputs, to say whose fault it is: a
+source that fails too is the user's to fix; a copy that fails where the source runs is a bug of mp_rewrite. A
+signature whose inputs cannot be made (strings, unknown rank, without --inputs) is not run, and said so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..analysis.graph_runs import tf_reason
+from ..errors import ModelError
+from ..model.runtime import load_saved_model
+from .frozen_function import remove_tree
+from .inputs import InputRecipe, missing_inputs
+from .loadable_copy import loadable_copy
+from .verify import signature_feeds
+
+
+@dataclasses.dataclass
+class RunCheck:
+    """Calls every signature of each loaded MetaGraph of a written copy once (source_check.check_written's `run`),
+    and keeps what it did.
+
+    Attributes:
+        source, source_model: the source SavedModel directory and its proto (only read, only on a failure).
+        recipe: how inputs are made (None: every input made up with the defaults).
+        precision, device: the conversion's (a float16 model made for a GPU may lack CPU kernels here).
+        ran: the keys of the signatures that ran, in order (a signature whose function is identical to one called
+            before, but for its name, is not called again).
+        notes: one line per signature not run, saying why.
+    """
+
+    source: object
+    source_model: object
+    recipe: InputRecipe | None = None
+    precision: str = "float16"
+    device: str | None = None
+    ran: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+
+    def __call__(self, loaded, tags) -> None:
+        """Call every signature of `loaded` (the written copy, loaded with `tags`) once.
+
+        Raises:
+            ModelError: a signature fails; the line names it, gives TensorFlow's first line and says whether the
+                source runs it.
+        """
+        recipe = self.recipe or InputRecipe()
+        called = set()
+        for key in sorted(loaded.signatures.keys()):
+            function = loaded.signatures[key]
+            identity = _identity(function)
+            if identity in called:  # a twin ("serve" and "serving_default" of a frozen Keras export): it ran
+                self.ran.append(key)
+                continue
+            missing = missing_inputs({key: function.structured_input_signature[1]}, recipe.given)
+            if missing:
+                self.notes.append(f"signature '{key}' was not run before writing: {', '.join(missing)} cannot be "
+                                  "made up; give them in --inputs FILE.npz (keys: input names) to have it run")
+                continue
+            try:
+                _call(function, key, recipe, self.precision, "converted")
+            except ModelError as e:
+                if self.device == "gpu" and "OpKernel" in str(e) and not _has_gpu():
+                    self.notes.append(f"signature '{key}' was not run before writing: {e}")
+                    continue
+                fault = _whose_fault(self.source, self.source_model, tags, key, recipe, self.precision, str(e))
+                raise ModelError(f"{e}; {fault}; nothing was written") from None
+            self.ran.append(key)
+            called.add(identity)
+
+
+def _identity(function) -> bytes:
+    """A signature's function as written, but for its name and the names its captured inputs were given (ids that
+    differ per trace): two signatures of one function (a Keras export's "serve" and "serving_default") are called
+    once. Its first call costs the most (TF's graph optimizers run over the whole graph, a frozen one's weights
+    included: ~3 s for ResNet-50), and a twin would pay it again. An attr with no value still tells them apart."""
+    fdef = type(function.function_def)()
+    fdef.CopyFrom(function.function_def)
+    fdef.signature.name = ""
+    for attrs in fdef.arg_attr.values():
+        name = attrs.attr.get("_user_specified_name")
+        if name is not None and name.WhichOneof("value") == "s":
+            name.s = b""
+    return fdef.SerializeToString(deterministic=True)
+
+
+def _call(function, key: str, recipe: InputRecipe, precision: str, which: str) -> None:
+    """Call a loaded signature once on the inputs verify makes for it (ModelError naming `which` if it fails)."""
+    try:
+        signature_feeds(function, key, recipe.given, recipe.batch_size, recipe.seed, precision,
+                        shapes=recipe.shapes, dim=recipe.dim, which=which)
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- TF raises more than OpError (InternalError, RuntimeError, ...)
+        raise ModelError(f"the {which} model failed to run signature '{key}': {tf_reason(e)}") from None
+
+
+def _whose_fault(source, source_model, tags, key: str, recipe: InputRecipe, precision: str, failure: str) -> str:
+    """Call the source's signature `key` on the same inputs: what the copy's `failure` (its error) means."""
+    staging = loadable_copy(source, source_model)  # skips the saver's functions: loads in half the time
+    try:
+        loaded = load_saved_model(staging or source, "source", tags, shown_as=source)
+        if key not in loaded.signatures:  # a signature the conversion made cannot be the source's fault
+            return "the source has no such signature: this is an mp_rewrite bug, please report it with the model"
+        _call(loaded.signatures[key], key, recipe, precision, "source")
+    except ModelError as e:
+        same = str(e).replace("the source model", "the converted model", 1) == failure
+        how = "the same way" if same else f"too ({e})"
+        return f"the source '{source}' fails {how}: fix or export the source again, or convert with --no-run-check"
+    finally:
+        remove_tree(staging)
+    return "the source runs it: this is an mp_rewrite bug, please report it with the model"
+
+
+def _has_gpu() -> bool:
+    import tensorflow as tf
+    return bool(tf.config.list_physical_devices("GPU"))

@@ -1,0 +1,113 @@
+"""The written copy runs before it is moved into place (mp_rewrite/savedmodel/run_check.py).
+
+Faults are made for real in the written graph: the proto `convert` hands to the writer gets an attr emptied after the
+rewrite (what the fuzz test once saw pass: TensorFlow loads such a model and fails only when it is called, "Failed to
+bind all placeholders"). Each strategy is tried: in place, --freeze, and --freeze with the weights kept as variables.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from mp_rewrite import convert_saved_model
+from mp_rewrite.commands import cli
+from mp_rewrite.savedmodel import convert
+from users import entries, load_and_run, one_line_error, tree_hash
+
+STRATEGIES = {"in-place": [], "frozen": ["--freeze"], "frozen variables": ["--freeze", "--freeze-weights", "variables"]}
+# Attrs the loader does not look at, but the function runtime binds when the function is called.
+RUN_TIME_ATTRS = ("_user_specified_name", "_collective_manager_ids")
+
+
+@pytest.fixture
+def faulty_writer(monkeypatch):
+    """Make `convert` write its copy with the run-time attrs of every function body emptied."""
+    write = convert.write_model_dir
+
+    def write_emptied(files, output, saved_model, *args, **kwargs):
+        model = saved_model_pb2.SavedModel.FromString(saved_model.SerializeToString())
+        emptied = 0
+        for fdef in model.meta_graphs[0].graph_def.library.function:
+            for node in fdef.node_def:
+                for key in set(RUN_TIME_ATTRS) & set(node.attr):
+                    node.attr[key].Clear()
+                    emptied += 1
+        assert emptied, "nothing to empty: the fault would not be made"
+        return write(files, output, model, *args, **kwargs)
+    monkeypatch.setattr(convert, "write_model_dir", write_emptied)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_an_output_that_fails_to_run_is_refused_in_one_line(source, tmp_path, capsys, faulty_writer, strategy):
+    before = tree_hash(source)
+    out = tmp_path / "out"
+    assert cli.main(["convert", str(source), str(out), "--precision", "bfloat16", *STRATEGIES[strategy]]) == 2
+    line = one_line_error(capsys.readouterr().err, "failed to run signature 'serving_default': Failed to bind")
+    assert "the source runs it: this is an mp_rewrite bug, please report it" in line and "nothing was written" in line
+    assert entries(tmp_path) == [] and tree_hash(source) == before
+
+
+def test_no_run_check_writes_what_the_check_would_refuse(source, tmp_path, faulty_writer):
+    result = convert_saved_model(source, tmp_path / "out", "bfloat16", run_check=False)
+    assert result.ran is None and (tmp_path / "out" / "saved_model.pb").is_file()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Failed to bind"):
+        load_and_run(tmp_path / "out")
+
+
+class Broken(tf.Module):
+    """Loads, and fails on any input but large ones (an assertion): the source is the user's to fix."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def __call__(self, x):
+        with tf.control_dependencies([tf.debugging.assert_greater(x, 100.0, message="x must exceed 100")]):
+            return {"y": tf.matmul(x, tf.ones([4, 4]))}
+
+
+def test_a_source_that_fails_to_run_is_the_users_to_fix(tmp_path, capsys):
+    src = tmp_path / "broken"
+    tf.saved_model.save(Broken(), str(src))
+    for strategy in STRATEGIES.values():
+        assert cli.main(["convert", str(src), str(tmp_path / "out"), "--precision", "bfloat16", *strategy]) == 2
+        line = one_line_error(capsys.readouterr().err, "failed to run signature 'serving_default'")
+        assert f"the source '{src}' fails " in line and "--no-run-check" in line and "mp_rewrite bug" not in line
+        assert entries(tmp_path) == ["broken"]
+    assert cli.main(["convert", str(src), str(tmp_path / "out"), "--precision", "bfloat16", "--no-run-check"]) == 0
+    assert "the written copy ran" not in capsys.readouterr().out
+
+
+class Texts(tf.Module):
+    """A string input: no random data can stand for it."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def __call__(self, text):
+        numbers = tf.strings.to_number(text)[:, None]
+        return {"y": tf.matmul(numbers, tf.ones([1, 4]))}
+
+
+def test_a_signature_whose_inputs_cannot_be_made_is_said_not_run(tmp_path, capsys):
+    src = tmp_path / "texts"
+    tf.saved_model.save(Texts(), str(src))
+    assert cli.main(["convert", str(src), str(tmp_path / "out"), "--precision", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "signature 'serving_default' was not run before writing: serving_default/text (string) cannot be made " \
+           "up" in out and "the written copy ran" not in out
+    np.savez(tmp_path / "texts.npz", text=np.array([b"1.5", b"2"]))
+    assert cli.main(["convert", str(src), str(tmp_path / "given"), "--precision", "bfloat16", "--inputs",
+                     str(tmp_path / "texts.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "the written copy ran 1 signature once before it was moved into place (serving_default)" in out
+    assert "was not run" not in out
+
+
+@pytest.mark.parametrize("freeze, form", [(False, "auto"), (True, "constants"), (True, "variables")])
+def test_every_signature_runs_once_in_each_strategy(looper, tmp_path, freeze, form):
+    result = convert_saved_model(looper, tmp_path / "out", "bfloat16", freeze=freeze, freeze_weights=form)
+    assert result.ran == ("serving_default",) and load_and_run(tmp_path / "out")["y"].shape == (2, 16)
+
+
+def test_a_keras_exports_twin_signatures_both_count_as_run(small_cnn, tmp_path):
+    result = convert_saved_model(small_cnn, tmp_path / "out", "bfloat16", freeze=True)
+    assert result.ran == ("serve", "serving_default")  # one function, called once
