@@ -56,8 +56,9 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=12, metavar="N", help="rows per summary table (default 12)")
     p.add_argument("--show", choices=("precision", "time"), default=None,
                    help="whole-model svg/html: color the layers by precision or by their measured time per call "
-                        "(float32 → as converted, from the cost table; measured once where none is cached). "
-                        "Default: svg precision; html both, with a toggle (--show precision leaves times out)")
+                        "(float32 → as converted, from the cost table; time measures it once where the rewrite "
+                        "had none, e.g. after --assign lists). Default: svg precision; html precision with a "
+                        "toggle to the times the rewrite read (--show precision leaves them out)")
     p.set_defaults(func=run, precheck=check_inspect_args)
 
 
@@ -155,7 +156,8 @@ def run(args) -> int:
         raise OptionError(f"--around draws a picture: use it with --format dot, svg or html, not {args.format}")
     timed = _check_show(args)
     model, result, costs = rewrite_with_costs(args)
-    costs = time_costs(args, model, costs) if timed else None
+    # --show time measures what is missing; the HTML page's default shows the times the rewrite already had
+    costs = time_costs(args, model, costs, measure=args.show == "time") if timed else None
     if args.format == "dot":
         write_output(args.output, dot.to_dot(result, args.function, **_picture_options(args)))
         return 0

@@ -114,10 +114,10 @@ def _has_bf16_units() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _has_bf16_units(), reason="no bfloat16 units: nothing is measured, every op stays float32")
-def test_a_page_after_the_lists_measures_the_times_once_then_reads_the_cache(timed, tmp_path, capsys, monkeypatch):
+def test_show_time_after_the_lists_measures_the_times_once_then_reads_the_cache(timed, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = timed[0]
-    argv = ["inspect", path, "--precision", "bfloat16", "--assign", "lists", "--format", "html"]
+    argv = ["inspect", path, "--precision", "bfloat16", "--assign", "lists", "--format", "html", "--show", "time"]
     assert cli_main([*argv, "-o", str(tmp_path / "a.html")]) == 0
     assert "the time view reads the model's op times on this machine" in capsys.readouterr().err
     page = (tmp_path / "a.html").read_text(encoding="utf-8")
@@ -126,5 +126,7 @@ def test_a_page_after_the_lists_measures_the_times_once_then_reads_the_cache(tim
     profiles = list((tmp_path / "cache" / "mp_rewrite" / "profiles").iterdir())
     assert cli_main([*argv, "-o", str(tmp_path / "b.html")]) == 0  # the same model again: the cache answers
     assert list((tmp_path / "cache" / "mp_rewrite" / "profiles").iterdir()) == profiles
+    assert cli_main(argv[:-2] + ["-o", str(tmp_path / "c.html")]) == 0  # no --show time: nothing measured
+    assert 'id="xtotal"' not in (tmp_path / "c.html").read_text(encoding="utf-8")
     again = re.search(r'<p id="xtotal">([^<]*)</p>', (tmp_path / "b.html").read_text(encoding="utf-8")).group(1)
     assert again == total
