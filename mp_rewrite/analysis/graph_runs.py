@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
+import math
 import os
 import shutil
 import time
@@ -19,6 +21,29 @@ import time
 import numpy as np
 
 WARMUP = 2  # untimed runs of each variant first (graph optimization, oneDNN primitive caches)
+# What the runners given to traced_times and race are, by position: every caller (analysis.graph_profile) passes
+# float32 first, then Grappler's lists, then the cut.
+VARIANTS = ("float32", "Grappler's lists", "the cut")
+LOG = logging.getLogger("mp_rewrite")
+
+
+class VariantError(Exception):
+    """A variant raised while it was timed (a kernel this CPU cannot run in the precision: "could not create a
+    primitive descriptor"). Not an MpRewriteError: whoever times variants decides what runs instead.
+
+    Attributes:
+        index: the runner's position (VARIANTS names it).
+        reason: TensorFlow's first words (tf_reason).
+    """
+
+    def __init__(self, index: int, reason: str):
+        self.index, self.reason = index, reason
+        super().__init__(f"{variant_name(index)} failed to run: {reason}")
+
+
+def variant_name(index: int) -> str:
+    """"float32", "Grappler's lists", "the cut" for a runner's position."""
+    return VARIANTS[index] if index < len(VARIANTS) else f"variant {index + 1}"
 
 
 def made_up_values(specs, batch: int | None) -> list:
@@ -41,11 +66,23 @@ def tf_reason(error: BaseException) -> str:
     defined), the first line after that stack ("assertion failed: ...", "could not create a primitive ...")."""
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     if lines and lines[0].strip() == "Graph execution error:":
-        after = list(itertools.dropwhile(lambda line: not line.startswith("Detected at node"), lines))[1:]
-        # The stack's lines are indented, or say that it is unavailable; the node's own line starts with a tab.
-        said = [line for line in after if not line[0].isspace() and line.strip() != "<stack traces unavailable>"]
+        detected = next((i for i, line in enumerate(lines) if line.startswith("Detected at node")), 0)
+        after = lines[detected + 1:]  # a session's error may say the message at once, without the node's stack
+        # The stack's lines are indented, or say that it is unavailable; a session's error names the node first
+        # ("Node: 'y'"); the node's own line after the message starts with a tab.
+        said = [line for line in after if not line[0].isspace() and line.strip() != "<stack traces unavailable>"
+                and not line.startswith("Node: ")]
         lines = said or lines
     return lines[0].strip() if lines else type(error).__name__
+
+
+def onednn_cap() -> str:
+    """", oneDNN held to AVX2 by ONEDNN_MAX_CPU_ISA" where that variable (or its old name) caps the instructions
+    oneDNN may use (bfloat16 kernels then may not exist: "could not create a primitive descriptor"); else ""."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        if os.environ.get(name):
+            return f", oneDNN held to {os.environ[name]} by {name}"
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,18 +272,22 @@ def saved_model_copy(export_dir: str, meta_graph_def, directory: str) -> str:
 
 
 def traced_times(runners, runs: int, progress=None):
-    """Per runner, {node name: median ms of its op in context}, and the wall ms of each traced run."""
+    """Per runner, {node name: median ms of its op in context}, and the wall ms of each traced run.
+
+    Raises:
+        VariantError: a runner raised (the first to do so; its position and TensorFlow's words).
+    """
     from tensorflow.core.protobuf import config_pb2
     samples = [{} for _ in runners]
     walls = [[] for _ in runners]
-    for runner in runners:
+    for i, runner in enumerate(runners):
         for _ in range(WARMUP):
-            runner.run()
+            _run_variant(runner, i)
     for done in range(runs):
         for i, runner in enumerate(runners):
             metadata = config_pb2.RunMetadata()
             begin = time.perf_counter()
-            runner.run(metadata)
+            _run_variant(runner, i, metadata)
             walls[i].append((time.perf_counter() - begin) * 1e3)
             for device in metadata.step_stats.dev_stats:
                 for stat in device.node_stats:
@@ -258,14 +299,33 @@ def traced_times(runners, runs: int, progress=None):
 
 
 def race(runners, runs: int) -> list[float]:
-    """Median wall ms of one run of each runner (untraced), over `runs` alternated rounds after a warm-up."""
-    for runner in runners:
-        for _ in range(WARMUP):
-            runner.run()
+    """Median wall ms of one run of each runner (untraced), over `runs` alternated rounds after a warm-up. A runner
+    that raises is out of the race: its time is infinite (so any other wins), and a line on the `mp_rewrite`
+    logger says why in TensorFlow's words. If every runner fails, VariantError (the first's)."""
+    out = {}
+    for i, runner in enumerate(runners):
+        try:
+            for _ in range(WARMUP):
+                _run_variant(runner, i)
+        except VariantError as e:
+            out[i] = e
+            LOG.warning("%s; it is out of the race, the conversion goes on with what runs", e)
+    if len(out) == len(runners):
+        raise out[0]
     walls = [[] for _ in runners]
     for _ in range(runs):
         for i, runner in enumerate(runners):
+            if i in out:
+                continue
             begin = time.perf_counter()
-            runner.run()
+            _run_variant(runner, i)
             walls[i].append((time.perf_counter() - begin) * 1e3)
-    return [float(np.median(w)) for w in walls]
+    return [math.inf if i in out else float(np.median(w)) for i, w in enumerate(walls)]
+
+
+def _run_variant(runner, index: int, metadata=None) -> None:
+    """One run of the runner at `index`; TensorFlow's error becomes a VariantError naming the variant."""
+    try:
+        runner.run(metadata) if metadata is not None else runner.run()
+    except Exception as e:  # noqa: BLE001 -- OpError, and what the function runtime raises (InternalError, ...)
+        raise VariantError(index, tf_reason(e)) from None

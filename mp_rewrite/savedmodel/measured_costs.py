@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from ..analysis.graph_profile import PROFILE_LIMIT  # weights (or a frozen graph) above it are not profiled
+from ..analysis.graph_runs import VariantError, onednn_cap, tf_reason
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
 from .inputs import DEFAULT_DIM, unfeedable_inputs
 
@@ -34,7 +35,10 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict):
                   if size > PROFILE_LIMIT else profileable(graph_def, frozen.inputs))
     if why:
         return _op_table(options, graph_def, fetches, why)
-    profile = profile_costs(graph_def, frozen.inputs, fetches, options, fed, options.costs, options.costs.batch)
+    try:
+        profile = profile_costs(graph_def, frozen.inputs, fetches, options, fed, options.costs, options.costs.batch)
+    except VariantError as e:
+        return _without_failed(options, graph_def, fetches, e)
     return dataclasses.replace(options, costs=profile.table)
 
 
@@ -65,10 +69,26 @@ def in_place_costs(options, source_dir, meta_graph, keys=None):
     try:
         profile = profile_saved_model(str(source_dir), meta_graph, inputs, list(dict.fromkeys(fetches)), options,
                                       options.costs, options.costs.batch)
-    except Exception as e:  # noqa: BLE001 -- whatever TF's session loader or runtime refuses: the op table serves
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return _op_table(options, meta_graph.graph_def, graph_fetches, f"TensorFlow could not run it ({first})")
+    except VariantError as e:
+        return _without_failed(options, meta_graph.graph_def, graph_fetches, e)
+    except Exception as e:  # noqa: BLE001 -- whatever TF's session loader refuses: the op table serves
+        why = f"TensorFlow could not run it ({tf_reason(e)})"
+        return _op_table(options, meta_graph.graph_def, graph_fetches, why)
     return dataclasses.replace(options, costs=profile.table)
+
+
+def _without_failed(options, graph_def, fetches, error):
+    """The options once a variant failed while timed (graph_runs.VariantError). Float32 failing means the model
+    does not run on made-up inputs: the op table serves, as before. A low-precision variant failing (a kernel this
+    CPU cannot run in the precision) leaves float32, the one that runs: every op stays float32, and the note (the
+    line the conversion prints) says why in TensorFlow's words. Timing the ops alone instead would run the same
+    kernels, and oneDNN aborts the process on some ("could not create a primitive descriptor for the matmul")."""
+    from ..core.assignment import CostTable
+    if error.index == 0:
+        return _op_table(options, graph_def, fetches, f"TensorFlow could not run it ({error.reason})")
+    note = (f"{options.precision} cannot run here: {error}; every op stays float32, the one that runs (on this CPU "
+            f"as configured{onednn_cap()})")
+    return dataclasses.replace(options, costs=CostTable(options.precision, low_units=False, note=note))
 
 
 def _op_table(options, graph_def, fetches, why: str):

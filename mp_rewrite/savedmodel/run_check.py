@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..analysis.graph_runs import tf_reason
+from ..analysis.graph_runs import onednn_cap, tf_reason
 from ..errors import ModelError
 from ..model.runtime import load_saved_model
 from .frozen_function import remove_tree
@@ -115,6 +115,10 @@ def _whose_fault(source, source_model, tags, key: str, recipe: InputRecipe, prec
         return f"the source '{source}' fails {how}: fix or export the source again, or convert with --no-run-check"
     finally:
         remove_tree(staging)
+    if "could not create a primitive descriptor" in failure:  # oneDNN has no such kernel for this CPU
+        return (f"the source runs it: oneDNN has no {precision} kernel for that op on this CPU as configured"
+                f"{onednn_cap()}; convert with the default --assign cost (it keeps what runs), or where the model "
+                "will run")
     return "the source runs it: this is an mp_rewrite bug, please report it with the model"
 
 

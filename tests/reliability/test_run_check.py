@@ -111,3 +111,24 @@ def test_every_signature_runs_once_in_each_strategy(looper, tmp_path, freeze, fo
 def test_a_keras_exports_twin_signatures_both_count_as_run(small_cnn, tmp_path):
     result = convert_saved_model(small_cnn, tmp_path / "out", "bfloat16", freeze=True)
     assert result.ran == ("serve", "serving_default")  # one function, called once
+
+
+def test_tensorflows_words_are_the_line_after_the_graph_execution_preamble():
+    from mp_rewrite.analysis.graph_runs import Runner, tf_reason
+
+    @tf.function
+    def eager(x):
+        tf.debugging.assert_greater(x, 100.0, message="x must exceed 100")
+        return x
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        with tf.control_dependencies([tf.debugging.assert_greater(x, 100.0, message="x must exceed 100")]):
+            tf.identity(x, name="y")
+    session = Runner.of_graph(graph.as_graph_def(), {"x:0": np.ones(2, np.float32)}, ["y:0"])
+    for call in (lambda: eager(tf.ones([2])), session.run):
+        with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+            call()
+        assert str(raised.value).startswith("Graph execution error:")
+        assert tf_reason(raised.value).startswith("assertion failed: [x must exceed 100]")
+    session.close()
