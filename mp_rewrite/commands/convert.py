@@ -280,9 +280,11 @@ def print_result(result) -> None:
     for note in notes + [_flop_line(result)] + _fusion_lines(result):
         console.print(note, soft_wrap=True)
     functions = len(result.functions)
-    console.print(f"wrote {result.output}: {_count(result.converted_nodes, 'node')} converted to "
+    # Read back from the written copy (what it holds), falling back on the rewrite's records.
+    converted, casts = result.written or (result.converted_nodes, result.casts)
+    console.print(f"wrote {result.output}: {_count(converted, 'node')} converted to "
                   f"{result.precision} in the main graph and {_count(functions, 'function')}, "
-                  f"{_count(result.casts, 'cast')} inserted, in {result.seconds:.1f} s", soft_wrap=True)
+                  f"{_count(casts, 'cast')} inserted, in {result.seconds:.1f} s", soft_wrap=True)
     console.print("(nodes now computing in low precision, and casts in both directions: the numbers "
                   "mp-rewrite inspect and demo report for the same rewrite)", soft_wrap=True)
     if result.ran:

@@ -28,7 +28,7 @@ from .inputs import InputRecipe
 from .keras_metadata import check_mode
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
-from .result import ConversionResult
+from .result import ConversionResult, low_precision_counts
 from .run_check import RunCheck
 from .source_check import check_source, check_written, node_names
 
@@ -107,16 +107,22 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                     check_patterns_match(getattr(options, option), option, rewritten.node_names)
                 with _step("estimate"):
                     share, per_function, per_graph = estimate_flops(rewritten.graphs) if flops else (None, {}, {})
-                runs = RunCheck(source_dir, saved_model, run_inputs, options.precision, options.device)
+                runs, counted = RunCheck(source_dir, saved_model, run_inputs, options.precision, options.device), []
+
+                def check(written):  # on the complete copy, before it is moved into place
+                    check_written(source_dir, saved_model, written, rewritten.saved_model, runs if run_check else None)
+                    counted.append(low_precision_counts(read_saved_model(written), options.precision))
                 write_model_dir(rewritten.files, output_dir, rewritten.saved_model, overwrite, drop=rewritten.drop,
-                                check=lambda written: check_written(source_dir, saved_model, written,
-                                                                    rewritten.saved_model, runs if run_check else None))
+                                check=check)
             finally:
                 remove_tree(rewritten.staging)
+    # The summary says what the copy holds, not what the rewrite recorded: a save that drops something shows.
+    own = low_precision_counts(saved_model, options.precision)
     return ConversionResult(str(source), str(output), options.precision, options.device, rewritten.keys,
                             rewritten.graphs, rewritten.skipped, share, per_function, per_graph,
                             time.perf_counter() - start, frozen=freeze, notes=rewritten.notes + runs.notes,
-                            ran=tuple(runs.ran) if run_check else None)
+                            ran=tuple(runs.ran) if run_check else None,
+                            written=tuple(max(0, w - o) for w, o in zip(counted[0], own)))
 
 
 def check_modes(weights: str, freeze: bool, keras_metadata: str) -> None:

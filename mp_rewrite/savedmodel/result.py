@@ -53,6 +53,8 @@ class ConversionResult:
         frozen: True for a --freeze conversion (graphs then maps "signature KEY (frozen)" to its RewriteResult).
         ran: the signature keys called on the written copy before it was moved into place (the run check); None
             when the check was skipped. Signatures not run are in `notes`.
+        written: (nodes computing in the low precision, Casts to or from it) read back from the written copy, less
+            the source's own (low_precision_counts); what the summary line reports.
     """
 
     source: str
@@ -69,6 +71,7 @@ class ConversionResult:
     frozen: bool = False
     notes: list = dataclasses.field(default_factory=list)
     ran: tuple | None = None
+    written: tuple | None = None
 
     @property
     def functions(self) -> dict:
@@ -96,3 +99,19 @@ class ConversionResult:
         if share is not None:
             line += f"; {share:.1%} of matmul/conv FLOPs now in {self.precision}"
         return f"{line} ({self.seconds:.1f} s) -> {self.output}"
+
+
+def low_precision_counts(saved_model, precision: str) -> tuple[int, int]:
+    """(nodes with a type attr of `precision`, other than Casts and Consts; Casts to or from it) over every main
+    graph and library function of a SavedModel proto: what a written copy holds, whatever the rewrite recorded."""
+    from ..core import dtypes
+    low = dtypes.PRECISIONS[precision]
+    nodes = casts = 0
+    for meta_graph in saved_model.meta_graphs:
+        bodies = [meta_graph.graph_def.node, *(f.node_def for f in meta_graph.graph_def.library.function)]
+        for node in (node for body in bodies for node in body):
+            types = {v.type for v in node.attr.values()} | {t for v in node.attr.values() for t in v.list.type}
+            if low in types:
+                casts += node.op == "Cast"
+                nodes += node.op not in ("Cast", "Const")
+    return nodes, casts

@@ -132,3 +132,35 @@ def test_tensorflows_words_are_the_line_after_the_graph_execution_preamble():
         assert str(raised.value).startswith("Graph execution error:")
         assert tf_reason(raised.value).startswith("assertion failed: [x must exceed 100]")
     session.close()
+
+
+@pytest.fixture
+def float32_writer(monkeypatch):
+    """Make `convert` write its copy with every bfloat16 type attr set back to float32 (a save that drops the
+    rewrite: the copy loads and runs, its Casts cast float32 to float32)."""
+    from tensorflow.core.framework import types_pb2
+    write = convert.write_model_dir
+
+    def write_float32(files, output, saved_model, *args, **kwargs):
+        model = saved_model_pb2.SavedModel.FromString(saved_model.SerializeToString())
+        for fdef in model.meta_graphs[0].graph_def.library.function:
+            for value in (v for node in fdef.node_def for v in node.attr.values()):
+                if value.type == types_pb2.DT_BFLOAT16:
+                    value.type = types_pb2.DT_FLOAT
+        return write(files, output, model, *args, **kwargs)
+    monkeypatch.setattr(convert, "write_model_dir", write_float32)
+
+
+def test_the_summary_counts_what_the_written_copy_holds(source, tmp_path, capsys, float32_writer):
+    assert cli.main(["convert", str(source), str(tmp_path / "out"), "--precision", "bfloat16"]) == 0
+    assert "0 nodes converted to bfloat16 in the main graph and 4 functions, 0 casts inserted" in capsys.readouterr().out
+    result = convert_saved_model(source, tmp_path / "again", "bfloat16")
+    assert result.written == (0, 0) and (result.converted_nodes, result.casts) == (8, 8)  # the records say otherwise
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_the_written_counts_match_the_records_of_an_honest_save(source, tmp_path, freeze):
+    result = convert_saved_model(source, tmp_path / "out", "bfloat16", freeze=freeze)
+    assert result.written[0] == result.converted_nodes > 0
+    # A frozen graph's Cast after a constant weight is folded into a bfloat16 constant after the rewrite recorded it.
+    assert result.written[1] == result.casts - (1 if freeze else 0)
