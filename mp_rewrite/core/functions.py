@@ -144,7 +144,7 @@ def _to_graph_input(text: str, args: set, ranges: dict, function: str) -> str:
     parts = text.split(":")
     if len(parts) == 1 and parts[0] in args:
         return f"{parts[0]}:0"
-    if len(parts) == 3 and parts[0] in ranges and parts[1] in ranges[parts[0]]:
+    if len(parts) == 3 and parts[0] in ranges and parts[1] in ranges[parts[0]] and parts[2].isdigit():
         return f"{parts[0]}:{ranges[parts[0]][parts[1]] + int(parts[2])}"
     raise GraphError(f"function '{function}': input '{text}' names no argument or node output")
 
