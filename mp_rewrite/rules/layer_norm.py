@@ -59,7 +59,7 @@ def match_layer_norm(graph: EditableGraph, mean) -> Match | None:
     shape, axis = graph.inferred_shape(x), int(axis.reshape(()))
     rank = None if shape is None else len(shape)
     if rank is None:
-        return Match().fail(f"the rank of '{x}' is unknown, so its last axis is")
+        return Match().fail(f"the rank of '{x}' is unknown, so which axis is its last is too")
     if rank < 2 or axis not in (-1, rank - 1):
         return Match().fail(f"the mean over axis {axis} of a rank-{rank} input is not over the last axis")
     channels = shape[-1] or _channels(graph, region)
