@@ -12,7 +12,7 @@ from rich.table import Table
 
 from .list_options import add_assign_options, add_list_options, assign_from_args, options_from_args, say_assignment
 from .model_options import add_tag_set_option, saved_model_path
-from .verify import (add_verify_options, check_verify_options, progress_bar, run_verification, stderr_status,
+from .verify import (add_verify_options, check_verify_options, progress_bar, run_verification,
                      stdout_console)
 
 TOP_ROWS = 15  # functions listed in the table; the rest are summed in one line
@@ -183,11 +183,11 @@ def _convert(args, options):
 
 def _tune(args, options):
     from ..savedmodel.tune import tune_saved_model
-    with stderr_status("converting and timing the --tune candidates"):
+    with progress_bar("tuning") as progress:
         tuned = tune_saved_model(args.source, args.output, options=options, freeze=args.freeze,
                                  overwrite=args.overwrite, inputs=args.inputs, seed=args.seed,
                                  batch_size=args.batch_size, tag_set=args.tag_set,
-                                 signatures=args.signature or None, weights=args.weights)
+                                 signatures=args.signature or None, weights=args.weights, progress=progress)
     stdout_console().print(tuned.summary(), soft_wrap=True)
     return tuned.conversion
 
