@@ -178,11 +178,25 @@ class EditableGraph:
 
 
 def _inferred_shapes(graph_def) -> dict:
-    """{node name: shape of its output 0} from importing the graph into TensorFlow; {} if it does not import."""
+    """{node name: shape of its output 0} from importing the graph into TensorFlow; {} if it does not import.
+
+    Weights are imported as Placeholders of their shape (a shape never depends on a weight's values), so a model of
+    several GB is not copied into a second graph to answer a question about shapes."""
     import tensorflow as tf
+    light = type(graph_def)()
+    light.library.CopyFrom(graph_def.library)
+    light.versions.CopyFrom(graph_def.versions)
+    for node in graph_def.node:
+        tensor = node.attr["value"].tensor if node.op == "Const" and "value" in node.attr else None
+        if tensor is not None and len(tensor.tensor_content) + len(tensor.float_val) * 4 > 1 << 16:
+            light.node.add(name=node.name, op="Placeholder", device=node.device)
+            light.node[-1].attr["dtype"].type = tensor.dtype
+            light.node[-1].attr["shape"].shape.CopyFrom(tensor.tensor_shape)
+        else:
+            light.node.add().CopyFrom(node)
     try:
         with tf.Graph().as_default() as graph:
-            tf.graph_util.import_graph_def(graph_def, name="")
+            tf.graph_util.import_graph_def(light, name="")
     except (ValueError, TypeError, tf.errors.OpError):
         return {}
     return {op.name: tuple(op.outputs[0].shape.as_list()) for op in graph.get_operations()
