@@ -10,6 +10,8 @@ Concat. Either is TF's own oneDNN kernel, which fuses with the bias and activati
 
 from __future__ import annotations
 
+import numpy as np
+
 from .graph import FLOAT_TYPES, EditableGraph, node_name
 from .record import Match
 
@@ -55,19 +57,22 @@ def _sole_conv(function):
     computing = [n for n in function.node_def if n.op not in ("Identity", "NoOp")]
     if len(computing) != 1 or computing[0].op != "Conv2D" or len(function.ret) != 1:
         return None
-    conv, nodes = computing[0], {n.name: n for n in function.node_def}
-    tensor = next(iter(function.ret.values()))
-    while node_name(tensor) in nodes and nodes[node_name(tensor)].op == "Identity":
-        tensor = nodes[node_name(tensor)].input[0]
-    return conv if node_name(tensor) == conv.name else None
+    conv = computing[0]
+    return conv if _source(function, next(iter(function.ret.values()))) == conv.name else None
 
 
 def _argument(function, tensor: str) -> str | None:
     """The function argument an input of the body reads, through Identities, or None."""
-    nodes, args = {n.name: n for n in function.node_def}, {a.name for a in function.signature.input_arg}
+    source = _source(function, tensor)
+    return source if source in {a.name for a in function.signature.input_arg} else None
+
+
+def _source(function, tensor: str) -> str:
+    """The name of the body's node or argument behind `tensor`, looking through Identities."""
+    nodes = {n.name: n for n in function.node_def}
     while node_name(tensor) in nodes and nodes[node_name(tensor)].op == "Identity":
         tensor = nodes[node_name(tensor)].input[0]
-    return node_name(tensor) if node_name(tensor) in args else None
+    return node_name(tensor)
 
 
 def rewrite_grouped_conv(graph: EditableGraph, match: Match) -> str:
@@ -92,7 +97,6 @@ def rewrite_grouped_conv(graph: EditableGraph, match: Match) -> str:
 
 def _split_convolution(graph: EditableGraph, name: str, conv, x: str, weights, groups: int, device: str) -> str:
     """Split x's channels into the groups, one Conv2D each (its slice of the filter), and concatenate."""
-    import numpy as np
     axis = graph.add_constant(f"{name}/channel_axis", np.array(3, np.int32), device).name
     split = graph.add_node(f"{name}/split", "Split", [axis, x], device)
     split.attr["T"].type, split.attr["num_split"].i = conv.attr["T"].type, groups

@@ -9,9 +9,9 @@ about ten separate kernels per LayerNorm). Its "common norm" pattern is
     AddV2(Mul(x, Mul(Rsqrt(AddV2(Mean(SquaredDifference(x, Mean(x, axis)), axis), epsilon)), gamma)),
           Sub(beta, Mul(Mul(Rsqrt(...), gamma), Mean(x, axis))))
 
-with Const gamma, beta and epsilon, `axis` the positive last axis, x of rank 2 or 3 (any other rank is normalized
-as rows, [-1, C], and reshaped back). The region is recognized by
-what it computes: the nodes after a last-axis Mean of x whose inputs are x, the region or constants are evaluated
+with Const gamma, beta and epsilon, `axis` the positive last axis, x of rank 2 or 3 whose shape Grappler can prove
+the output's (an input of any other rank, or reshaped by a computed shape, is normalized as rows, [-1, C], and
+reshaped back). The region is recognized by what it computes: the nodes after a last-axis Mean of x whose inputs are x, the region or constants are evaluated
 (float64) on rows of known mean and variance, which gives gamma, beta and epsilon; rows of random values must then
 agree with the layer normalization they define. So every spelling of the same function is found, and nothing else.
 
