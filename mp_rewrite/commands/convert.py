@@ -69,6 +69,11 @@ def register(sub) -> None:
                    help="do not call each signature of the written copy once before moving it into place (on the "
                    "inputs --verify would make: --inputs, --batch-size, --seq-len, --input-shapes); it is still "
                    "loaded")
+    p.add_argument("--allow-opaque-xla", action="store_true",
+                   help="write a model that computes in XlaCallModule ops (jax2tf, or Keras 3's model.export on the "
+                   "JAX backend) with those ops unchanged: their serialized StableHLO is out of this pass's reach, "
+                   "so their matmuls stay in the precision they were exported in. Without it such a model is "
+                   "refused (set a Keras mixed policy before exporting, or convert in JAX)")
     p.add_argument("--guard", action="store_true",
                    help="accuracy guard: measure against float32 on --inputs (or random inputs) and keep in float32 "
                    "the few nodes the outputs need to meet --rtol/--atol")
@@ -152,7 +157,7 @@ def check_before_writing(args, options) -> None:
     tags = parse_tag_set(args.tag_set)
     if args.guard or args.tune:
         saved_model = check_conversion(args.source, args.output, tags, args.signature or None, args.freeze,
-                                       args.overwrite, options, args.freeze_weights)[2]
+                                       args.overwrite, options, args.freeze_weights, args.allow_opaque_xla)[2]
     elif args.verify:
         saved_model = read_saved_model(args.source)
     else:
@@ -178,7 +183,7 @@ def _convert(args, options):
                                    signatures=args.signature or None, weights=args.weights, freeze=args.freeze,
                                    freeze_weights=args.freeze_weights, keras_metadata=args.keras_metadata,
                                    overwrite=args.overwrite, run_check=args.run_check, run_inputs=recipe,
-                                   progress=progress)
+                                   allow_opaque_xla=args.allow_opaque_xla, progress=progress)
 
 
 def _tune(args, options):
@@ -187,7 +192,8 @@ def _tune(args, options):
         tuned = tune_saved_model(args.source, args.output, options=options, freeze=args.freeze,
                                  overwrite=args.overwrite, inputs=args.inputs, seed=args.seed,
                                  batch_size=args.batch_size, tag_set=args.tag_set,
-                                 signatures=args.signature or None, weights=args.weights, progress=progress)
+                                 signatures=args.signature or None, weights=args.weights, progress=progress,
+                                 allow_opaque_xla=args.allow_opaque_xla)
     stdout_console().print(tuned.summary(), soft_wrap=True)
     return tuned.conversion
 
@@ -320,6 +326,8 @@ def _why(skipped: dict) -> str:
 
 def _flop_line(result) -> str:
     share = result.flops
+    if result.opaque and (share is None or not share.nodes):
+        return "matmul/conv FLOPs: none found outside the XlaCallModule ops, whose work is not counted"
     if share is None or not share.nodes:
         return "matmul/conv FLOPs: none found"
     if share.share is None:

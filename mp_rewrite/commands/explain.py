@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .inspect import add_model_options, check_model_path, rewrite_with_costs, time_costs
+from .inspect import add_model_options, check_model_path, opaque_modules, rewrite_with_costs, time_costs
 
 
 def register(sub) -> None:
@@ -26,12 +26,28 @@ def run(args) -> int:
     model, result, costs = rewrite_with_costs(args)
     costs = time_costs(args, model, costs, measure=False)  # times where the rewrite had a table: none measured
     explanations = explain_all(result, args.node, args.function, costs=costs)
+    opaque = {(m.graph, m.node): m for m in opaque_modules(model)}
     if args.json:
-        print(json.dumps([e.as_dict() for e in explanations], indent=1))
+        print(json.dumps([_with_module(e.as_dict(), opaque.get((e.graph or "", args.node))) for e in explanations],
+                         indent=1))
         return 0
     blocks = []
     for e in explanations:
         head = f"in function {e.graph}:\n" if e.graph and (len(explanations) > 1 or not args.function) else ""
-        blocks.append(head + e.text())
+        module = opaque.get((e.graph or "", args.node))
+        blocks.append(head + e.text() + (f"\n  {_module_line(module)}" if module else ""))
     print("\n\n".join(blocks))
     return 0
+
+
+def _module_line(module) -> str:
+    """What an XlaCallModule node holds, which no reason above covers (model/xla_modules.py)."""
+    from ..model.xla_modules import summary
+    return (f"inside: {summary([module])}, serialized StableHLO (module {module.name or '?'}) this pass cannot see "
+            "into; its work was not reached")
+
+
+def _with_module(explained: dict, module) -> dict:
+    if module is not None:
+        explained["xla_call_module"] = _module_line(module)
+    return explained

@@ -89,10 +89,64 @@ def rewrite_with_costs(args):
     made the graph's table from it), or None for Grappler's lists. Returns (LoadedModel, result, costs)."""
     from ..model.loaded import load_model, rewrite_model
     model = load_model(args.model, args.tag_set, say)
+    say_opaque(model, args.precision)
     options = _measured_in_model(args, model, options_from_args(args, **assign_from_args(args)))
     result = rewrite_model(model, fetches=args.fetch, options=options)
     say_assignment(result)
     return model, result, options.costs
+
+
+def opaque_modules(model) -> list:
+    """The XlaCallModule ops of the model's main graph and the functions it rewrites (model/xla_modules.py)."""
+    from ..model.xla_modules import xla_modules
+    return xla_modules(model.graph_def, model.function_names)
+
+
+def say_opaque(model, precision: str) -> None:
+    """One note (stderr, whatever the format) when the model computes in XlaCallModule ops the pass cannot see."""
+    from ..model.xla_modules import opaque_line
+    modules = opaque_modules(model)
+    if modules:
+        say(f"{opaque_line(modules, precision)}; their work was not reached, and no count below includes it")
+
+
+def _text_items(result, tables, model, top: int):
+    """The text report's blocks, true of a model with XlaCallModule ops: report/text.py knows only the GraphDef,
+    so its "no matmul" and "every compute-heavy op computes in low precision" lines are said of what it saw."""
+    from ..model.xla_modules import summary as modules_summary
+    from ..report import text
+    from ..report.stats import summarize
+    stats = summarize(tables, result)
+    items = text.blocks(stats, top)
+    modules = opaque_modules(model)
+    if not modules:
+        return items
+    flop = text.flop_line(stats)
+    unseen = f"not reached: {modules_summary(modules)}, serialized StableHLO this pass cannot see into"
+    replaced = {"matmul/conv FLOPs: the graph has no matmul or convolution":
+                "matmul/conv FLOPs: none outside the XlaCallModule ops",
+                "every compute-heavy op computes in low precision":
+                "every compute-heavy op the pass saw computes in low precision (the work inside the XlaCallModule "
+                "ops was not reached)"}
+    out = []
+    for item in items:
+        out.append(replaced.get(item, item) if isinstance(item, str) else item)
+        if isinstance(item, str) and item == flop:
+            out.append(unseen)
+    return out
+
+
+def _json_with_opaque(result, function, tables, model) -> str:
+    """The JSON report with "xla_call_modules": one entry per XlaCallModule op (what it computes, if read)."""
+    import json
+
+    from ..report import json_report
+    report = json_report.to_dict(result, function, tables=tables, model=model.path)
+    report["xla_call_modules"] = [
+        {"graph": m.graph, "node": m.node, "module": m.name, "gradient": m.gradient, "unread": m.unread,
+         "ops": None if m.heavy is None else [{"op": op, "dtype": d, "count": n} for (op, d), n in m.heavy.items()]}
+        for m in opaque_modules(model)]
+    return json.dumps(report, indent=1)
 
 
 def _measured_in_model(args, model, options):
@@ -148,7 +202,7 @@ def _picture_options(args) -> dict:
 
 def run(args) -> int:
     """Rewrite the model and write the report in the chosen format."""
-    from ..report import dot, html, json_report, tensorboard, text
+    from ..report import dot, html, tensorboard, text
     from ..report.node_table import build_tables
     if args.format == "tensorboard" and not args.output:
         raise OptionError("--format tensorboard needs -o LOGDIR")
@@ -177,17 +231,16 @@ def run(args) -> int:
         print(f"wrote {path}; view it with: tensorboard --logdir {args.output} (TensorBoard comes with "
               "pip install 'mp_rewrite[viz]')")
     elif args.format == "json":
-        write_output(args.output, json_report.to_json(result, args.function, tables=tables, model=args.model))
+        write_output(args.output, _json_with_opaque(result, args.function, tables, model))
     elif args.format == "html":
         write_output(args.output, html.to_html(result, args.function, tables=tables, model=args.model,
                                                top=args.top, costs=costs, show=args.show or "precision",
                                                **_picture_options(args)))
     elif args.output is None and sys.stdout.isatty():
         from rich.console import Console
-        from ..report.stats import summarize
-        text.render_rich(text.blocks(summarize(tables, result), args.top), Console())
+        text.render_rich(_text_items(result, tables, model, args.top), Console())
     else:
-        write_output(args.output, text.to_text(result, args.top, args.function, tables))
+        write_output(args.output, text.render_plain(_text_items(result, tables, model, args.top)))
     return 0
 
 

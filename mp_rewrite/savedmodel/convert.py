@@ -16,11 +16,12 @@ from ..analysis.flops import estimate_flops
 from ..core.meta_graph import functions_to_rewrite
 from ..core.options import Options, given_or_made
 from ..core.pass_context import check_patterns_match
-from ..errors import MpRewriteError, OptionError, StageError
+from ..errors import ModelError, MpRewriteError, OptionError, StageError
 from ..model.files import read_saved_model
 from ..model.keras_file import saved_model_of
 from ..model.signatures import check_signature_keys, signature_keys
 from ..model.tags import parse_tag_set, select_meta_graphs, single_meta_graph
+from ..model.xla_modules import opaque_line, summary, xla_modules
 from .freeze import freeze_saved_model, weights_form
 from .frozen_function import remove_tree
 from .in_place import rewrite_in_place
@@ -42,7 +43,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                         assign: str = "lists", costs=None, weights: str = "keep", freeze: bool = False,
                         freeze_weights: str = "auto", keras_metadata: str = "keep", overwrite: bool = False,
                         flops: bool = True, run_check: bool = True, run_inputs: InputRecipe | None = None,
-                        progress=None, on_note=None) -> ConversionResult:
+                        allow_opaque_xla: bool = False, progress=None, on_note=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
     dtypes, shapes), variables, assets and object graph, whose functions compute in float16 or bfloat16.
 
@@ -72,6 +73,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
             False skips it (the copy is still loaded).
         run_inputs: how the run check makes inputs (inputs.input_recipe: --inputs, --batch-size, --seq-len,
             --input-shapes, --seed); None: every input made up with the defaults.
+        allow_opaque_xla: write a model that computes in XlaCallModule ops (a jax2tf / Keras 3 JAX export), whose
+            StableHLO the pass cannot see into, with those ops unchanged (a note says so); False refuses it.
         progress: optional callable (done, total, name), after each function body (or frozen signature).
         on_note: optional callable(str) for one-line notes made before the result (a Keras file was exported).
 
@@ -81,7 +84,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
     Raises:
         OptionError, ListError: bad options. ModelError: bad source or output, unknown tag-set or signature, a
         model TensorFlow cannot load (freeze), a written copy that does not load or whose signature fails to run
-        (the line says whether the source runs it), write failure. GraphError, StageError: a graph the pass cannot
+        (the line says whether the source runs it), write failure, XlaCallModule ops without allow_opaque_xla.
+        GraphError, StageError: a graph the pass cannot
         handle. Nothing is written on any error.
     """
     start = time.perf_counter()
@@ -94,7 +98,9 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
         # The lock is held from the output check to the rename, so that no other run interleaves with this one.
         with output_lock(absolute_output(output)):
             source_dir, output_dir, saved_model, keys = check_conversion(source_path, output, tags, signatures,
-                                                                         freeze, overwrite, options, freeze_weights)
+                                                                         freeze, overwrite, options, freeze_weights,
+                                                                         allow_opaque_xla)
+            opaque = opaque_modules(saved_model, tags, keys, freeze)
             with _step("rewrite"):
                 if freeze:
                     rewritten = freeze_saved_model(source_dir, saved_model, options, keys, tags, progress,
@@ -120,9 +126,9 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
     own = low_precision_counts(saved_model, options.precision)
     return ConversionResult(str(source), str(output), options.precision, options.device, rewritten.keys,
                             rewritten.graphs, rewritten.skipped, share, per_function, per_graph,
-                            time.perf_counter() - start, frozen=freeze, notes=rewritten.notes + runs.notes,
+                            time.perf_counter() - start, frozen=freeze, notes=rewritten.notes + runs.notes + _opaque_notes(opaque),
                             ran=tuple(runs.ran) if run_check else None,
-                            written=tuple(max(0, w - o) for w, o in zip(counted[0], own)))
+                            written=tuple(max(0, w - o) for w, o in zip(counted[0], own)), opaque=tuple(opaque))
 
 
 def check_modes(weights: str, freeze: bool, keras_metadata: str) -> None:
@@ -140,10 +146,10 @@ def check_modes(weights: str, freeze: bool, keras_metadata: str) -> None:
 
 
 def check_conversion(source, output, tag_set=None, signatures=None, freeze: bool = False, overwrite: bool = False,
-                     options: Options | None = None, freeze_weights: str = "auto"):
+                     options: Options | None = None, freeze_weights: str = "auto", allow_opaque_xla: bool = False):
     """The check step: the source (files, variables, references), the output path, the tag-set, the signature
-    keys and (given `options`) that every keep_fp32/force_low pattern names a node of what would be rewritten,
-    without rewriting anything. Front ends with slow work of their own (the guard, --tune) call it first.
+    keys, that no XlaCallModule hides the computation (unless `allow_opaque_xla`) and (given `options`) that every
+    keep_fp32/force_low pattern names a node of what would be rewritten, without rewriting anything. Front ends with slow work of their own (the guard, --tune) call it first.
 
     Returns:
         (source directory, output directory, the source's SavedModel proto, the signature keys or None).
@@ -159,12 +165,31 @@ def check_conversion(source, output, tag_set=None, signatures=None, freeze: bool
     keys = check_signature_keys(signatures, signature_keys(m for _, m in chosen))
     if freeze:
         weights_form(source_dir, freeze_weights)  # a form that cannot hold the weights is refused now
+    opaque = [] if allow_opaque_xla else opaque_modules(saved_model, tags, keys, freeze)
+    if opaque:
+        precision = options.precision if options is not None else "float16"
+        raise ModelError(f"{opaque_line(opaque, precision)}. Nothing was written; --allow-opaque-xla writes the "
+                         "model with these ops unchanged")
     if options is not None:
         functions = {name for _, m in chosen for name in functions_to_rewrite(m, keys)}
         names = node_names(saved_model, functions)
         for option in ("keep_fp32", "force_low"):
             check_patterns_match(getattr(options, option), option, names)
     return source_dir, output_dir, saved_model, keys
+
+
+def opaque_modules(saved_model, tags, keys, freeze: bool) -> list:
+    """The XlaCallModule ops (model/xla_modules.py) of the main graphs and the functions a conversion rewrites."""
+    chosen = [single_meta_graph(saved_model, tags, "--freeze")] if freeze else select_meta_graphs(saved_model, tags)
+    return [m for _, meta_graph in chosen
+            for m in xla_modules(meta_graph.graph_def, functions_to_rewrite(meta_graph, keys))]
+
+
+def _opaque_notes(modules) -> list[str]:
+    if not modules:
+        return []
+    return [f"written unchanged (--allow-opaque-xla): {summary(modules)}, serialized StableHLO this pass cannot "
+            "see into; their work stays in the precision it was exported in"]
 
 
 @contextlib.contextmanager

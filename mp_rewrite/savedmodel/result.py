@@ -55,6 +55,8 @@ class ConversionResult:
             when the check was skipped. Signatures not run are in `notes`.
         written: (nodes computing in the low precision, Casts to or from it) read back from the written copy, less
             the source's own (low_precision_counts); what the summary line reports.
+        opaque: the XlaCallModule ops written unchanged (model/xla_modules.py; with allow_opaque_xla), whose work
+            no FLOP figure counts.
     """
 
     source: str
@@ -72,6 +74,7 @@ class ConversionResult:
     notes: list = dataclasses.field(default_factory=list)
     ran: tuple | None = None
     written: tuple | None = None
+    opaque: tuple = ()
 
     @property
     def functions(self) -> dict:

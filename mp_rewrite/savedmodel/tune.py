@@ -86,11 +86,11 @@ def _candidate_lists(name: str, base):
 def tune_saved_model(source, output, precision: str = "bfloat16", *, options=None, freeze: bool = False,
                      overwrite: bool = False, lists=None, rounds: int = 5, calls: int = 3, inputs=None, seed: int = 0,
                      batch_size: int = 2, tag_set=None, signatures=None, weights: str = "keep", progress=None,
-                     **rewrite_options):
+                     allow_opaque_xla: bool = False, **rewrite_options):
     """Convert each candidate, time and verify it here, and write the fastest that verifies to `output`.
 
     Args:
-        source, output, precision, lists, freeze, overwrite, tag_set, signatures, weights: as for
+        source, output, precision, lists, freeze, overwrite, tag_set, signatures, weights, allow_opaque_xla: as for
             convert_saved_model; or
         options: an Options made with make_options (each candidate changes only its lists).
         rounds, calls: interleaved timing rounds, and calls of each signature per round.
@@ -108,7 +108,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     """
     options = given_or_made(options, precision, lists=lists, **rewrite_options)
     precision = options.precision
-    saved_model = check_conversion(source, output, parse_tag_set(tag_set), signatures, freeze, overwrite)[2]
+    saved_model = check_conversion(source, output, parse_tag_set(tag_set), signatures, freeze, overwrite, options,
+                                   allow_opaque_xla=allow_opaque_xla)[2]
     tags = load_tags(single_meta_graph(saved_model, parse_tag_set(tag_set), "--tune")[1])
     depthwise = _has_ops(source, DEPTHWISE)
     costs = _costs(options, batch_size)
@@ -124,7 +125,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
                           name if name != ORIGINAL else "float32", options.lists)))
             converted[name] = convert_saved_model(source, Path(work) / name, options=chosen, freeze=candidates[name],
                                                   tag_set=tag_set, signatures=signatures,
-                                                  weights=weights if candidates[name] else "keep")
+                                                  weights=weights if candidates[name] else "keep",
+                                                  allow_opaque_xla=allow_opaque_xla)
         passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size, tag_set)
                   for name in steps.each("verifying", candidates)}
         milliseconds = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size, tags,
