@@ -62,6 +62,7 @@ class _DefaultLossScale:
 
 _DEFAULT = _DefaultLossScale()
 _MAX_NAMED = 5  # function names listed in a warning
+ASSIGN_ENV = "MP_REWRITE_ASSIGN"  # lists|cost: the assignment when none is asked for (the CLI reads it too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +91,13 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
             bfloat16. float16 on "gpu" without a GPU does not rewrite (warning); pass "cpu" to rewrite on CPU.
         rewrite_existing: also rewrite functions already traced (otherwise a warning names them).
         **rewrite_options: `keep_fp32`, `force_low`, `lists`, `level`, `assign`, `costs`, as for
-            `rewrite_graph_def`; with assign="cost" and no costs, each traced function's ops are measured on this
-            machine when it is rewritten (cached per machine, see analysis.op_costs.this_machine), and Keras 3's
-            training BatchNormalization layers are fused into FusedBatchNormV3 and its gradient first
-            (rules.batchnorm_training).
+            `rewrite_graph_def`. `assign` defaults to "cost" for bfloat16 on a CPU (MP_REWRITE_ASSIGN=lists|cost
+            overrides that) and to Grappler's "lists" on a GPU and for float16. With assign="cost", Keras 3's
+            training BatchNormalization layers are fused into FusedBatchNormV3 and its gradient
+            (rules.batchnorm_training), and without `costs` each traced step is measured on this machine across
+            its first calls, running the lists meanwhile (cached per machine: `cost_hook`, `deferred`); a step
+            with collective ops (tf.distribute across workers) is not measured, so every worker runs the same
+            graph. On a CPU without bfloat16 units the steps stay float32 (a warning says so once).
 
     Returns:
         The wrapped optimizer (a `mp_rewrite.LossScaleOptimizer`; TF's own wrapper for a v1 optimizer).
@@ -206,7 +210,9 @@ def _rewrite_options(precision, device, rewrite_options):
     if unknown:
         raise TypeError(f"enable_mixed_precision_graph_rewrite() got unexpected keyword argument(s) {unknown}; "
                         "rewrite options are keep_fp32, force_low, lists, level, assign and costs")
-    if rewrite_options.get("assign") == "cost" and rewrite_options.get("costs") is None:
+    rewrite_options = {**rewrite_options, "assign": _assign_for(precision, device, rewrite_options)}
+    if rewrite_options["assign"] == "cost" and rewrite_options.get("costs") is None:
+        _warn_if_no_units(precision)
         from ..analysis.op_costs import this_machine  # measured on first use per traced function, cached
         rewrite_options["costs"] = cost_hook.HookSafeCosts(this_machine(precision))
     # Gradients are unscaled in float32 (see dynamic_scale.multiply), whatever the user keeps besides.
@@ -214,6 +220,34 @@ def _rewrite_options(precision, device, rewrite_options):
     keep = ([keep] if isinstance(keep, str) else list(keep)) + [f"*{UNSCALE_SCOPE}*"]
     options = make_options(precision, device, keep_fp32=keep, **rewrite_options)
     return options, options.device
+
+
+def _assign_for(precision, device, rewrite_options) -> str:
+    """The precision assignment: the one asked for (`assign=`, or a `costs` table: "cost"); else MP_REWRITE_ASSIGN
+    (lists|cost, as for the CLI); else "cost" for bfloat16 on a CPU (no GPU, device None or "cpu": precision by
+    measured cost, BatchNorm fused in the step, never slower than float32) and Grappler's "lists" otherwise (a GPU,
+    whose Tensor Cores the lists were written for, and float16, which a CPU emulates)."""
+    import os
+    from ..errors import OptionError
+    if rewrite_options.get("assign") is not None:
+        return rewrite_options["assign"]
+    if rewrite_options.get("costs") is not None:
+        return "cost"
+    chosen = os.environ.get(ASSIGN_ENV, "").strip()
+    if chosen and chosen not in ("lists", "cost"):
+        raise OptionError(f"{ASSIGN_ENV}={chosen!r} is not an assignment: set it to 'lists' or 'cost', or unset it")
+    if chosen:
+        return chosen
+    on_cpu = device in (None, "cpu") and not tf.config.list_physical_devices("GPU")
+    return "cost" if precision == "bfloat16" and on_cpu else "lists"
+
+
+def _warn_if_no_units(precision):
+    from ..analysis.op_costs import MachineCosts, machine_facts
+    note = MachineCosts(precision, machine_facts()).no_units_note()
+    if note:
+        _warn_once("no_units", f"mixed precision graph rewrite: {note}, and training steps run float32 (Keras 3's "
+                   "BatchNormalization still fused). Pass assign='lists' to rewrite by Grappler's lists anyway.")
 
 
 def _loss_scale_for(precision, loss_scale):

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import atomic_function
 
+from mp_rewrite.analysis.op_costs import NATIVE_FLAGS, machine_facts
 from mp_rewrite.training import function_hook
 from mp_rewrite.training import api as training
 from mp_rewrite.errors import OptionError
@@ -36,8 +37,11 @@ from mp_rewrite.training.api import (
 
 HALF, BF16, FLOAT = tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum
 LOW = {"float16": HALF, "bfloat16": BF16}
-# How each precision is enabled on this CPU-only machine.
-ENABLE = {"float16": {"precision": "float16", "device": "cpu"}, "bfloat16": {"precision": "bfloat16"}}
+NATIVE_BF16 = bool(set(NATIVE_FLAGS["bfloat16"]) & set(machine_facts()["cpu_flags"]))
+# How each precision is enabled on this CPU-only machine, with Grappler's lists (what these tests check against:
+# bfloat16 on a CPU defaults to the cost assignment, tested in tests/analysis/test_cost_training.py).
+ENABLE = {"float16": {"precision": "float16", "device": "cpu"},
+          "bfloat16": {"precision": "bfloat16", "assign": "lists"}}
 
 
 @pytest.fixture(autouse=True)
@@ -482,6 +486,36 @@ def test_bfloat16_defaults_to_no_loss_scaling():
     assert opt.dynamic
 
 
+def test_bfloat16_on_a_cpu_defaults_to_the_cost_assignment(monkeypatch):
+    monkeypatch.delenv(training.ASSIGN_ENV, raising=False)
+    enable_graph_rewrite(precision="bfloat16")
+    assert function_hook.active_options().assign == "cost"
+    enable_graph_rewrite(precision="bfloat16", assign="lists")
+    assert function_hook.active_options().assign == "lists"
+    enable_graph_rewrite(**ENABLE["float16"])  # float16 on a CPU is emulated: Grappler's lists, as asked
+    assert function_hook.active_options().assign == "lists"
+    monkeypatch.setenv(training.ASSIGN_ENV, "lists")
+    enable_graph_rewrite(precision="bfloat16")
+    assert function_hook.active_options().assign == "lists"
+    monkeypatch.setenv(training.ASSIGN_ENV, "fastest")
+    with pytest.raises(OptionError, match="MP_REWRITE_ASSIGN='fastest' is not an assignment"):
+        enable_graph_rewrite(precision="bfloat16")
+
+
+@pytest.mark.skipif(NATIVE_BF16, reason="this CPU has bfloat16 units, so the default rewrites")
+def test_without_bfloat16_units_the_default_keeps_float32_and_says_so_once(monkeypatch, caplog):
+    monkeypatch.delenv(training.ASSIGN_ENV, raising=False)
+    model = make_model("mlp")
+    with caplog.at_level(logging.WARNING, logger="mp_rewrite"):
+        opt = enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), precision="bfloat16")
+        enable_graph_rewrite(precision="bfloat16")
+    assert caplog.text.count("bfloat16 is slower than float32 there") == 1 and "assign='lists'" in caplog.text
+    step = make_train_step(model, opt)
+    x, y = sum_sign_data(64, SHAPES["mlp"], 0)
+    assert np.isfinite(step(x, y).numpy())
+    assert not ops_in(executed(cf_name(step, x, y)), BF16)
+
+
 @pytest.mark.parametrize("make_opt, match", [
     (lambda: object(), "must be an instance"),
     (lambda: "sgd", "must be an instance"),
@@ -599,7 +633,7 @@ def test_disable_without_restore_keeps_functions_rewritten():
 
 def test_context_manager_scopes_the_rewrite():
     f32 = tf.matmul(A, A).numpy()
-    with mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), precision="bfloat16") as opt:
+    with mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), **ENABLE["bfloat16"]) as opt:
         assert isinstance(opt, LossScaleOptimizer)
         f = matmul_function()
         inside = f(A).numpy()
