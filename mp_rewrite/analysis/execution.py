@@ -172,3 +172,24 @@ def executed_graph_def(
         merged.node.extend(partition.node)
         merged.library.function.extend(partition.library.function)
     return merged
+
+
+def executed_nodes(function, *args, **kwargs) -> list:
+    """The nodes TensorFlow executed for one call `function(*args, **kwargs)` of a tf.function, ConcreteFunction or
+    SavedModel signature: the partition graphs of eager run metadata, after the Grappler TF runs before a call
+    (remapper included), as a user's call runs them. (A Session's graph is optimized differently: there a fed
+    Placeholder of unknown batch has an unknown shape, and the remapper does not fuse a residual add.)
+
+    Returns:
+        [NodeDef] of every partition of every function the call ran, _Arg/_Retval/Const/NoOp/Identity left out.
+    """
+    from tensorflow.python.eager import context
+    context.enable_run_metadata()
+    try:
+        context.export_run_metadata()  # drops what earlier calls left behind
+        function(*args, **kwargs)
+        metadata = context.export_run_metadata()
+    finally:
+        context.disable_run_metadata()
+    return [node for graph in metadata.function_graphs for partition in graph.partition_graphs
+            for node in partition.node if node.op not in ("_Arg", "_Retval", "Const", "NoOp", "Identity")]

@@ -18,11 +18,14 @@ from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activ
 from .gelu import match_gelu, rewrite_gelu
 from .graph import EditableGraph, drop_unset_attrs, reachable
 from .grouped_conv import match_grouped_conv, rewrite_grouped_conv
+from .identity import match_identity_n, rewrite_identity_n
 from .layer_norm import match_layer_norm, rewrite_layer_norm
 from .padding import match_explicit_padding, rewrite_explicit_padding
+from .residual import match_residual_bias, rewrite_residual_bias
 from .record import APPLIED, DECLINED, Match, Record
 from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, rewrite_batch_matmul, rewrite_einsum,
                       rewrite_reshape_pair)
+from .swish import match_swish, rewrite_swish
 
 MAX_ROUNDS = 8
 
@@ -68,6 +71,10 @@ RULES = (
     Rule("explicit_padding", ("Conv2D", "DepthwiseConv2dNative"), match_explicit_padding, rewrite_explicit_padding,
          lambda m: f"{m.nodes['conv'].op} with its Pad (padding {m.values['padding'].decode()})"),
     Rule("layer_norm", ("Mean",), match_layer_norm, rewrite_layer_norm, lambda m: "LayerNorm (_MklLayerNorm)"),
+    Rule("identity_n", ("IdentityN",), match_identity_n, rewrite_identity_n),
+    Rule("swish", ("Mul",), match_swish, rewrite_swish, lambda m: m.values["fusion"]),
+    Rule("residual_bias", ("Add", "AddV2", "AddN"), match_residual_bias, rewrite_residual_bias,
+         lambda m: f"{m.nodes['contraction'].op} + BiasAdd" + (" + Add" if m.values["residual"] else "")),
 )
 
 

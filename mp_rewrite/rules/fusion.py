@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 
 from .activation import GELUS, activation_name, activation_region
-from .graph import FLOAT_TYPES, EditableGraph
+from .graph import FLOAT_TYPES, EditableGraph, node_name
 from .layer_norm import FUSED_ROLES, MARK as LAYER_NORM_MARK
 
 CONTRACTIONS = {"MatMul": "_FusedMatMul", "Conv2D": "_FusedConv2D",
                 "DepthwiseConv2dNative": "_FusedDepthwiseConv2dNative", "Conv3D": "_FusedConv3D"}
 ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
+RESIDUAL_ADDS = ("Add", "AddV2", "AddN")  # Conv2D/MatMul + BiasAdd + a residual: fused_ops [BiasAdd, Add]
+RESIDUAL_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu")  # after a Conv2D's residual add only
 REGION_ACTIVATIONS = GELUS  # MatMul only, several nodes each
 FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 
@@ -49,8 +51,11 @@ def fusion_groups(graph_def, fetches=()) -> list[FusionGroup]:
         [FusionGroup]; a node is in at most one group.
     """
     graph = EditableGraph(graph_def, fetches)
-    groups = []
-    for node in graph.graph_def.node:
+    groups, taken = [], set()
+    # Sigmoids last: a swish after a Conv2D is the Conv2D's group, and a node is in at most one group.
+    for node in sorted(graph.graph_def.node, key=lambda n: n.op == "Sigmoid"):
+        if node.name in taken:
+            continue
         if node.op in CONTRACTIONS:
             group = _contraction_group(graph, node)
         elif node.op in FUSED_NORMS:
@@ -61,7 +66,9 @@ def fusion_groups(graph_def, fetches=()) -> list[FusionGroup]:
             group = None
         if group is not None:
             groups.append(group)
-    return groups + _layer_norm_groups(graph)
+            taken |= group.nodes
+    order = {node.name: i for i, node in enumerate(graph.graph_def.node)}
+    return sorted(groups, key=lambda g: order[g.root]) + _layer_norm_groups(graph)
 
 
 def _layer_norm_groups(graph: EditableGraph) -> list[FusionGroup]:
@@ -94,18 +101,42 @@ def _contraction_group(graph: EditableGraph, node) -> FusionGroup | None:
     if bias is None or graph.producer(bias.input[0]) is not (squeeze or node):
         return None
     members, fused = [node, bias] + ([squeeze] if squeeze is not None else []), ["BiasAdd"]
-    # Conv + BiasAdd + Add (+ Relu), a residual, is in remapper.cc but TF 2.21 did not fuse it on this CPU, and no
-    # activation is fused after a Squeeze: those groups end at the BiasAdd.
+    # No activation is fused after a Squeeze. What follows the BiasAdd, as TF 2.21 runs a SavedModel's call (a
+    # Session's Grappler fuses no residual add: there an unknown batch leaves the addends' shapes unknown):
+    swish = _swish_after(graph, bias) if node.op == "Conv2D" and squeeze is None else None
     activation = _sole_reader(graph, bias, ACTIVATIONS) if squeeze is None else None
-    if activation is not None:
+    residual = _sole_reader(graph, bias, RESIDUAL_ADDS) if node.op in ("Conv2D", "MatMul") and squeeze is None \
+        else None
+    if swish is not None:
+        members += swish
+        fused.append("_MklSwish")
+    elif activation is not None:
         members.append(activation)
         fused.append(activation.op)
+    elif residual is not None and len(graph.data_inputs(residual)) == 2:
+        members.append(residual)
+        fused.append("Add")
+        after = _sole_reader(graph, residual, RESIDUAL_ACTIVATIONS) if node.op == "Conv2D" else None
+        if after is not None:
+            members.append(after)
+            fused.append(after.op)
     elif node.op == "MatMul" and not graph.is_kept(bias):
         found = activation_region(graph, bias)
         if found is not None and found.ok and activation_name(found.values["region"]) in REGION_ACTIVATIONS:
             members += found.values["region"]
             fused.append(activation_name(found.values["region"]))
     return FusionGroup(node.name, CONTRACTIONS[node.op], tuple(fused), frozenset(n.name for n in members))
+
+
+def _swish_after(graph: EditableGraph, bias) -> list | None:
+    """[Sigmoid, Mul] when the BiasAdd's readers are exactly swish's (`Mul(bias, Sigmoid(bias))`), else None."""
+    readers = graph.readers(bias.name)
+    sigmoid = next((r for r in readers if r.op == "Sigmoid"), None)
+    mul = next((r for r in readers if r.op == "Mul"), None)
+    if len(readers) != 2 or sigmoid is None or mul is None or graph.is_kept(bias) or graph.is_kept(sigmoid) or \
+            sorted(mul.input) != sorted([bias.name, sigmoid.name]):
+        return None
+    return [sigmoid, mul]
 
 
 def _norm_group(graph: EditableGraph, node) -> FusionGroup | None:
@@ -124,7 +155,4 @@ def _swish_group(graph: EditableGraph, node) -> FusionGroup | None:
 
 def _source(graph: EditableGraph, tensor: str) -> str:
     """The node name behind `tensor`, looking through Identities (TF's dependency optimizer removes them first)."""
-    node = graph.producer(tensor)
-    while node is not None and node.op == "Identity" and node.input:
-        tensor, node = node.input[0], graph.producer(node.input[0])
-    return tensor.split(":")[0]
+    return node_name(graph.forwarded(tensor))

@@ -143,7 +143,7 @@ class EditableGraph:
     def rename(self, node, new: str) -> None:
         """Give `node` the name `new` (unused) and point every input that read it at the new name."""
         old = node.name
-        readers = {id(n): n for n in self.readers(old) + self._control_readers(old)}
+        readers = {id(n): n for n in self.readers(old) + self.control_readers(old)}
         for reader in readers.values():
             for index, tensor in enumerate(reader.input):
                 if node_name(tensor) == old:
@@ -153,8 +153,20 @@ class EditableGraph:
         self.nodes[new] = node
         self._readers = None
 
-    def _control_readers(self, name: str) -> list:
+    def control_readers(self, name: str) -> list:
+        """The nodes that wait for the named node (a control input `^name`)."""
         return [node for node in self.graph_def.node if f"^{name}" in node.input]
+
+    def forwarded(self, tensor: str) -> str:
+        """The tensor a chain of Identities forwards to `tensor` (TF's dependency optimizer removes them before the
+        remapper looks), or `tensor` itself. An Identity that waits for anything but a constant is not looked
+        through: its control input orders the graph."""
+        node = self.producer(tensor)
+        while node is not None and node.op == "Identity" and node.input and all(
+                self.nodes.get(t[1:]) is not None and self.nodes[t[1:]].op == "Const"
+                for t in node.input[1:] if t.startswith("^")):
+            tensor, node = node.input[0], self.producer(node.input[0])
+        return tensor
 
     def set_inputs(self, node, inputs) -> None:
         """Replace the node's data inputs by `inputs`, keeping its control inputs after them."""

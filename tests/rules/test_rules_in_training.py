@@ -36,10 +36,11 @@ def _training_step():
 def test_training_step_fuses_matmul_and_bias_but_not_the_activation():
     graph_def, fetches, shapes, model = _training_step()
     _, records = canonicalize(graph_def, fetches, fold_batch_norms=False)
-    assert {r.rule for r in records if r.applied} == set()  # without shapes: channel counts unknown
+    # without shapes, channel counts are unknown: only the IdentityN pass-throughs (which need none) go
+    assert {r.rule for r in records if r.applied} <= {"identity_n"}
     assert all("weight is not a constant" in r.reason for r in records if r.rule == "dense_bias")
     new, records = canonicalize(graph_def, fetches, fold_batch_norms=False, shapes=shapes)
-    assert [r.rule for r in records if r.applied] == ["dense_bias", "dense_bias"]
+    assert [r.rule for r in records if r.applied and r.rule != "identity_n"] == ["dense_bias", "dense_bias"]
     [activation] = [r for r in records if r.rule == "dense_activation"]
     assert not activation.applied and "gradient_tape" in activation.reason
     assert fused(runtime_graph(graph_def, fetches)) == []
