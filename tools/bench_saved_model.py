@@ -380,7 +380,8 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
             "cpu_ms": {v: 1000 * statistics.median(t) for v, t in cpu.items()},
             "calls": {v: len(t) for v, t in times.items()}, "diff_vs_fp32": diff,
             "kernels": {v: (infos[v]["bf16_kernels"], infos[v]["kernels"]) for v in variants},
-            "same_graph_as_tf_amp": infos["ours_lists"]["census"] == infos["tf_amp"]["census"],
+            "same_graph_as_tf_amp": infos["ours_lists"]["census"] == infos["tf_amp"]["census"]
+            if {"ours_lists", "tf_amp"} <= set(infos) else None,
             "casts": {v: sum(n for op, n in infos[v]["census"].items() if op.startswith("Cast ")) for v in variants},
             "openvino": {k: infos["openvino"][k] for k in ("convert_s", "compile_s", "precision", "threads", "hint",
                                                            "openvino")} if "openvino" in infos else None}

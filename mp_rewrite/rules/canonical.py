@@ -23,8 +23,8 @@ from .layer_norm import match_layer_norm, rewrite_layer_norm
 from .padding import match_explicit_padding, rewrite_explicit_padding
 from .residual import match_residual_bias, rewrite_residual_bias
 from .record import APPLIED, DECLINED, Match, Record
-from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, rewrite_batch_matmul, rewrite_einsum,
-                      rewrite_reshape_pair)
+from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, match_static_reshape,
+                      rewrite_batch_matmul, rewrite_einsum, rewrite_reshape_pair, rewrite_static_reshape)
 from .swish import match_swish, rewrite_swish
 
 MAX_ROUNDS = 8
@@ -60,6 +60,7 @@ RULES = (
          lambda m: "MatMul (the remapper fuses no BatchMatMul with a bias)"),
     Rule("einsum", ("Einsum",), match_einsum, rewrite_einsum, lambda m: "MatMul (the remapper fuses no Einsum)"),
     Rule("reshape_pair", ("Reshape",), match_reshape_pair, rewrite_reshape_pair),
+    Rule("static_reshape", ("Reshape",), match_static_reshape, rewrite_static_reshape),
     Rule("bias_add", ("Add", "AddV2"), match_bias_add, rewrite_bias_add, _contraction_fusion),
     Rule("dense_bias", ("Reshape",), match_dense_bias, rewrite_dense_bias, lambda m: "MatMul + BiasAdd"),
     Rule("dense_activation", ("Reshape",), match_dense_activation, rewrite_dense_activation,

@@ -34,6 +34,27 @@ def rewrite_reshape_pair(graph: EditableGraph, match: Match) -> str:
     return f"merged Reshape '{inner.name}' into '{outer.name}'"
 
 
+def match_static_reshape(graph: EditableGraph, reshape) -> Match | None:
+    """A Reshape whose target is computed (Keras' `Shape -> Gather -> Prod -> Pack` of a Dense on 3-D inputs) but
+    whose output shape TF's shape inference knows up to one dimension; None when the target is a constant."""
+    if graph.constant(reshape.input[1]) is not None:
+        return None
+    shape = graph.inferred_shape(reshape.name)
+    if shape is None or sum(d is None for d in shape) > 1:
+        return None  # nothing to say: most computed targets are computed because they must be
+    return Match(nodes={"reshape": reshape}, values={"shape": [-1 if d is None else d for d in shape]})
+
+
+def rewrite_static_reshape(graph: EditableGraph, match: Match) -> str:
+    """The target becomes a constant (-1 for the one unknown dimension); what computed it goes with the next
+    clean-up when nothing else reads it."""
+    reshape = match.nodes["reshape"]
+    kind = np.int64 if reshape.attr["Tshape"].type == 9 else np.int32
+    target = graph.add_constant(f"{reshape.name}/static_shape", np.array(match.values["shape"], kind), reshape.device)
+    graph.set_inputs(reshape, [reshape.input[0], target.name])
+    return f"'{reshape.name}' reshapes to the constant {match.values['shape']}"
+
+
 def match_batch_matmul(graph: EditableGraph, node) -> Match | None:
     """A batched matmul of a tensor and a constant matrix (not adjoint on the left)."""
     weight = graph.constant(node.input[1]) if len(node.input) > 1 else None
@@ -146,14 +167,17 @@ def rewrite_einsum(graph: EditableGraph, match: Match) -> str:
 
 
 def _static_shape(graph: EditableGraph, tensor: str) -> list | None:
-    """The shape of `tensor` when a Placeholder or a Reshape with a constant target states it (-1: unknown)."""
+    """The shape of `tensor` when a Placeholder or a Reshape with a constant target states it, else as TF's shape
+    inference gives it (-1: unknown)."""
     node = graph.producer(tensor)
     if node is not None and node.op == "Placeholder" and not node.attr["shape"].shape.unknown_rank:
         return [d.size for d in node.attr["shape"].shape.dim]
     if node is not None and node.op == "Reshape":
         value = graph.constant(node.input[1])
-        return [int(v) for v in value] if value is not None and value.ndim == 1 else None
-    return None
+        if value is not None and value.ndim == 1:
+            return [int(v) for v in value]
+    inferred = graph.inferred_shape(tensor)
+    return None if inferred is None else [-1 if d is None else d for d in inferred]
 
 
 def _types(node, **types) -> None:

@@ -1,6 +1,7 @@
-"""Swish after a convolution and a residual add after a projection convolution, as Keras 3 writes them (EfficientNet,
-MobileNetV2): proven equal in float32 and fused by TF into the convolution in a call (`executed`), where before
-they ran as a standalone `_MklSwish`, and as a Conv2D + AddN + AddV2."""
+"""Swish after a convolution, a residual add after a projection convolution and the squeeze-excite Reshape, as
+Keras 3 writes them (EfficientNet, MobileNetV2): proven equal in float32 and fused by TF into the convolution in a
+call (`executed`), where before they ran as a standalone `_MklSwish`, as a Conv2D + AddN + AddV2, and as
+Shape + StridedSlice + Pack before each Reshape."""
 
 from __future__ import annotations
 
@@ -52,6 +53,21 @@ def test_a_fetched_identity_n_stays():
     assert identity_n in {n.name for n in new.node}
 
 
+def test_a_computed_reshape_target_becomes_a_constant_when_shape_inference_knows_it():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 8, 16))
+    squeezed = keras.layers.Reshape((1, 1, 16))(keras.layers.GlobalAveragePooling2D()(inp))
+    model = keras.Model(inp, keras.layers.Multiply()([inp, keras.layers.Conv2D(16, 1, activation="sigmoid")(
+        squeezed)]))
+    with_nonzero_biases(model)
+    x = np.random.default_rng(4).normal(size=(2, 8, 8, 16)).astype(np.float32)
+    before, after, records, fetches = canonical(model, x)
+    [record] = [r for r in records if r.rule == "static_reshape"]
+    assert record.applied and "[-1, 1, 1, 16]" in record.reason
+    assert {"Shape", "StridedSlice", "Pack"} <= {op for op, _ in executed(before, FEED, fetches[0], x)}
+    assert not {"Shape", "StridedSlice", "Pack"} & {op for op, _ in executed(after, FEED, fetches[0], x)}
+
+
 def test_a_residual_sum_of_three_tensors_is_declined_with_its_reason():
     import tensorflow as tf
     rng = np.random.default_rng(2)
@@ -77,7 +93,7 @@ def test_keras_applications_run_no_standalone_bias_swish_or_residual_add(name):
     before, after, records, fetches = canonical(model, x, deep=True)
     assert ("AddN", ()) in executed(before, FEED, fetches[0], x)
     kernels = collections.Counter(executed(after, FEED, fetches[0], x))
-    assert not {op for op, _ in kernels} & {"Pad", "AddN", "BiasAdd", "_MklNativeConv2D", "Relu6"}, kernels
+    assert not {op for op, _ in kernels} & {"Pad", "AddN", "BiasAdd", "_MklNativeConv2D", "Relu6", "Shape"}, kernels
     residuals = _applied(records)["residual_bias"]
     assert residuals == {"MobileNetV2": 10, "EfficientNetB0": 9}[name]
     assert kernels[("_MklNativeFusedConv2D", ("BiasAdd", "Add"))] == residuals
