@@ -25,7 +25,7 @@ _EXPORTS = {
     "enable_mixed_precision_graph_rewrite": "training.api", "disable_mixed_precision_graph_rewrite": "training.api",
     "enable_graph_rewrite": "training.api",
     "mixed_precision_graph_rewrite": "training.api", "rewritten_functions": "training.api",
-    "rewrite_failures": "training.api",
+    "rewrite_failures": "training.api", "finish_measuring": "training.api",
     "LossScaleOptimizer": "training.loss_scale.optimizer",
     "guard": "guard.accuracy_guard", "GuardResult": "guard.accuracy_guard", "load_overrides": "guard.accuracy_guard",
     "guard_saved_model": "guard.saved_model",

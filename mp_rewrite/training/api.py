@@ -47,7 +47,7 @@ import re
 
 import tensorflow as tf
 
-from . import cost_hook, function_hook
+from . import cost_hook, deferred, function_hook
 from .loss_scale.optimizer import LossScaleOptimizer
 from .loss_scale.settings import LossScaleError, _optimizer_family, is_loss_scale_optimizer, settings_from_loss_scale
 
@@ -156,6 +156,7 @@ def disable_mixed_precision_graph_rewrite(restore: bool = True) -> list[str]:
         logger.warning("disable_mixed_precision_graph_rewrite() called when mixed precision is already disabled.")
     _STATE["enabled"] = None
     function_hook.uninstall()
+    deferred.drop()  # steps still being measured keep what they run (the lists' rewrite, or restored below)
     return function_hook.restore() if restore else []
 
 
@@ -195,6 +196,16 @@ def rewritten_functions() -> dict:
     `result.summary()` says what was converted; `result.coloring` why. Failed rewrites are in `rewrite_failures()`.
     """
     return function_hook.rewritten()
+
+
+def finish_measuring() -> dict:
+    """Measure now every step the cost assignment is still measuring across its first calls, and swap in what it
+    decides (otherwise a piece is measured before each of the step's next calls, training.deferred).
+
+    Returns:
+        {function name: RewriteResult} of the steps whose measured rewrite was swapped in.
+    """
+    return deferred.finish()
 
 
 def rewrite_failures() -> dict:

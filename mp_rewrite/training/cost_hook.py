@@ -1,15 +1,17 @@
-"""The cost assignment (`assign="cost"`) in the tf.function hook.
+"""The cost assignment (`assign="cost"`, the default for bfloat16 on a CPU) in the tf.function hook.
 
-A traced body's costs are measured while the hook rewrites it, as a conversion measures a model
-(analysis.graph_profile): the body -- a training step: forward, backward and update -- runs in float32 and as
-Grappler's lists rewrite it, in sessions of its own whose variables are copies of the step's (read once from the
-captured variables, never written), and TF's step stats give each node's time in context, fusions included; the
-cut is then raced against both as the step will run, each variant called as a function in the eager runtime with
-variables of its own (analysis.graph_runs.FunctionRunner). A body that cannot run that way (an argument that is
-neither a number nor a variable, such as an iterator; a call into other functions; a body that fails to run)
-is priced from the op table instead (each op timed alone), and the log says why. Either way the hook must leave
-the functions registered while measuring alone, work eagerly, and hand the cost model the shapes the FuncGraph
-knows (a FunctionDef keeps its arguments' shapes, not its variables')."""
+A traced body's costs are measured as a conversion measures a model (analysis.graph_profile): the body -- a
+training step: forward, backward and update -- runs in float32 and as Grappler's lists rewrite it, in sessions of
+its own whose variables are copies of the step's (read from the captured variables, never written), and TF's step
+stats give each node's time in context, fusions included; the cut is then raced against both as the step will run,
+each variant called as a function in the eager runtime with variables of its own (analysis.graph_runs.
+FunctionRunner). `plan` decides when: at once from the cache of an earlier measuring, else across the step's first
+calls (analysis.step_profile, training.deferred) while it runs the lists. A distributed step is not measured (the
+lists, the same on every worker); a body that cannot run alone (an argument that is neither a number nor a
+variable, such as an iterator; a call into other functions) is priced from the op table (each op timed alone), and
+the log says why. Either way the hook must leave the functions registered while measuring alone, work eagerly,
+and hand the cost model the shapes the FuncGraph knows (a FunctionDef keeps its arguments' shapes, not its
+variables')."""
 
 from __future__ import annotations
 
@@ -61,42 +63,101 @@ def rewriting(atomic, body, options, signatures, name: str):
 
 
 class HookSafeCosts:
-    """A machine cost table (analysis.op_costs.this_machine) as the hook's rewrite options use it: each body is
-    profiled as it runs when it can be, else its ops are measured alone; either way eagerly, unseen by the hook, with
+    """A machine cost table (analysis.op_costs.this_machine) as the hook's rewrite options use it: a step that `plan`
+    cannot measure as it runs is priced from the op table (each op timed alone), eagerly, unseen by the hook, with
     the FuncGraph's shapes on its nodes."""
 
     def __init__(self, table):
         self.table, self.precision = table, table.precision
 
     def for_graph(self, graph_def, precision=None, fetches=(), batch=None):
-        """The core.assignment.CostTable of one function body (measuring what the caches lack)."""
+        """The core.assignment.CostTable of one function body from the op table (measuring what it lacks)."""
         import tensorflow as tf
         current = getattr(_LOCAL, "body", None)
-        if current is not None and current.body.graph_def is not graph_def:
-            current = None  # a graph the hook is not rewriting: nothing of it is known
-        if current is not None:
+        if current is not None and current.body.graph_def is graph_def:
             graph_def = _annotated(graph_def, _func_graph_shapes(current.atomic))
         with paused(), tf.init_scope():
-            if current is not None and self.table.low_units:
-                table, why = self._profiled(current, graph_def)
-                if table is not None:
-                    return table
-                logger.info("mp_rewrite: %s: costs from the op table: %s", current.name, why)
             return self.table.for_graph(graph_def, precision, fetches, batch)
 
-    def _profiled(self, current, graph_def):
-        """(the CostTable of the body `current` measured as it runs, "") or (None, why it cannot be)."""
-        from ..analysis.graph_profile import body_profileable, profile_body
-        args, readers = _body_args(current.atomic, graph_def)
-        why = body_profileable(graph_def, args)
-        if why:
-            return None, why
+
+def plan(atomic, body, options, signatures, name: str):
+    """How the hook rewrites a body now, and what it measures later: (Options, StepMeasure or None).
+
+    With assign="cost" and this machine's table (HookSafeCosts, with low-precision units): a step measured before on
+    this machine (in any process) is rewritten by its cached costs at once; a step with collective ops or placed on
+    several devices (tf.distribute) by Grappler's lists, unmeasured, so that every worker runs the same graph
+    whatever its machine or load; a step that can run alone by the lists now, and a StepMeasure to measure it across
+    its next calls (training.deferred); anything else (an iterator argument, calls into other functions) by the op
+    table. Other options are returned as they are.
+    """
+    costs = options.costs
+    if options.assign != "cost" or not isinstance(costs, HookSafeCosts) or not costs.table.low_units:
+        return options, None
+    from ..analysis.graph_profile import body_profileable
+    from ..analysis.step_profile import StepMeasure
+    graph_def = _annotated(body.graph_def, _func_graph_shapes(atomic)) if atomic is not None else body.graph_def
+    spread = distributed(graph_def)
+    if spread:
+        logger.info("mp_rewrite: %s: %s, so Grappler's lists, not measured: every worker runs the same graph", name,
+                    spread)
+        return _lists(options), None
+    args, readers = _body_args(atomic, graph_def) if atomic is not None else ([None], [None])
+    why = body_profileable(graph_def, args)
+    if not why:
+        import tensorflow as tf
         try:
-            args = [dataclasses.replace(arg, value=read()) if read else arg for arg, read in zip(args, readers)]
-            return profile_body(dataclasses.replace(current.body, graph_def=graph_def), args, current.options,
-                                current.signatures, self.table, function=current.atomic.definition).table, ""
+            with paused(), tf.init_scope():
+                measure = StepMeasure(dataclasses.replace(body, graph_def=graph_def), args, readers, options,
+                                      signatures, costs.table, atomic.definition)
+                found = measure.cached()
+            if found is not None:
+                return measured(options, found.table), None
+            return _lists(options), measure
         except Exception as error:  # noqa: BLE001 -- the hook must never break training
-            return None, f"measuring it failed ({type(error).__name__}: {str(error)[:200]})"
+            why = f"measuring it failed ({type(error).__name__}: {str(error)[:200]})"
+    logger.info("mp_rewrite: %s: costs from the op table: %s", name, why)
+    return options, None
+
+
+class _Measured:
+    """A body's measured CostTable as rewrite options carry it: core.body looks a table given this way up under the
+    main graph's label, as profile_body made it (a CostTable given as such is looked up under the body's name)."""
+
+    def __init__(self, table):
+        self.table, self.precision = table, table.precision
+
+    def for_graph(self, graph_def, precision=None, fetches=(), batch=None):
+        return self.table
+
+
+def measured(options, table):
+    """`options` rewriting a body by its measured `table` (a profile_body or StepMeasure CostTable)."""
+    return dataclasses.replace(options, assign="cost", costs=_Measured(table))
+
+
+def _lists(options):
+    return dataclasses.replace(options, assign="lists", costs=None)
+
+
+def distributed(graph_def) -> str:
+    """"" for a body one process runs alone; else what makes it part of a distributed step (one phrase)."""
+    collective = sorted({node.op for node in graph_def.node if node.op.startswith(("Collective", "Nccl"))})
+    if collective:
+        return f"the step has {', '.join(collective)} ops (tf.distribute)"
+    devices = {node.device for node in graph_def.node if node.device}
+    return f"the step is placed on {len(devices)} devices (tf.distribute)" if len(devices) > 1 else ""
+
+
+def fused_batch_norms(body, options, name: str):
+    """(body, [fused layer scopes]): with assign="cost", Keras 3's training BatchNormalizations in the body fused
+    into FusedBatchNormV3 and its gradient (rules.batchnorm_training); Grappler's lists rewrite the body as traced."""
+    if options.assign != "cost":
+        return body, []
+    from ..rules import fuse_training_batch_norms
+    graph_def, fused = fuse_training_batch_norms(body.graph_def, keep=(*body.retvals, *body.control_outputs))
+    if fused:
+        logger.info("mp_rewrite: %s: %d BatchNormalization layers fused (forward and gradient)", name, len(fused))
+    return dataclasses.replace(body, graph_def=graph_def), fused
 
 
 def _annotated(graph_def, shapes: dict):

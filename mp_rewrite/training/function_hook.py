@@ -14,14 +14,12 @@ body; an outer function traced later copies the rewritten definition into its ow
 `Graph._add_function` reads it from the context too. The FuncGraph Python keeps (for gradients, shapes) stays the
 traced float32 graph, which is what keeps gradient construction working: signatures do not change.
 
-Functions the hook leaves alone: tf.data functions and everything they call (Grappler never rewrites them; a
-function rewritten while its tf.data caller was being traced is put back), parametrised functions, and bodies
-without an allow-list op (Grappler's "nothing to do"). A body the pass cannot handle, or whose rewrite TF could
-not run (a dtype its OpDef does not allow, no kernel on this machine's devices: checked before the swap, because
-TF only validates a FunctionDef when it first runs it), keeps its original definition and a warning is logged.
-`restore` puts traced definitions back; records of functions TF has collected are dropped.
-
-The hook patches one TensorFlow-internal module attribute; this is the only module that touches it.
+Left alone: tf.data functions and all they call (Grappler never rewrites them; one rewritten while its tf.data
+caller was traced is put back), parametrised functions, bodies without an allow-list op (Grappler's "nothing to
+do"). A body the pass cannot handle, or whose rewrite TF could not run (a dtype its OpDef does not allow, no kernel
+on this machine: checked before the swap, as TF validates a FunctionDef only when it first runs it), keeps its
+original and a warning is logged. `restore` puts traced definitions back; records of collected functions are
+dropped. This module alone patches `from_func_graph` (training.deferred wraps `AtomicFunction.call_flat`).
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import atomic_function
 from tensorflow.python.framework import errors, kernels, op_def_registry
 
-from . import cost_hook
+from . import cost_hook, deferred
 from ..errors import GraphError, MpRewriteError
 from ..core.graph_view import device_kind
 from ..core.functions import function_to_graph, graph_to_function, is_polymorphic, is_tf_data_function
@@ -193,9 +191,10 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
             return None
         try:
             signatures = Signatures(_called_library(ctx, fdef))
-            body, fused = _with_fused_batch_norms(function_to_graph(fdef, signatures), options, name)
-            with cost_hook.rewriting(atomic if options.assign == "cost" else None, body, options, signatures, name):
-                result = rewrite_body(body.graph_def, options, body.retvals, body.preserved(), signatures,
+            body, fused = cost_hook.fused_batch_norms(function_to_graph(fdef, signatures), options, name)
+            now, later = cost_hook.plan(atomic, body, options, signatures, name)
+            with cost_hook.rewriting(atomic if now.assign == "cost" else None, body, now, signatures, name):
+                result = rewrite_body(body.graph_def, now, body.retvals, body.preserved(), signatures,
                                       preserve_stateful=True, label=name)
             if not result.retyped and not result.emulated and not fused:  # emulated: retypes nothing, adds Casts
                 _remember_checked(name)
@@ -214,27 +213,27 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
         if atomic is not None:
             weakref.finalize(atomic, _forget, name).atexit = False
         logger.info("mp_rewrite: %s: %s", name, result.grappler_line())
+        if later is not None and result.retyped:
+            deferred.start(name, later, body, options, signatures, fdef)
         return result
 
 
-def _with_fused_batch_norms(body, options, name: str):
-    """(body, [fused layer scopes]): with assign="cost", Keras 3's training BatchNormalizations in the body fused
-    into FusedBatchNormV3 and its gradient (rules.batchnorm_training); Grappler's lists rewrite the body as traced."""
-    if options.assign != "cost":
-        return body, []
-    from ..rules import fuse_training_batch_norms
-    graph_def, fused = fuse_training_batch_norms(body.graph_def, keep=(*body.retvals, *body.control_outputs))
-    if fused:
-        logger.info("mp_rewrite: %s: %d BatchNormalization layers fused (forward and gradient)", name, len(fused))
-    return dataclasses.replace(body, graph_def=graph_def), fused
+def replace_rewrite(name: str, result, fdef: function_pb2.FunctionDef) -> bool:
+    """Swap another rewrite of a recorded function in (the cost assignment decided after its first calls, training.
+    deferred). Returns False when the function is no longer recorded (restored, or collected by TF)."""
+    ctx = context.context()
+    with _HOOK.lock:
+        record = _HOOK.records.get(name)
+        if record is None or not ctx.has_function(name):
+            return False
+        _swap(ctx, name, fdef, ctx.get_function_def(name), record.atomic() if record.atomic is not None else None)
+        record.result = result
+        return True
 
 
 def _has_allow_op(fdef, options) -> bool:
     """Grappler's "no allowlist ops found, nothing to do", checked before building any view."""
-    if options.force_low or options.force_all:
-        return True
-    allow = options.lists.allow
-    return any(node.op in allow for node in fdef.node_def)
+    return bool(options.force_low or options.force_all) or any(n.op in options.lists.allow for n in fdef.node_def)
 
 
 def _called_library(ctx, fdef) -> function_pb2.FunctionDefLibrary:
@@ -353,6 +352,7 @@ def restore(since: int = 0) -> list[str]:
     ctx = context.context()
     with _HOOK.lock:
         names = [n for n, r in sorted(_HOOK.records.items(), key=lambda item: item[1].seq) if r.seq > since]
+        deferred.drop(names)
         restored = [n for n in names if _restore_one(ctx, n)]
         _HOOK.checked.clear()
         return restored

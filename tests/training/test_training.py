@@ -608,6 +608,26 @@ def matmul_function():
 A = tf.constant([[1.001, 2.0], [3.0, 4.0]])  # 1.001 is not exact in float16 or bfloat16, so results differ
 
 
+def test_a_rewrite_swapped_in_later_reaches_the_functions_that_call_it():
+    # The cost assignment decides after a step's first calls (training.deferred), when a caller -- Keras's train
+    # function calls its step -- has already been instantiated with the lists' rewrite of the step.
+    from mp_rewrite.training import deferred
+    enable_graph_rewrite(**ENABLE["bfloat16"])
+    inner = matmul_function()
+
+    @tf.function
+    def outer(a):
+        return inner(a) + 1.0
+
+    low, f32 = outer(A).numpy(), tf.matmul(A, A).numpy() + 1.0
+    assert not np.array_equal(low, f32)
+    name = cf_name(inner, A)
+    assert function_hook.replace_rewrite(name, rewritten_functions()[name], function_hook.original_definition(name))
+    assert np.array_equal(outer(A).numpy(), low)  # TF runs the caller as first instantiated ...
+    deferred._register_callers_again(name)
+    np.testing.assert_array_equal(outer(A).numpy(), f32)  # ... until it is registered again
+
+
 def test_disable_restores_rewritten_functions_and_stops_new_traces(caplog):
     f32 = tf.matmul(A, A).numpy()
     enable_graph_rewrite(**ENABLE["float16"])
