@@ -152,3 +152,36 @@ def test_workers_agree_exactly_and_match_the_single_process_run(runs):
         np.testing.assert_allclose(multi["loss"], one["loss"], rtol=1e-4, err_msg=f"step {i}")
         np.testing.assert_allclose(flat(multi["weights"]), flat(one["weights"]), atol=1e-4, err_msg=f"step {i}")
     assert start_gap > 100 * 1e-4  # the weights moved far more than the tolerance
+
+
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory):
+    """Two workers of multi_worker_default_script.py, each with a cost cache of its own (as on two machines)."""
+    here = tmp_path_factory.mktemp("multi_worker_default")
+    for attempt in range(2):
+        workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+        commands = []
+        for i in range(2):
+            env = child_env({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+            env["XDG_CACHE_HOME"] = str(here / f"cache{i}")
+            env.pop("MP_REWRITE_ASSIGN", None)
+            commands.append((f"worker{i}", [sys.executable, DEFAULT_SCRIPT], env))
+        results = run_all(commands, here)
+        if not port_taken(results):
+            break
+    return parsed(results)
+
+
+DEFAULT_SCRIPT = os.path.join(os.path.dirname(SCRIPT), "multi_worker_default_script.py")
+
+
+def test_workers_run_the_same_graph_under_the_default_cost_assignment(default_runs):
+    w0, w1 = default_runs["worker0"], default_runs["worker1"]
+    assert w0["replicas"] == w1["replicas"] == 2 and w0["failures"] == w1["failures"] == {}
+    assert w0["pending"] == w1["pending"] == []  # nothing measured, now or later, on either worker
+    # The step, BatchNorm fused and rewritten by the lists, byte for byte the same on both workers
+    # (Their names may differ: TF numbers functions per process, and the chief traces a few more of its own.)
+    assert sorted(map(json.dumps, w0["functions"].values())) == sorted(map(json.dumps, w1["functions"].values()))
+    steps = [f for f in w0["functions"].values() if f["fused"]]
+    assert steps and all(f["bfloat16"] for f in steps) and not any(f["assignment"] for f in steps)
+    assert w0["losses"] == w1["losses"] and w0["weights"] == w1["weights"]
