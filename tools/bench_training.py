@@ -1,145 +1,122 @@
 """Training step time with the graph rewrite, side by side with float32 and Keras's mixed_bfloat16 policy.
 
-For each model every variant gets its own model, optimizer and traced `tf.function` step (the issue's tf_keras-style
-step: get_scaled_loss, get_unscaled_gradients, apply_gradients). The variants are timed interleaved, `--runs` rounds
-of `--steps` steps each, and the median of the per-round step times is reported, so machine load drifts hit every
-variant alike. Variants:
+Every variant runs in a process of its own (its own model, optimizer and traced `tf.function` step: forward,
+backward and SGD update), started once per model; the parent makes them take turns, `--runs` rounds of `--steps`
+steps each in rotating order, so only one computes at a time and load drifts hit every variant alike. Reported: the
+median over rounds of each variant's wall and CPU time per step (CPU time: that process's own, all threads), and the
+median over rounds of the per-round CPU ratio against Keras mixed_bfloat16.
+
+Variants (`--variants`, ';'-separated; float32 always runs):
 
 - float32: the plain Keras optimizer, no rewrite (the baseline)
-- float32 + LSO fixed / dynamic: our LossScaleOptimizer without the rewrite (fixed 2**15 / dynamic from 2**15)
 - keras mixed_bfloat16: Keras's dtype policy (layers cast themselves), plain optimizer
-- rewrite bfloat16 (fixed 1, the default) / + dynamic LSO
-- rewrite float16 + fixed 2**15 / + dynamic LSO (the default); rewritten for CPU (device="cpu")
+- rewrite bfloat16: `enable_mixed_precision_graph_rewrite(opt, precision="bfloat16")`, the default (on a CPU the cost
+  assignment: BatchNorm fused in the step, precision by measured cost, raced as the step runs)
+- rewrite bfloat16, lists: the same with `assign="lists"` (Grappler's lists)
+- float32 + LSO dynamic, rewrite bfloat16 + LSO dynamic, rewrite float16 + LSO fixed / dynamic (opt-in)
 
-Also: the one-off cost of the rewrite (the hook's work when the step is traced), and the overhead of dynamic
-against fixed loss scaling. Prints a markdown page, and writes it to `--out` if given (docs/bench_training.md is
-curated by hand from such pages in docs/bench_raw/, so the default writes nothing there).
+First-step cost: the first call (trace + rewrite + run) of each variant. The default rewrite is first set up in a
+process of its own with an empty cost cache (`--cold`, on by default): its first call, then the calls until its
+measuring across the first calls is done (and the seconds they took); the timed default process then starts from
+that cache, as the next run of a training script does. Beside the times, what runs: Casts and low-precision
+matmuls/convolutions in the executed step's FunctionDef.
 
 Usage::
 
-    python3 tools/bench_training.py                               # ResNet-50 (128x128, batch 8) + small CNN
-    python3 tools/bench_training.py --models small_cnn --runs 3   # quick
-    python3 tools/bench_training.py --models transformer --skip-float16   # opt-in: a Transformer encoder
+    python3 tools/bench_training.py                                  # small_cnn, res_cnn, transformer
+    python3 tools/bench_training.py --models resnet50 --runs 5
+    python3 tools/bench_training.py --models small_cnn --runs 3 --no-cold   # quick
 
-Models: resnet50 (default), small_cnn (default), transformer (opt-in: 4 encoder layers, d=256, 8 heads, FFN 1024 with
-GELU, sequence 128, vocabulary 8000, mean-pooled into 10 classes, the encoder of tools/bench_saved_model.py; batch
-`--transformer-batch`).
+Models: small_cnn (4 conv + dense, no BatchNorm, 32x32, batch 32), res_cnn (a residual CNN with BatchNorm: stem +
+4 basic blocks, 64x64, batch 16), transformer (4 encoder layers, d=256, 8 heads, FFN 1024 with GELU, 128 tokens,
+batch `--transformer-batch`), resnet50 (Keras's, 128x128, batch `--batch`).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import json
 import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.python.eager import context  # noqa: E402
-
-from mp_rewrite.training import api as training  # noqa: E402
-from mp_rewrite.core.functions import function_to_graph, graph_to_function  # noqa: E402
-from mp_rewrite.training.api import wrap_optimizer  # noqa: E402
-from mp_rewrite.core.op_support import Signatures  # noqa: E402
-from mp_rewrite.core.body import rewrite_body  # noqa: E402
-from mp_rewrite.core.options import make_options  # noqa: E402
-from mp_rewrite.testing.example_models import TOKENS, VOCABULARY, token_transformer  # noqa: E402
-
-# name -> (rewrite precision or None, loss_scale for the LSO or "none" for the plain optimizer, keras policy)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = "rewrite bfloat16"
+PEER = "keras mixed_bfloat16"
+# label -> (rewrite precision or None, loss scale for the LSO or "none" for the plain optimizer, keras policy, assign)
 VARIANTS = {
-    "float32": (None, "none", None),
-    "float32 + LSO fixed": (None, 2.0**15, None),
-    "float32 + LSO dynamic": (None, "dynamic", None),
-    "keras mixed_bfloat16": (None, "none", "mixed_bfloat16"),
-    "rewrite bfloat16": ("bfloat16", None, None),
-    "rewrite bfloat16 + LSO dynamic": ("bfloat16", "dynamic", None),
-    "rewrite bfloat16, assign cost": ("bfloat16", None, None),
-    "rewrite float16 + LSO fixed": ("float16", 2.0**15, None),
-    "rewrite float16 + LSO dynamic": ("float16", "dynamic", None),
+    "float32": (None, "none", None, None),
+    "keras mixed_bfloat16": (None, "none", "mixed_bfloat16", None),
+    DEFAULT: ("bfloat16", None, None, None),
+    "rewrite bfloat16, lists": ("bfloat16", None, None, "lists"),
+    "float32 + LSO dynamic": (None, "dynamic", None, None),
+    "rewrite bfloat16 + LSO dynamic": ("bfloat16", "dynamic", None, None),
+    "rewrite float16 + LSO fixed": ("float16", 2.0**15, None, "lists"),
+    "rewrite float16 + LSO dynamic": ("float16", "dynamic", None, "lists"),
 }
-COST_VARIANTS = frozenset({"rewrite bfloat16, assign cost"})  # assign="cost": op costs measured here, cached
-# Matched on the variant's precision, not its label ("bfloat16" contains "float16").
-FLOAT16_VARIANTS = frozenset(label for label, (precision, _, _) in VARIANTS.items() if precision == "float16")
-OVERHEAD_PAIRS = (("float32 + LSO dynamic", "float32 + LSO fixed"),
-                  ("rewrite bfloat16 + LSO dynamic", "rewrite bfloat16"),
-                  ("rewrite float16 + LSO dynamic", "rewrite float16 + LSO fixed"))
-ONEDNN_SET = "TF_ENABLE_ONEDNN_OPTS=1 " if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1" else ""  # for the page
-PEER = "keras mixed_bfloat16"  # what the rewrite variants are compared with, round by round
+MAIN_VARIANTS = ("float32", PEER, DEFAULT, "rewrite bfloat16, lists")
+CONTRACTIONS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "MatMul", "BatchMatMulV2", "Einsum",
+                "_FusedConv2D", "_FusedMatMul", "DepthwiseConv2dNative")
 
 
-def build_model(name, size):
+# -- the worker: one variant in its own process ------------------------------------------------------------------
+
+
+def build_model(name, args):
+    import keras
+    from mp_rewrite.testing.example_models import token_transformer
     if name == "transformer":
         return token_transformer()
     if name == "resnet50":
-        return keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=10,
+        return keras.applications.ResNet50(weights=None, input_shape=(args.size, args.size, 3), classes=10,
                                            classifier_activation=None)
+    if name == "res_cnn":
+        return residual_cnn()
     layers = [keras.Input((32, 32, 3))]
     for filters in (32, 32, 64, 64):
         layers += [keras.layers.Conv2D(filters, 3, padding="same", activation="relu"), keras.layers.MaxPooling2D()]
     return keras.Sequential(layers + [keras.layers.Flatten(), keras.layers.Dense(10)])
 
 
-class Variant:
-    """One model + optimizer + traced step, set up under its own precision settings."""
+def residual_cnn():
+    """A small ResNet: a 3x3 stem and four basic blocks (two 3x3 convolutions with BatchNorm, a projected shortcut
+    where the shape changes), global average pooling, 10 logits."""
+    import keras
+    L = keras.layers
 
-    def __init__(self, label, model_name, size, batch):
-        precision, loss_scale, policy = VARIANTS[label]
-        self.label = label
-        keras.utils.set_random_seed(0)
-        keras.mixed_precision.set_global_policy(policy or "float32")
-        self.model = build_model(model_name, size)
-        keras.mixed_precision.set_global_policy("float32")
-        opt = keras.optimizers.SGD(0.01)
-        if precision is not None:
-            kwargs = {"device": "cpu"} if precision == "float16" else {}
-            kwargs.update({"assign": "cost"} if label in COST_VARIANTS else {})
-            opt = training.enable_mixed_precision_graph_rewrite(opt, loss_scale, precision=precision, **kwargs)
-        elif loss_scale != "none":
-            opt = wrap_optimizer(opt, loss_scale)
-        self.opt = opt
-        self.step = make_step(self.model, opt, scaled=loss_scale != "none")
-        if model_name == "transformer":
-            self.x = tf.random.stateless_uniform((batch, TOKENS), seed=(1, 2),
-                                                 maxval=VOCABULARY, dtype=tf.int32)
-        else:
-            shape = (batch, size, size, 3) if model_name == "resnet50" else (batch, 32, 32, 3)
-            self.x = tf.random.stateless_normal(shape, seed=(1, 2))
-        self.y = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=10, dtype=tf.int32)
-        earlier = set(training.rewritten_functions())
-        start = time.perf_counter()
-        self.step(self.x, self.y).numpy()  # trace (+ rewrite) + first run
-        self.first_call = time.perf_counter() - start
-        self.results = {name: result for name, result in training.rewritten_functions().items()
-                        if name not in earlier} if precision else {}  # this variant's (one process runs them all)
-        if precision is not None:
-            training.disable_mixed_precision_graph_rewrite(restore=False)  # keep this step rewritten
-        self.times, self.cpu_times = [], []
+    def conv_bn(x, filters, kernel, stride=1, relu=True):
+        x = L.BatchNormalization()(L.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False)(x))
+        return L.ReLU()(x) if relu else x
 
-    def run(self, steps):
-        """Time `steps` steps: wall seconds per step and this process's CPU seconds per step (all threads)."""
-        wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            loss = self.step(self.x, self.y)
-        loss.numpy()
-        self.times.append((time.perf_counter() - wall) / steps)
-        self.cpu_times.append((time.process_time() - cpu) / steps)
+    inputs = keras.Input((64, 64, 3))
+    x = conv_bn(inputs, 32, 3)
+    for filters, stride in ((32, 1), (64, 2), (64, 1), (128, 2)):
+        shortcut = x if stride == 1 and x.shape[-1] == filters else conv_bn(x, filters, 1, stride, relu=False)
+        y = conv_bn(conv_bn(x, filters, 3, stride), filters, 3, relu=False)
+        x = L.ReLU()(L.Add()([shortcut, y]))
+    return keras.Model(inputs, L.Dense(10)(L.GlobalAveragePooling2D()(x)))
 
-    @property
-    def median(self):
-        return statistics.median(self.times)
 
-    @property
-    def cpu_median(self):
-        return statistics.median(self.cpu_times)
+def batch_of(name, args):
+    import tensorflow as tf
+    from mp_rewrite.testing.example_models import TOKENS, VOCABULARY
+    size = {"resnet50": args.batch, "transformer": args.transformer_batch, "res_cnn": 16}.get(name, 32)
+    if name == "transformer":
+        x = tf.random.stateless_uniform((size, TOKENS), seed=(1, 2), maxval=VOCABULARY, dtype=tf.int32)
+    else:
+        side = {"resnet50": args.size, "res_cnn": 64}.get(name, 32)
+        x = tf.random.stateless_normal((size, side, side, 3), seed=(1, 2))
+    return x, tf.random.stateless_uniform((size,), seed=(3, 4), maxval=10, dtype=tf.int32)
 
 
 def make_step(model, opt, scaled):
+    import keras
+    import tensorflow as tf
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
@@ -156,157 +133,242 @@ def make_step(model, opt, scaled):
     return step
 
 
-def rewrite_cost(variant, repeats=3):
-    """Seconds the pass takes on the float32 step's FunctionDef (what the hook does at trace time), per precision."""
-    name = variant.step.get_concrete_function(variant.x, variant.y).name
+def executed_counts(step, x, y) -> dict:
+    """Casts and low-precision contractions in the step's FunctionDef as the eager context runs it."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+    name = step.get_concrete_function(x, y).name
     fdef = context.context().get_function_def(name.decode() if isinstance(name, bytes) else name)
-    signatures = Signatures(None)
-    out = {"nodes": len(fdef.node_def)}
-    for precision in ("bfloat16", "float16"):
-        options = make_options(precision, device="cpu")
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            body = function_to_graph(fdef, signatures)
-            result = rewrite_body(body.graph_def, options, body.retvals, (), signatures, preserve_stateful=True)
-            graph_to_function(result.graph_def, fdef, signatures)
-            times.append(time.perf_counter() - start)
-        out[precision] = (statistics.median(times), len(result.converted_nodes))
-    return out
+    low = {tf.bfloat16.as_datatype_enum, tf.float16.as_datatype_enum}
+    contractions = [n for n in fdef.node_def if n.op in CONTRACTIONS]
+    return {"nodes": len(fdef.node_def), "casts": sum(n.op == "Cast" for n in fdef.node_def),
+            "contractions": len(contractions), "low_contractions": sum(n.attr["T"].type in low for n in contractions),
+            "fused_batch_norms": sum(n.op == "FusedBatchNormV3" for n in fdef.node_def)}
 
 
-def steps_for(model_name, args) -> int:
-    """Steps per round: the small CNN's 5 ms steps get ten times as many, so a round outlasts the cache misses of
-    switching variants."""
-    return args.steps * (10 if model_name == "small_cnn" else 1)
+def worker(args):
+    """Set one variant up, say READY with its first call, then run rounds on request ("run N", "quit")."""
+    import logging
+    import keras
+    from mp_rewrite.training import api as training
+    from mp_rewrite.training import deferred
+    from mp_rewrite.training.api import wrap_optimizer
+    logging.getLogger("mp_rewrite").setLevel(logging.ERROR)
+    precision, loss_scale, policy, assign = VARIANTS[args.worker]
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy(policy or "float32")
+    model = build_model(args.model, args)
+    keras.mixed_precision.set_global_policy("float32")
+    opt = keras.optimizers.SGD(0.01)
+    if precision is not None:
+        kwargs = {"device": "cpu"} if precision == "float16" else {}
+        kwargs.update({"assign": assign} if assign else {})
+        opt = training.enable_mixed_precision_graph_rewrite(opt, loss_scale, precision=precision, **kwargs)
+    elif loss_scale != "none":
+        opt = wrap_optimizer(opt, loss_scale)
+    step = make_step(model, opt, scaled=loss_scale != "none")
+    x, y = batch_of(args.model, args)
+    begin = time.perf_counter()
+    step(x, y).numpy()
+    ready = {"first_call": time.perf_counter() - begin, "pending": bool(deferred.pending())}
+    if args.measure_only:  # the cold default: the calls its measuring takes
+        begin, calls = time.perf_counter(), 0
+        while deferred.pending() and calls < 1000:
+            step(x, y).numpy()
+            calls += 1
+        ready.update(measure_calls=calls, measure_s=time.perf_counter() - begin)
+    ready.update(executed_counts(step, x, y), assignment=assignment_line(training))
+    say("READY", ready)
+    for line in sys.stdin:
+        if not line.startswith("run"):
+            break
+        steps = int(line.split()[1])
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            loss = step(x, y)
+        loss.numpy()
+        say("TIMES", {"wall": (time.perf_counter() - wall) / steps, "cpu": (time.process_time() - cpu) / steps})
 
 
-def bench_model(model_name, args):
-    chosen = {"float32", *args.variants.split(";")} if args.variants else set(VARIANTS)  # float32: the baseline
-    labels = [v for v in VARIANTS if v in chosen and not (args.skip_float16 and v in FLOAT16_VARIANTS)]
-    variants = []
+def assignment_line(training) -> str:
+    """What the cost assignment chose for the step and from what, or ""."""
+    chosen = [r.assignment for r in training.rewritten_functions().values() if r.assignment is not None]
+    if not chosen:
+        return ""
+    a = max(chosen, key=lambda a: a.fp32_cost)  # the step (other rewritten functions are small helpers)
+    return (f"{len(a.demoted)} of {len(a.candidates)} candidates kept float32; predicted {a.fp32_cost:.1f} ms float32, "
+            f"{a.lists_cost:.1f} ms the lists, {a.cost:.1f} ms the cut, bound {a.bound:.1f} ms. {a.source}")
+
+
+def say(kind, data):
+    print(f"{kind} {json.dumps(data)}", flush=True)
+
+
+# -- the parent: processes, rounds, the page ------------------------------------------------------------------------
+
+
+class Process:
+    """One variant's worker process."""
+
+    def __init__(self, label, model, passed, env):
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", label, "--model", model, *passed]
+        self.label, self.walls, self.cpus = label, [], []
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.ready = self.read("READY")
+
+    def read(self, kind):
+        for line in self.proc.stdout:
+            if line.startswith(kind + " "):
+                return json.loads(line[len(kind) + 1:])
+        raise RuntimeError(f"{self.label}: the worker ended (exit {self.proc.wait()}) before saying {kind}")
+
+    def run(self, steps):
+        self.proc.stdin.write(f"run {steps}\n")
+        self.proc.stdin.flush()
+        times = self.read("TIMES")
+        self.walls.append(times["wall"])
+        self.cpus.append(times["cpu"])
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def child_env(cache):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    if cache:
+        env["XDG_CACHE_HOME"] = cache
+    return env
+
+
+def bench_model(model, labels, args):
+    cache = tempfile.mkdtemp(prefix="bench_training_cache_") if args.cold else None
+    cold = None
+    if cache and DEFAULT in labels:
+        log(f"[{model}] {DEFAULT}: first call and measuring with an empty cost cache ...")
+        process = Process(DEFAULT, model, args.passed + ["--measure-only"], child_env(cache))
+        process.close()
+        cold = process.ready
+    processes = []
     for label in labels:
-        print(f"[{model_name}] setting up {label} ...", file=sys.stderr, flush=True)
-        batch = {"resnet50": args.batch, "transformer": args.transformer_batch}.get(model_name, 32)
-        variants.append(Variant(label, model_name, args.size, batch))
-    for v in variants:  # a warm-up round (oneDNN primitive caches, allocator), not timed
-        v.run(1)
-        v.times.clear()
-        v.cpu_times.clear()
+        log(f"[{model}] setting up {label} ...")
+        processes.append(Process(label, model, args.passed, child_env(cache if label == DEFAULT else None)))
+    steps = args.steps * (10 if model == "small_cnn" else 1)
+    for p in processes:  # a warm-up round, not timed
+        p.run(1)
+        p.walls.clear(), p.cpus.clear()
     for r in range(args.runs):
-        for v in variants[r % len(variants):] + variants[:r % len(variants)]:  # rotate: no variant always first
-            slow = v.label in FLOAT16_VARIANTS and model_name == "resnet50"
-            v.run(1 if slow else steps_for(model_name, args))
-        print(f"[{model_name}] round {r + 1}/{args.runs}: " + ", ".join(f"{v.label} {v.times[-1] * 1e3:.0f} ms"
-                                                                       for v in variants), file=sys.stderr, flush=True)
-    return variants, rewrite_cost(variants[0])
+        for p in processes[r % len(processes):] + processes[:r % len(processes)]:
+            p.run(steps)
+        log(f"[{model}] round {r + 1}/{args.runs}: "
+            + ", ".join(f"{p.label} {p.cpus[-1] * 1e3:.0f} ms CPU" for p in processes))
+    for p in processes:
+        p.close()
+    return {"variants": [{"label": p.label, "walls": p.walls, "cpus": p.cpus, **p.ready} for p in processes],
+            "cold": cold, "steps": steps}
 
 
-def machine_facts():
-    cpu = platform.processor() or "?"
+def log(text):
+    print(text, file=sys.stderr, flush=True)
+
+
+def machine_facts() -> str:
+    import tensorflow as tf
+    import keras
+    cpu, isa = platform.processor() or "?", []
     try:
         with open("/proc/cpuinfo") as f:
             lines = f.read().splitlines()
         cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
         flags = next(line.split(":", 1)[1].split() for line in lines if line.startswith("flags"))
-        isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16") if f in flags]
+        isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile") if f in flags]
     except (OSError, StopIteration):
-        isa = []
-    return (f"{cpu}, {os.cpu_count()} cores ({', '.join(isa) or 'no AVX-512 flags visible'}); TensorFlow "
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores (flags: {', '.join(isa) or 'no AVX-512 flags visible'}); TensorFlow "
             f"{tf.__version__} (oneDNN {'off' if os.environ.get('TF_ENABLE_ONEDNN_OPTS') == '0' else 'on'}), "
             f"Keras {keras.__version__}, Python {platform.python_version()}")
 
 
-def predicted_lines(variants) -> list:
-    """What the cost assignment predicted for each cost variant's step, from the step's own measured node times:
-    the candidate ops in float32, as Grappler's lists make them, as the cut chose, and the bound (each at its faster
-    precision, casts free) -- what any choice of precisions could reach on those ops."""
-    lines = []
-    for v in variants:
-        chosen = [r.assignment for r in v.results.values() if r.assignment is not None]
-        if v.label not in COST_VARIANTS or not chosen:
-            continue
-        a = max(chosen, key=lambda a: a.fp32_cost)  # the step (other rewritten functions are small helpers)
-        lines += ["", f"{v.label}, predicted: the {len(a.candidates)} candidate ops of the step cost "
-                  f"{a.fp32_cost:.1f} ms in float32, {a.lists_cost:.1f} ms as Grappler's lists make them "
-                  f"({a.fp32_cost / a.lists_cost:.2f}x), {a.cost:.1f} ms as the cut chose ({len(a.demoted)} kept "
-                  f"float32, {a.fp32_cost / a.cost:.2f}x); bound {a.bound:.1f} ms ({a.fp32_cost / a.bound:.2f}x: "
-                  "each at its faster precision, casts free). The times: "
-                  f"{a.source or 'the op table (each op timed alone)'}."]
-    return lines
+TITLES = {"small_cnn": "Small CNN without BatchNorm (4 conv + dense), 32x32x3, batch 32",
+          "res_cnn": "Residual CNN with BatchNorm (stem + 4 basic blocks), 64x64x3, batch 16"}
 
 
-def render(results, args, facts):
+def render(results, args, facts, load_before):
     lines = ["# Training step time: graph rewrite vs float32 vs Keras mixed_bfloat16", "",
-             f"Command: `{ONEDNN_SET}{shlex.join(['python3', 'tools/bench_training.py', *sys.argv[1:]])}`", "",
-             f"Machine: {facts}.", "",
-             f"Medians of {args.runs} interleaved rounds (rotating order) after a warm-up round ({args.steps} steps "
-             f"per round, the small CNN {steps_for('small_cnn', args)}; ResNet-50 float16 rounds: 1 step). Wall "
-             "time is what a user waits; CPU time (this process, all threads) is less sensitive to other load on "
-             f"the machine (load average {args.load_before:.1f} before, {os.getloadavg()[0]:.1f} at the end, on "
-             f"{os.cpu_count()} cores). The step is forward + "
-             "backward + SGD update in one `tf.function`; \"rewrite\" variants run the "
-             "mp_rewrite graph rewrite of that function (float16 rewritten for CPU with `device=\"cpu\"`). LSO = "
-             "mp_rewrite's LossScaleOptimizer.", ""]
-    for model_name, (variants, cost) in results.items():
-        title = {"resnet50": f"ResNet-50, {args.size}x{args.size}x3, batch {args.batch}",
-                 "transformer": f"Transformer encoder (4 layers, d=256, 8 heads, FFN 1024, GELU), "
-                                f"{TOKENS} tokens, batch {args.transformer_batch}"}.get(
-                     model_name, "Small CNN (4 conv + dense), 32x32x3, batch 32")
-        base = variants[0].median
-        cpu_base = variants[0].cpu_median
-        lines += [f"## {title}", "",
-                  "| variant | wall ms/step | speed-up vs float32 (wall) | CPU ms/step | speed-up vs float32 (CPU) "
-                  "| first call: trace + rewrite + run (s) |", "|---|---:|---:|---:|---:|---:|"]
-        lines += [f"| {v.label} | {v.median * 1e3:.1f} | {base / v.median:.2f}x | {v.cpu_median * 1e3:.1f} | "
-                  f"{cpu_base / v.cpu_median:.2f}x | {v.first_call:.1f} |" for v in variants]
-        by_label = {v.label: v for v in variants}
-        if PEER in by_label:
-            peer = by_label[PEER]
-            lines += ["", f"Against {PEER}, same rounds (median over rounds of the per-round speed-up):", ""]
-            for v in variants:
-                if v.label.startswith("rewrite"):
-                    cpu = statistics.median(b / a for a, b in zip(v.cpu_times, peer.cpu_times))
-                    wall = statistics.median(b / a for a, b in zip(v.times, peer.times))
-                    lines.append(f"- {v.label}: CPU time {cpu:.2f}x, wall {wall:.2f}x")
-        lines += predicted_lines(variants)
-        lines += ["", "Dynamic against fixed loss scaling, same precision (median over rounds of the per-round ratio):",
-                  ""]
-        for dynamic, fixed in OVERHEAD_PAIRS:
-            if dynamic in by_label and fixed in by_label:
-                d, f = by_label[dynamic], by_label[fixed]
-                over_cpu = statistics.median(a / b for a, b in zip(d.cpu_times, f.cpu_times)) - 1
-                over_wall = statistics.median(a / b for a, b in zip(d.times, f.times)) - 1
-                lines.append(f"- {dynamic} vs {fixed}: CPU time {over_cpu * 100:+.1f}%, wall {over_wall * 100:+.1f}%")
-        lines += ["", f"Rewrite cost at trace time (the pass on the {cost['nodes']}-node step FunctionDef, median "
-                  "of 3): "
-                  + "; ".join(f"{p} {cost[p][0]:.2f} s ({cost[p][1]} nodes converted)"
-                              for p in ("bfloat16", "float16")) + ".", ""]
+             f"Command: `{shlex.join(['python3', 'tools/bench_training.py', *sys.argv[1:]])}`", "",
+             f"Machine: {facts}. Load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} at the end.", "",
+             f"Each variant in its own process; {args.runs} interleaved rounds (rotating order) after a warm-up "
+             "round; medians over rounds. CPU time is the variant's process's own (all threads).", ""]
+    for model, out in results.items():
+        title = TITLES.get(model) or {
+            "resnet50": f"ResNet-50, {args.size}x{args.size}x3, batch {args.batch}",
+            "transformer": f"Transformer encoder (4 layers, d=256, 8 heads, FFN 1024, GELU), 128 tokens, batch "
+                           f"{args.transformer_batch}"}[model]
+        variants = out["variants"]
+        base = variants[0]
+        peer = next((v for v in variants if v["label"] == PEER), None)
+        lines += [f"## {title}", "", f"{out['steps']} steps per round.", "",
+                  "| variant | CPU ms/step | wall ms/step | vs float32 (CPU) | vs Keras mixed_bfloat16 (CPU / wall) | "
+                  "first call (s) | Casts | low-precision matmul/conv | fused BatchNorms |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for v in variants:
+            cpu, wall = statistics.median(v["cpus"]), statistics.median(v["walls"])
+            against = "" if peer is None else (
+                f"{statistics.median(b / a for a, b in zip(v['cpus'], peer['cpus'])):.2f}x / "
+                f"{statistics.median(b / a for a, b in zip(v['walls'], peer['walls'])):.2f}x")
+            lines.append(f"| {v['label']} | {cpu * 1e3:.1f} | {wall * 1e3:.1f} | "
+                         f"{statistics.median(base['cpus']) / cpu:.2f}x | {against} | {v['first_call']:.2f} | "
+                         f"{v['casts']} | {v['low_contractions']}/{v['contractions']} | {v['fused_batch_norms']} |")
+        lines += first_step_lines(out)
+        lines.append("")
     return "\n".join(lines)
+
+
+def first_step_lines(out) -> list:
+    by_label = {v["label"]: v for v in out["variants"]}
+    lines = [""]
+    default, lists, cold = by_label.get(DEFAULT), by_label.get("rewrite bfloat16, lists"), out["cold"]
+    if default and lists:
+        lines.append(f"First call, {DEFAULT} against the lists: warm cache {default['first_call']:.2f} s vs "
+                     f"{lists['first_call']:.2f} s ({default['first_call'] - lists['first_call']:+.2f} s).")
+    if cold and lists:
+        lines.append(f"Empty cache: first call {cold['first_call']:.2f} s ({cold['first_call'] - lists['first_call']:+.2f}"
+                     f" s against the lists); the measuring then took {cold['measure_calls']} calls, "
+                     f"{cold['measure_s']:.1f} s including the steps themselves.")
+    if default and default.get("assignment"):
+        lines.append(f"{DEFAULT} chose: {default['assignment']}")
+    return lines
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--models", default="resnet50,small_cnn", help="comma-separated, of resnet50, small_cnn, "
-                        "transformer (opt-in)")
-    parser.add_argument("--runs", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--models", default="small_cnn,res_cnn,transformer",
+                        help="comma-separated, of small_cnn, res_cnn, transformer, resnet50")
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=3, help="steps per round (the small CNN ten times as many)")
     parser.add_argument("--batch", type=int, default=8, help="ResNet-50 batch size")
     parser.add_argument("--size", type=int, default=128, help="ResNet-50 image size")
     parser.add_argument("--transformer-batch", type=int, default=16, help="Transformer encoder batch size")
-    parser.add_argument("--skip-float16", action="store_true", help="leave out the (slow on CPU) float16 variants")
-    parser.add_argument("--variants", default="", help="';'-separated labels to run besides float32 (default: "
-                        "all), e.g. 'keras mixed_bfloat16;rewrite bfloat16;rewrite bfloat16, assign cost'")
+    parser.add_argument("--variants", default=";".join(MAIN_VARIANTS[1:]),
+                        help="';'-separated labels to run besides float32, of: " + "; ".join(VARIANTS))
+    parser.add_argument("--no-cold", dest="cold", action="store_false",
+                        help="use this machine's cost cache, without the empty-cache first call")
     parser.add_argument("--out", help="also write the page here (e.g. docs/bench_raw/DATE_training.md)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.load_before = os.getloadavg()[0]
+    if args.worker:
+        return worker(args)
     unknown = sorted(set(filter(None, args.variants.split(";"))) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {unknown}; the variants are {list(VARIANTS)}")
-    logging.getLogger("mp_rewrite").setLevel(logging.ERROR)  # the CPU float16 and existing-function warnings
-    tf.get_logger().setLevel(logging.ERROR)  # "N out of the last N calls triggered retracing": one step per variant
-    results = {name: bench_model(name, args) for name in args.models.split(",")}
-    page = render(results, args, machine_facts())
+    args.passed = [f"--batch={args.batch}", f"--size={args.size}", f"--transformer-batch={args.transformer_batch}"]
+    labels = ["float32"] + [v for v in VARIANTS if v in set(args.variants.split(";")) - {"float32"}]
+    load_before = os.getloadavg()[0]
+    results = {model: bench_model(model, labels, args) for model in args.models.split(",")}
+    page = render(results, args, machine_facts(), load_before)
     if args.out:
         with open(args.out, "w") as f:
             f.write(page)
