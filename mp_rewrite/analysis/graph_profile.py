@@ -15,7 +15,9 @@ SavedModel's function calls, so a body's node is timed under the names of the ca
 TF fused into another has no time of its own: it is tied to the consumer that carries the fused kernel's time
 (splitting them costs the kernel's time, so the cut keeps a fusion whole). Casts are priced per tensor size from
 this machine's cast times (analysis.op_costs). The costs are cached per graph and machine
-(analysis.profile_cache), so a model converted again gets the same assignment.
+(analysis.profile_cache), so a model converted again gets the same assignment. Beside the candidates' costs the
+table keeps what the runs measured for reports (analysis.run_times.RunTimes: every executed op's time counted
+once, the whole runs untraced, the kernels TF ran); a cache file without it is measured again, with a message.
 
 A frozen graph must be self-contained (no variables or tables to capture), every input a number tensor of known
 shape once the batch is fixed, and without functions (the loop and branch bodies it calls are not timed under
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import numpy as np
 
@@ -34,8 +37,9 @@ from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
-from .graph_runs import FunctionRunner, Runner, made_up_values, opened, race, saved_model_copy, traced_times
+from .graph_runs import LOG, FunctionRunner, Runner, made_up_values, opened, race, saved_model_copy, traced_times
 from .profile_cache import graph_bytes, load, profile_key, save
+from .run_times import counted_once, executed_kernels, executed_names, run_times
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
 RACE_RUNS = 9  # untraced runs of each variant when the cut's graph is checked against the lists' and float32
@@ -195,8 +199,9 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
              fetches, racer=None) -> Profile:
     """What every front end does: rewrite with the lists (`rewrite(options)` -> RewriteResult), run float32 and the
     lists' variant (`run(None or RewriteResult)` -> Runner) traced, build the table, race the cut if it differs
-    (in those sessions, or as `racer(None or RewriteResult)` runs each variant), and cache the outcome under a key
-    of both graphs and `key_parts`."""
+    (in those sessions, or as `racer(None or RewriteResult)` runs each variant), else time the two untraced, and
+    cache the outcome, with what the runs measured (run_times.RunTimes), under a key of both graphs and
+    `key_parts`."""
     lists = rewrite(_lists(options))
     key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), *key_parts, batch, runs,
                       machine.machine, machine.precision, racer is not None)
@@ -204,8 +209,10 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
     if cached is not None:
         return cached
     with opened([]) as runners:
-        runners += [run(None), run(lists)]
+        traced = [_Recorded(run(None)), _Recorded(run(lists))]
+        runners += traced
         times, walls = traced_times(runners, runs, progress)
+        kernels = [executed_kernels(r.runner) for r in traced]
         table = _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches)
         cut = rewrite(dataclasses.replace(options, assign="cost", costs=table))
 
@@ -218,8 +225,31 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
             for result in (None, lists, cut):
                 runners.append(racer(result))
             return runners
-        table = _checked(table, cut, racing, "" if racer is None else " as the function runs")
-    return _saved(key, table, walls)
+        table, raced = _checked(table, cut, racing, "" if racer is None else " as the function runs")
+        names = [executed_names(graph_def, prefixes), executed_names(lists.graph_def, prefixes)]
+        measured = run_times([r.samples for r in traced], names, kernels, _medians(walls),
+                             tuple(min(r.walls) for r in traced), raced)
+    return _saved(key, dataclasses.replace(table, runs=measured), walls)
+
+
+class _Recorded:
+    """A Runner whose traced runs are kept as each node's time counted once (run_times.counted_once), each followed
+    by an untraced run whose wall ms is kept too: the whole run the nodes' times add up to, measured while the
+    machine is as busy as it was for them."""
+
+    def __init__(self, runner):
+        self.runner, self.samples, self.walls = runner, [], []
+
+    def run(self, metadata=None) -> None:
+        self.runner.run(metadata)
+        if metadata is not None:
+            self.samples.append(counted_once(metadata.step_stats))
+            begin = time.perf_counter()
+            self.runner.run()
+            self.walls.append((time.perf_counter() - begin) * 1e3)
+
+    def close(self) -> None:
+        self.runner.close()
 
 
 def _lists(options):
@@ -231,24 +261,29 @@ def _cached(key: str) -> Profile | None:
     if found is None:
         return None
     table, fp32_ms, lists_ms, path = found
+    if table.runs is None:
+        LOG.warning("the costs cached in %s were measured by an earlier mp_rewrite, which timed the candidate ops "
+                    "only: measuring the model again (once; the cache then holds every op's time)", path)
+        return None
     return Profile(dataclasses.replace(table, note=f"{table.note}; cached in {path}"), fp32_ms, lists_ms)
 
 
-def _checked(table, cut, racing, where: str) -> CostTable:
+def _checked(table, cut, racing, where: str) -> tuple:
     """The table, with what running the cut's graph showed: a cut that differs from the lists is raced against the
     lists' graph and float32 (`racing()` -> their three runners); if one of those runs faster by more than the
     timing resolves, the table says so, and the assignment keeps that one (core.assignment: a prediction is checked
-    against the run)."""
+    against the run). Returns (table, the raced (float32, lists, cut) ms, or ())."""
     from ..core.assignment import RESOLUTION
     demoted = sum(len(r.assignment.demoted) for r in (cut, *cut.functions.values()) if r.assignment)
     if not demoted or not table.low_units:
-        return table
+        return table, ()
     fp32_ms, lists_ms, cut_ms = race(racing(), RACE_RUNS)
     ran = f"ran{where} float32 {fp32_ms:.1f} ms, the lists {lists_ms:.1f} ms, the cut {cut_ms:.1f} ms per run"
     best = min(("float32", fp32_ms), ("lists", lists_ms), key=lambda c: c[1])
     if best[1] < (1 - RESOLUTION) * cut_ms:
-        return dataclasses.replace(table, keep=best[0], note=f"{table.note}; {ran}: {best[0]} kept")
-    return dataclasses.replace(table, note=f"{table.note}; {ran}")
+        return dataclasses.replace(table, keep=best[0], note=f"{table.note}; {ran}: {best[0]} kept"), \
+            (fp32_ms, lists_ms, cut_ms)
+    return dataclasses.replace(table, note=f"{table.note}; {ran}"), (fp32_ms, lists_ms, cut_ms)
 
 
 def _saved(key: str, table: CostTable, walls) -> Profile:
@@ -343,17 +378,14 @@ def _is_float(node) -> bool:
 
 
 def measured_runs(table: CostTable) -> dict:
-    """The whole-model times per run that a profiled table's note reports (as _table and _checked write it), for
-    reports that show them beside the per-node times: {"traced": (float32 ms, lists ms)} of the traced runs (step
-    stats on, so slower), and when the cut was raced {"raced": (float32, lists, cut ms)} of untraced runs; {} for a
-    table not profiled in its graph (an op table, a cost file)."""
-    import re
-    found = {}
-    traced = re.search(r"traced runs of each: float32 ([\d.]+) ms, Grappler's lists ([\d.]+) ms per run", table.note)
-    if traced:
-        found["traced"] = tuple(float(x) for x in traced.groups())
-    raced = re.search(r"ran(?: as the function runs)? float32 ([\d.]+) ms, the lists ([\d.]+) ms, the cut ([\d.]+) "
-                      r"ms per run", table.note)
-    if raced:
-        found["raced"] = tuple(float(x) for x in raced.groups())
+    """The whole-model times per run a profiled table's runs measured (run_times.RunTimes), for reports that show
+    them beside the per-node times: {"traced": (float32 ms, lists ms)} of the traced runs (step stats on, so
+    slower), {"untraced": (float32, lists)} of untraced ones, and when the cut was raced {"raced": (float32, lists,
+    cut ms)}; {} for a table not profiled in its graph (an op table, a cost file, a cache of an earlier version)."""
+    runs = getattr(table, "runs", None)
+    if runs is None:
+        return {}
+    found = {"traced": tuple(runs.traced), "untraced": tuple(runs.untraced)}
+    if runs.raced:
+        found["raced"] = tuple(runs.raced)
     return found

@@ -15,6 +15,7 @@ import os
 
 from ..core.assignment import CostTable
 from .op_costs import cache_dir
+from .run_times import RunTimes
 
 FORMAT = "mp_rewrite-profile"
 VERSION = 3
@@ -45,7 +46,8 @@ def _path(key: str) -> str:
 
 
 def load(key: str):
-    """(CostTable, float32 ms, lists ms, path) cached under `key`, or None (also for an unreadable file)."""
+    """(CostTable, float32 ms, lists ms, path) cached under `key`, or None (also for an unreadable file). A file an
+    earlier version wrote has no "runs" (run_times.RunTimes): its table's runs are None."""
     path = _path(key)
     try:
         with open(path, encoding="utf-8") as f:
@@ -58,7 +60,8 @@ def load(key: str):
                           {label: {(name, port): (to_low, to_fp32) for name, port, to_low, to_fp32 in casts}
                            for label, casts in data["casts"].items()},
                           {label: {(a, b): ms for a, b, ms in fusions} for label, fusions in data["fusions"].items()},
-                          data["low_units"], data["note"], data["keep"])
+                          data["low_units"], data["note"], data["keep"],
+                          RunTimes.from_data(data["runs"]) if data.get("runs") else None)
         return table, data["fp32_ms"], data["lists_ms"], path
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -73,7 +76,8 @@ def save(key: str, table: CostTable, fp32_ms: float, lists_ms: float) -> None:
             "casts": {label: [[name, port, *ms] for (name, port), ms in casts.items()]
                       for label, casts in table.casts.items()},
             "fusions": {label: [[a, b, ms] for (a, b), ms in fusions.items()]
-                        for label, fusions in table.fusions.items()}}
+                        for label, fusions in table.fusions.items()},
+            "runs": None if table.runs is None else table.runs.as_data()}
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -50,6 +50,9 @@ class CostTable:
         note: one line on where the numbers come from (machine, or why everything stays float32).
         keep: "lists" or "float32" when the graph was run with the cut's choice and that coloring ran faster (the
             prediction checked against the run, analysis.graph_profile); the assignment then keeps it.
+        runs: what running the model measured beside the costs (analysis.run_times.RunTimes: every op's time, the
+            whole runs), for reports; None when the table was not measured in the model. The assignment never
+            reads it.
     """
 
     precision: str
@@ -59,6 +62,7 @@ class CostTable:
     low_units: bool = True
     note: str = ""
     keep: str = ""
+    runs: object = None
 
 
 @dataclasses.dataclass

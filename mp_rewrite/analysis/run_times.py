@@ -1,0 +1,204 @@
+"""What running a model measured, as data for reports: every executed node's time, the whole runs, the kernels.
+
+analysis.graph_profile times the model in float32 and as Grappler's lists rewrite it, with TF's step stats on.
+The cost table it makes for the assignment holds only the candidates' times; `RunTimes` keeps the rest of what
+those runs showed, so that the time view (report.layer_times) can account for the whole run:
+
+- each executed node's time **counted once**: every instant of a run goes to the kernel that has been running
+  longest at that instant. On a machine whose kernels each use every core (oneDNN's primitives do), a kernel TF
+  starts beside another mostly waits: step stats give a batch-norm add started beside a convolution 4 ms, the
+  time of the convolution. Counted once, the nodes' times add up to the time some kernel ran -- measured on this
+  2-core machine at 0.89-1.02 of the untraced whole run (MobileNetV2, ResNet-50, BERT), where the kernels' own
+  intervals, overlapping, add up to 1.16 of it. The gaps when no kernel runs are not counted: most of them are
+  step stats' own bookkeeping (a traced run of MobileNetV2 at 96x96 takes 12 ms, untraced 8 ms);
+- the time of executed nodes no graph node names (TF's own: the nodes inlining a function call makes, the
+  executor's source node, Grappler's additions): `elsewhere`;
+- the whole runs, traced and untraced (`traced`, `untraced`);
+- the kernels TF ran where they fuse ops or are another op than the graph's (`kernels`: "_MklNativeFusedConv2D:
+  BiasAdd+Relu6"), from the partition graphs TF reports (RunMetadata), as it ran them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+
+import numpy as np
+
+MKL_PREFIXES = ("_MklNative", "_Mkl")  # TF's oneDNN kernels of the same op: "_MklNativeConv2D" runs "Conv2D"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTimes:
+    """The runs analysis.graph_profile measured (ms per run).
+
+    Attributes:
+        traced: (float32 ms, lists ms) of whole traced runs (step stats on: slower than untraced).
+        untraced: (float32 ms, lists ms) of the fastest whole untraced run, each run right after a traced one (so
+            that both see the machine alike; the fastest, as `nodes` add up to the fastest traced run's kernels).
+        raced: (float32, lists, cut ms) of the untraced runs that checked the cut, or () when it was not raced.
+        nodes: graph label -> node name -> (float32 ms, lists ms), each executed node's time counted once (see the
+            module doc); a node only one variant runs (an inserted Cast) has 0.0 for the other.
+        elsewhere: (float32 ms, lists ms) of executed nodes no graph node names.
+        kernels: graph label -> node name -> (float32 kernel, lists kernel) where TF ran a fused kernel or another
+            op than the graph says ("" when that variant ran the graph's op).
+        calls: graph label -> how many times a run ran the graph (a function body the signatures reach through two
+            call sites: Keras exports "serve" and "serving_default", and a profile runs every signature).
+    """
+
+    traced: tuple
+    untraced: tuple
+    raced: tuple
+    nodes: dict
+    elsewhere: tuple = (0.0, 0.0)
+    kernels: dict = dataclasses.field(default_factory=dict)
+    calls: dict = dataclasses.field(default_factory=dict)
+
+    def as_data(self) -> dict:
+        """Plain JSON data (from_data reads it back)."""
+        return {"traced": list(self.traced), "untraced": list(self.untraced), "raced": list(self.raced),
+                "elsewhere": list(self.elsewhere),
+                "nodes": {label: {name: list(ms) for name, ms in nodes.items()} for label, nodes in self.nodes.items()},
+                "kernels": {label: {name: list(k) for name, k in ks.items()} for label, ks in self.kernels.items()},
+                "calls": dict(self.calls)}
+
+    @classmethod
+    def from_data(cls, data: dict) -> "RunTimes":
+        """The RunTimes of as_data's output.
+
+        Raises:
+            KeyError, TypeError, ValueError: not what as_data writes.
+        """
+        return cls(tuple(float(x) for x in data["traced"]), tuple(float(x) for x in data["untraced"]),
+                   tuple(float(x) for x in data["raced"]),
+                   {label: {name: (float(ms[0]), float(ms[1])) for name, ms in nodes.items()}
+                    for label, nodes in data["nodes"].items()},
+                   tuple(float(x) for x in data["elsewhere"]),
+                   {label: {name: (str(k[0]), str(k[1])) for name, k in ks.items()}
+                    for label, ks in data["kernels"].items()},
+                   {label: int(n) for label, n in data["calls"].items()})
+
+    def kernel(self, label: str, name: str, low: bool) -> str:
+        """The kernel TF ran for a node, float32's or the lists' ("" when it ran the graph's op)."""
+        pair = self.kernels.get(label, {}).get(name)
+        return (pair[1] or pair[0] if low else pair[0] or pair[1]) if pair else ""
+
+
+def counted_once(step_stats) -> dict:
+    """{executed node name: ms} of one traced run: every instant while some kernel runs goes to the one that has
+    been running longest (ties: the first in the step stats); instants when none runs go to none."""
+    spans = []
+    for device in step_stats.dev_stats:
+        for stat in device.node_stats:
+            start = stat.all_start_nanos or stat.all_start_micros * 1000
+            begin = start + (stat.op_start_rel_nanos or stat.op_start_rel_micros * 1000)
+            end = start + (stat.op_end_rel_nanos or stat.op_end_rel_micros * 1000)
+            spans.append((begin, max(end, begin), stat.node_name.split(":")[0]))
+    events = sorted([(b, 1, i) for i, (b, _, _) in enumerate(spans)] + [(e, 0, i) for i, (_, e, _) in enumerate(spans)])
+    own = dict.fromkeys((name for *_, name in spans), 0.0)
+    running, ended, last = [], set(), None
+    for t, starts, i in events:
+        while running and running[0][1] in ended:
+            heapq.heappop(running)
+        if running and t > last:
+            own[spans[running[0][1]][2]] += (t - last) / 1e6
+        last = t
+        if starts:
+            heapq.heappush(running, (spans[i][0], i))
+        else:
+            ended.add(i)
+    return own
+
+
+def typical(samples: list) -> dict:
+    """{name: ms} over runs' {name: ms}: each node's mean time, scaled so that they add up to the least disturbed
+    run's total (the fastest: on a shared machine another process's burst only ever slows a run down). Not each
+    node's median: which of two kernels started together takes the time they overlap varies from run to run, and
+    medians of such pairs add up to less than any run (BERT's query, key and value einsums: 25% less)."""
+    names = set().union(*samples) if samples else set()
+    totals = [sum(s.values()) for s in samples]
+    mean = float(np.mean(totals)) if totals else 0.0
+    scale = min(totals) / mean if mean > 0 else 1.0
+    return {name: scale * float(np.mean([s.get(name, 0.0) for s in samples])) for name in names}
+
+
+def executed_kernels(runner) -> dict:
+    """{executed node name: kernel label} of one run of an analysis.graph_runs.Runner, from the partition graphs
+    TF reports: the op it ran, and the ops fused into it ("_MklNativeFusedConv2D: BiasAdd+Relu6")."""
+    from tensorflow.core.protobuf import config_pb2
+    metadata = config_pb2.RunMetadata()
+    runner.session.run(runner.fetches, runner.feed_dict, options=config_pb2.RunOptions(output_partition_graphs=True),
+                       run_metadata=metadata)
+    out = {}
+    for graph in metadata.partition_graphs:
+        for node in graph.node:
+            fused = [s.decode() for s in node.attr["fused_ops"].list.s] if "fused_ops" in node.attr else []
+            out[node.name] = f"{node.op}: {'+'.join(fused)}" if fused else node.op
+    return out
+
+
+def same_op(kernel: str, op: str) -> bool:
+    """Whether a kernel label is only the graph's op as TF's oneDNN build runs it (no fusion)."""
+    if ":" in kernel:
+        return False
+    return kernel == op or any(kernel == prefix + op for prefix in MKL_PREFIXES)
+
+
+def executed_names(graph_def, prefixes: dict) -> dict:
+    """{executed node name: (graph label, node name, op)}: the main graph's nodes as they are, a function body's
+    under each prefix a TF1 session inlines it by (graph_profile._inlined_prefixes)."""
+    from .graph_costs import MAIN
+    out = {node.name: (MAIN, node.name, node.op) for node in graph_def.node}
+    fdefs = {f.signature.name: f for f in graph_def.library.function}
+    for label, called in prefixes.items():
+        if label == MAIN or label not in fdefs:
+            continue
+        for prefix in called:
+            out.update((prefix + node.name, (label, node.name, node.op)) for node in fdefs[label].node_def)
+    return out
+
+
+def by_graph(times: dict, names: dict) -> tuple:
+    """({label: {node: ms}}, ms of names no graph node has) of one variant's {executed name: ms} (`names`:
+    executed_names); a function body
+    called from several places gets the mean of its call sites (the time of one call, as the picture counts it)."""
+    out, elsewhere, sites = {}, 0.0, {}
+    for executed, ms in times.items():
+        where = names.get(executed)
+        if where is None:
+            elsewhere += ms
+            continue
+        label, name, _ = where
+        out.setdefault(label, {})[name] = out.get(label, {}).get(name, 0.0) + ms
+        sites.setdefault(label, {}).setdefault(name, 0)
+        sites[label][name] += 1
+    calls = {label: max(counts.values()) for label, counts in sites.items()}
+    return ({label: {n: ms / sites[label][n] for n, ms in nodes.items()} for label, nodes in out.items()}, elsewhere,
+            calls)
+
+
+def run_times(samples: list, names: list, kernels: list, traced: tuple, untraced: tuple, raced: tuple) -> RunTimes:
+    """The RunTimes of the float32 and the lists' variants.
+
+    Args:
+        samples: per variant, [counted_once(...)] of each traced run.
+        names: per variant, executed_names of the graph it ran.
+        kernels: per variant, executed_kernels of one run.
+        traced, untraced, raced: the whole runs (RunTimes).
+    """
+    per, elsewhere, ran, calls = [], [], {}, {}
+    for i, (runs, named, executed) in enumerate(zip(samples, names, kernels)):
+        nodes, other, called = by_graph(typical(runs), named)
+        calls = calls or called
+        per.append(nodes)
+        elsewhere.append(other)
+        for executed_name, kernel in executed.items():
+            where = named.get(executed_name)
+            if where is not None and not same_op(kernel, where[2]):
+                pair = ran.setdefault(where[0], {}).setdefault(where[1], ["", ""])
+                pair[i] = kernel
+    labels = set(per[0]) | set(per[1])
+    nodes = {label: {name: (per[0].get(label, {}).get(name, 0.0), per[1].get(label, {}).get(name, 0.0))
+                     for name in set(per[0].get(label, {})) | set(per[1].get(label, {}))} for label in labels}
+    kernels_out = {label: {name: tuple(pair) for name, pair in ks.items()} for label, ks in ran.items()}
+    return RunTimes(tuple(traced), tuple(untraced), tuple(raced), nodes, tuple(elsewhere), kernels_out, calls)
