@@ -229,8 +229,8 @@ def explain_all(result, node: str, function: str | None = None, tables=None, cos
     from .node_table import build_tables
     if tables is None:
         tables = build_tables(result, function, with_flops=False)
-    from .layer_times import has_times, node_times
-    explainer = Explainer(tables, result.precision, node_times(tables, costs) if has_times(costs) else None)
+    from .layer_times import explained_times
+    explainer = Explainer(tables, result.precision, explained_times(tables, costs, result))
     rows = explainer.find(node, function)
     graphs = [r.graph for r in rows]
     return [explainer.explain_row(r, [g for g in graphs if g != r.graph]) for r in rows]

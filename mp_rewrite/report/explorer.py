@@ -54,23 +54,27 @@ def explorer_data(graph, precision: str, node_index: dict, times=None) -> dict:
 
 def _add_times(data: dict, graph, node_index: dict, times, casts: dict) -> None:
     """The time view's part of the explorer data (see explorer_data)."""
-    from .layer_times import LayerTime, time_label
+    from .layer_times import LayerTime, kernel_text, time_label
     own = times.nodes.get(graph.table.name, {})
+    kernels = {name: ran for (g, name), ran in times.kernels.items() if g == graph.table.name}
     for entry, (key, layer) in zip(data["layers"], graph.layers.items()):
         if layer.kind in ("input", "output"):
             continue
         t = times.layers[key]
         entry.update(time=[t.fp32, t.ms], heat=times.fill(key), tline=time_line(times, key))
+        if t.kernels:
+            entry["kline"] = kernel_text(t)
     data["casts"] = [own.get(name, (0.0, 0.0))[1] for name in casts]
     data["noTime"] = NO_TIME_FILL
     data["totals"] = {"total": times.total, "fp32": times.total_fp32, "edgeCasts": times.edge_casts,
-                      "undrawn": list(times.undrawn)}
+                      "undrawn": list(times.undrawn), "elsewhere": list(times.elsewhere)}
     data["ops"] = {}
     for name in graph.box_of:
         if name in own and name in node_index:
             fp32, ms = own[name]
-            text = time_label(LayerTime(fp32, ms, 1, 0, 0, 1))
+            text = time_label(LayerTime(fp32, ms, 1, 0, 0, 1)) + (f" · {kernels[name]}" if name in kernels else "")
             data["ops"][node_index[name]] = [fp32, ms, heat_fill(ms, times.top_ms), text]
+
 
 
 def _legend(graph, times=None) -> str:
@@ -99,7 +103,7 @@ def explorer_markup(graph, title: str, notes: list, times=None, show: str = "pre
 def slowest_markup(graph, times) -> str:
     """The total per call and the slowest layers, each a link to its box (the page script centres it)."""
     from .layer_scopes import distinct_labels
-    from .layer_times import ms_text
+    from .layer_times import kernel_text, ms_text
     from .whole_model import total_line
     precision = SHORT.get(times.precision, times.precision)
     labels = distinct_labels(graph.layers)
@@ -107,12 +111,13 @@ def slowest_markup(graph, times) -> str:
         f'<tr><td class="num">{i}</td><td><a href="#" data-goto="{html.escape(key)}">'
         f'{html.escape(labels[key])}</a></td><td class="num">{ms_text(t.fp32)} → {ms_text(t.ms)}</td>'
         f'<td class="num">{100 * t.ms / times.total:.1f}%</td>'
-        f'<td>{html.escape(counts_text(graph.layers[key], times.precision))}</td></tr>'
+        f'<td>{html.escape(counts_text(graph.layers[key], times.precision))}</td>'
+        f'<td>{html.escape(kernel_text(t, 3)[4:])}</td></tr>'
         for i, (key, t) in enumerate(times.slowest(), 1))
     return (f'<div id="xtimes" data-total="{times.total:.6f}" data-total-fp32="{times.total_fp32:.6f}">'
             f'<p id="xtotal">{html.escape(total_line(times))}.</p><table id="xslowest"><thead><tr><th>#</th>'
             f'<th>slowest layers</th><th>float32 → as converted (ms)</th><th>share</th><th>ops per precision '
-            f'({precision}: low precision)</th></tr></thead><tbody>{rows}</tbody></table>'
+            f'({precision}: low precision)</th><th>fused kernels TF ran</th></tr></thead><tbody>{rows}</tbody></table>'
             f'<p class="muted">Times: {html.escape(times.source)}.</p></div>')
 
 

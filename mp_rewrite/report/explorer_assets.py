@@ -79,7 +79,7 @@ EXPLORER_JS = r"""
     if (X.ops && X.ops[m]) { lines.push(X.ops[m][3]); }
     return lines;
   }
-  function layerLines(L) { return L.tline ? L.lines.concat([L.tline]) : L.lines; }
+  function layerLines(L) { return L.tline ? L.lines.concat([L.tline], L.kline ? [L.kline] : []) : L.lines; }
 
   function layout() {
     var g = new dagre.graphlib.Graph({ compound: true });

@@ -12,7 +12,7 @@ from ..errors import ModelError
 from .dot import is_whole_model, picture as make_picture, picture_svg
 from .explain import Explainer
 from .html_assets import CSS, JS, PAGE
-from .layer_times import has_times, node_times
+from .layer_times import explained_times
 from .palette import CLASSES, FILL, dtype_label
 from .stats import summarize
 from .text import blocks
@@ -112,7 +112,7 @@ def to_html(result, function: str | None = None, tables=None, model: str | None 
     from .node_table import build_tables
     tables = build_tables(result, function) if tables is None else tables
     summary = summarize(tables, result)
-    explainer = Explainer(tables, result.precision, node_times(tables, costs) if has_times(costs) else None)
+    explainer = Explainer(tables, result.precision, explained_times(tables, costs, result))
     data = _node_data(tables, explainer)
     options = {"function": function, **picture_options}
     scripts = ""

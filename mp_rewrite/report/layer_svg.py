@@ -204,7 +204,14 @@ def time_line(times, key: str) -> str:
     from .layer_times import time_label
     t = times.layers[key]
     share = f" · {100 * t.ms / times.total:.1f}%" if t.timed and times.total else ""
-    return time_label(t) + share
+    return time_label(t, times.complete) + share
+
+
+def time_lines(times, key: str) -> list:
+    """A box's lines in the time view: its time line, and the fused kernels TF ran for it where there are."""
+    from .layer_times import kernel_text
+    ran = kernel_text(times.layers[key])
+    return [time_line(times, key)] + ([_clip(ran, 48)] if ran else [])
 
 
 def layer_svg(graph, title: str, notes: list, precision: str, times=None) -> tuple:
@@ -220,7 +227,7 @@ def layer_svg(graph, title: str, notes: list, precision: str, times=None) -> tup
     layers, edges = split_shared_inputs(graph.layers, graph.edges)
     lines = {k: box_lines(layer, precision) for k, layer in layers.items()}
     if times is not None:
-        lines = {k: v + [time_line(times, layer.key)] if layer.kind not in ("input", "output") else v
+        lines = {k: v + time_lines(times, layer.key) if layer.kind not in ("input", "output") else v
                  for (k, v), layer in zip(lines.items(), layers.values())}
     sizes = {k: box_size(v) for k, v in lines.items()}
     placed = lay_out(sizes, list(edges))

@@ -1,12 +1,19 @@
-"""The time view of the whole-model picture: each layer's time per call in float32 and as converted, from the cost
-table the precision assignment read (analysis.graph_profile: every candidate op timed in the model as it runs, in
-float32 and in Grappler's coloring; or the op table, ops timed alone), and the inserted Casts priced per tensor as
-the assignment prices them (this machine's cast times by size).
+"""The time view of the whole-model picture: each layer's time per call in float32 and as converted.
+
+Where the cost table was measured in the model (analysis.graph_profile) it carries what the runs measured
+(analysis.run_times.RunTimes): every executed node's time, counted once (each instant of a run goes to the kernel
+running longest then), in float32 and in Grappler's coloring, the kernels TF ran, and the whole runs untraced. A
+layer's time is its nodes' times; the total adds the Casts on edges, the nodes no box holds (weight arithmetic)
+and what ran elsewhere (other graphs, and TF's own nodes: function-call plumbing, Grappler's additions), so it
+accounts for the whole run and can be held against the measured one. Casts the result inserted are priced per
+tensor as the assignment prices them (this machine's cast times by size), unless the result is the lists'
+coloring, whose Casts ran in the measured runs.
 
 Rendered, never decided: a node counts in the precision its row says it computes in (the cut's or the lists'
-choice), a Cast where the rewrite put it. A node TF fused into another kernel has no time of its own (the kernel's
-carrier has it); an op the lists keep in float32 in both variants was never a candidate, so the table has no time
-for it: those are counted as untimed, not guessed.
+choice): its time in the lists' run if low, else in float32's (all of the lists' run for the lists' coloring). A
+node TF fused into another kernel, or folded away, ran no kernel of its own: the kernel that ran it has the time.
+A table without runs (the op table, a cost file: ops timed alone) times the candidates only; the rest is counted
+as untimed, not guessed.
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ class LayerTime:
     Attributes:
         fp32: ms in float32 (the model as it was: no Casts).
         ms: ms as converted (each op in the precision it computes in, the Casts inside it or on its weights).
-        timed: float ops with a time in the table; untimed: float ops without one (see the module doc).
+        timed: ops with a time; untimed: ops without one (see the module doc: fused or folded by TF where the runs
+            timed every op, else ops that were never a candidate).
         low: ops computing in low precision; ops: ops counted (the box's and those of the functions it calls).
+        kernels: (kernel, count) of the fused kernels TF ran for its ops, as converted ("_MklNativeFusedConv2D:
+            BiasAdd+Relu6"), most frequent first.
     """
 
     fp32: float
@@ -36,6 +46,7 @@ class LayerTime:
     untimed: int
     low: int
     ops: int
+    kernels: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +58,18 @@ class TimeView:
         layers: box key -> LayerTime (boxes with nothing timed included, at 0 ms).
         edges: (box, box) -> ms of the Casts inserted on that edge (a Cast read by two boxes is on both).
         edge_casts: ms of the Casts on edges, each counted once (none of them is inside a box).
-        undrawn: (float32 ms, ms) of the timed nodes no box holds: arithmetic on weights alone (a BatchNorm's
-            scale from its variables, computed every call) and Casts no drawn edge carries.
-        total_fp32, total: per call, float32 and as converted: the sum of the layers, edge_casts and undrawn.
+        undrawn: (float32 ms, ms) of the timed nodes of the drawn graph no box holds: arithmetic on weights alone
+            (a BatchNorm's scale from its variables, computed every call), reads of variables, Casts no drawn edge
+            carries.
+        elsewhere: (float32 ms, ms) of what ran outside the drawn graph: the other graphs' nodes no box counts, and
+            TF's own nodes (run_times.RunTimes.elsewhere); (0, 0) without runs.
+        total_fp32, total: per call, float32 and as converted: the sum of the layers, edge_casts, undrawn and
+            elsewhere.
         measured: {"float32": ms, "converted": ms, "how": phrase} of whole runs, or {} (see measured_totals).
         source: where the times come from (the cost table's note).
         nodes: graph name -> node -> (float32 ms, ms as converted), for explain and the node table.
+        complete: every executed op is timed (the table has runs), not only the candidates.
+        kernels: (graph name, node) -> the fused kernel TF ran for it as converted, for the boxes' ops.
     """
 
     precision: str
@@ -60,11 +77,14 @@ class TimeView:
     edges: dict
     edge_casts: float
     undrawn: tuple
+    elsewhere: tuple
     total_fp32: float
     total: float
     measured: dict
     source: str
     nodes: dict
+    complete: bool = False
+    kernels: dict = dataclasses.field(default_factory=dict)
 
     def slowest(self, n: int = TOP) -> list:
         """The `n` slowest boxes as converted, [(key, LayerTime)], slowest first (ties: float32 time)."""
@@ -97,36 +117,62 @@ def ms_text(ms: float) -> str:
     return f"{ms:.3f}" if ms >= 0.001 else "<0.001"
 
 
-def time_label(t: LayerTime) -> str:
+def time_label(t: LayerTime, complete: bool = False) -> str:
     """A box's time line, "1.42 → 0.78 ms" (float32 → as converted), or why it has none."""
     if not t.timed:
-        ops = f"{t.untimed} f32 op{'s' if t.untimed > 1 else ''}"
-        return f"not timed ({ops}, never a candidate)" if t.untimed else "no time of its own"
+        plural = "s" if t.untimed > 1 else ""
+        if not t.untimed:
+            return "no time of its own"
+        if complete:
+            return f"no kernel of its own ({t.untimed} op{plural} fused or folded by TF)"
+        return f"not timed ({t.untimed} f32 op{plural}, never a candidate)"
     return f"{ms_text(t.fp32)} → {ms_text(t.ms)} ms"
 
 
-def node_times(tables, costs) -> dict:
-    """{graph name: {node: (float32 ms, ms as converted)}} of the nodes the cost table times and the inserted Casts
-    (a Cast costs nothing in float32, where it does not exist).
+def kernel_text(t: LayerTime, limit: int = 2) -> str:
+    """The fused kernels a box ran, "ran _MklNativeFusedConv2D: BiasAdd+Relu6" ("" when none)."""
+    if not t.kernels:
+        return ""
+    shown = ", ".join(f"{k} ×{n}" if n > 1 else k for k, n in t.kernels[:limit])
+    return "ran " + shown + (f" +{len(t.kernels) - limit}" if len(t.kernels) > limit else "")
+
+
+def converted_variant(costs, result) -> str:
+    """Which measured variant the result is: "float32" or "lists" when the run kept that coloring, "cut" when the
+    cut demoted something, else "lists"."""
+    demoted = any(r.assignment is not None and r.assignment.demoted for r in (result, *result.functions.values()))
+    return getattr(costs, "keep", "") or ("cut" if demoted else "lists")
+
+
+def node_times(tables, costs, variant: str = "lists") -> dict:
+    """{graph name: {node: (float32 ms, ms as converted)}} of the nodes with a time and the inserted Casts (a Cast
+    costs nothing in float32, where it does not exist).
 
     Args:
         tables: node_table.build_tables(result).
         costs: the core.assignment.CostTable the rewrite read (or one measured for it).
+        variant: converted_variant(costs, result).
     """
     from ..analysis.graph_costs import MAIN
     from ..core.assignment import DEFAULT_CAST_MS
+    runs = getattr(costs, "runs", None)
     out = {}
     for table in tables:
         label = table.name or MAIN
-        timed, priced = costs.nodes.get(label, {}), costs.casts.get(label, {})
+        timed = costs.nodes.get(label, {}) if runs is None else runs.nodes.get(label, {})
+        priced = costs.casts.get(label, {})
         times = out[table.name] = {}
         for name, row in table.rows.items():
             if row.cast is not None:
+                if runs is not None and variant == "lists" and name in timed:
+                    times[name] = (0.0, timed[name][1])  # the lists' Casts ran in the measured runs
+                    continue
                 to_low, to_fp32 = priced.get((row.cast.src, row.cast.src_port), (DEFAULT_CAST_MS,) * 2)
                 times[name] = (0.0, to_low if row.cast.to_low else to_fp32)
             elif name in timed:
                 fp32, low = timed[name]
-                times[name] = (fp32, low if row.node_class == "allow" else fp32)
+                whole_lists = runs is not None and variant == "lists"
+                times[name] = (fp32, low if row.node_class == "allow" or whole_lists else fp32)
     return out
 
 
@@ -141,20 +187,30 @@ def _ops_of(graph, tables: dict, calls: dict, key: str) -> list:
     return out
 
 
-def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str) -> LayerTime:
+def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel, ran: dict) -> tuple:
+    """(LayerTime, the (graph, node) pairs it counted); `kernel(row)` names the fused kernel a row ran, or "",
+    written into `ran` by (graph, node)."""
+    import collections
     fp32 = ms = 0.0
     timed = untimed = low = 0
     ops = _ops_of(graph, tables, calls, key)
+    kernels, counted = collections.Counter(), set()
     for row in ops:
         t = times.get(row.graph, {}).get(row.name)
-        if t is not None:
+        if t is not None and (row.graph, row.name) not in counted:
             fp32, ms, timed = fp32 + t[0], ms + t[1], timed + 1
-        elif row.node_class not in ("untouched", "cast"):
+            counted.add((row.graph, row.name))
+        elif t is None and row.node_class not in ("untouched", "cast"):
             untimed += 1
         low += row.node_class == "allow"
+        fused = kernel(row)
+        if fused:
+            kernels[fused] += 1
+            ran[(row.graph, row.name)] = fused
     own = times.get(graph.table.name, {})
     ms += sum(own.get(c, (0.0, 0.0))[1] for c in graph.layers[key].cast_nodes)
-    return LayerTime(fp32, ms, timed, untimed, low, len(ops))
+    counted |= {(graph.table.name, c) for c in graph.layers[key].cast_nodes}
+    return LayerTime(fp32, ms, timed, untimed, low, len(ops), tuple(kernels.most_common())), counted
 
 
 def time_view(graph, tables, costs, result) -> TimeView:
@@ -166,10 +222,16 @@ def time_view(graph, tables, costs, result) -> TimeView:
         costs: the CostTable the rewrite read (or one measured for it).
         result: the RewriteResult (which variant the measured whole runs stand for).
     """
-    times = node_times(tables, costs)
+    variant = converted_variant(costs, result)
+    runs = getattr(costs, "runs", None)
+    times = node_times(tables, costs, variant)
     by_name = {t.name: t for t in tables}
     calls = {n.name: called_functions(n) for n in graph.table.result.graph_def.node if n.name in graph.box_of}
-    layers = {key: _layer_time(graph, by_name, calls, times, key) for key in graph.layers}
+    kernel = _kernel_of(runs, variant)
+    layers, counted, ran = {}, set(), {}
+    for key in graph.layers:
+        layers[key], pairs = _layer_time(graph, by_name, calls, times, key, kernel, ran)
+        counted |= pairs
     own = times.get(graph.table.name, {})
     inside = set().union(*(layer.cast_nodes for layer in graph.layers.values()))
     edges, on_edges = {}, set()
@@ -179,32 +241,69 @@ def time_view(graph, tables, costs, result) -> TimeView:
         if names:
             edges[pair] = sum(own.get(c, (0.0, 0.0))[1] for c in names)
     edge_casts = sum(own.get(c, (0.0, 0.0))[1] for c in on_edges)
-    counted = set(graph.box_of) | inside | on_edges
-    undrawn = tuple(sum(t[i] for name, t in own.items() if name not in counted) for i in (0, 1))
-    total_fp32 = sum(t.fp32 for t in layers.values()) + undrawn[0]
-    total = sum(t.ms for t in layers.values()) + edge_casts + undrawn[1]
-    return TimeView(result.precision, layers, edges, edge_casts, undrawn, total_fp32, total,
-                    measured_totals(costs, result), costs.note, times)
+    drawn = set(graph.box_of) | inside | on_edges
+    undrawn = tuple(sum(t[i] for name, t in own.items() if name not in drawn) for i in (0, 1))
+    counted |= {(graph.table.name, name) for name in own}
+    elsewhere = _elsewhere(times, runs, variant, counted)
+    total_fp32 = sum(t.fp32 for t in layers.values()) + undrawn[0] + elsewhere[0]
+    total = sum(t.ms for t in layers.values()) + edge_casts + undrawn[1] + elsewhere[1]
+    return TimeView(result.precision, layers, edges, edge_casts, undrawn, elsewhere, total_fp32, total,
+                    measured_totals(costs, result, graph.table.name), costs.note, times, runs is not None, ran)
 
 
-def measured_totals(costs, result) -> dict:
-    """The whole model's measured time per run, float32 and as converted, when the table was profiled in the model
-    ({} otherwise): the untimed runs that checked the cut when there were any, else the traced ones. "As converted"
-    is the variant the result is: the cut's when it demoted something (unless the run kept the lists or float32),
-    else Grappler's lists."""
+def _kernel_of(runs, variant: str):
+    """row -> the fused kernel TF ran for it as converted ("" when none, or without runs)."""
+    from ..analysis.graph_costs import MAIN
+    if runs is None or not runs.kernels:
+        return lambda row: ""
+    return lambda row: runs.kernel(row.graph or MAIN, row.name, row.node_class == "allow" or variant == "lists")
+
+
+def _elsewhere(times: dict, runs, variant: str, counted: set) -> tuple:
+    """(float32 ms, ms) of what ran and no box, edge or undrawn line counts: the other graphs' timed nodes (in the
+    precision their rows say; a graph without rows, as the variant ran it) and TF's own nodes."""
+    from ..analysis.graph_costs import MAIN
+    if runs is None:
+        return (0.0, 0.0)
+    fp32 = runs.elsewhere[0]
+    ms = runs.elsewhere[1] if variant == "lists" else runs.elsewhere[0]
+    for graph, nodes in times.items():
+        for name, t in nodes.items():
+            if (graph, name) not in counted:
+                fp32, ms = fp32 + t[0], ms + t[1]
+    for label, nodes in runs.nodes.items():
+        graph = "" if label == MAIN else label
+        if graph in times:
+            continue
+        for a, b in nodes.values():
+            fp32, ms = fp32 + a, ms + (b if variant == "lists" else a)
+    return fp32, ms
+
+
+def measured_totals(costs, result, graph_name: str = "") -> dict:
+    """The whole model's measured time per call, float32 and as converted, when the table was profiled in the model
+    ({} otherwise): the untraced runs made beside the traced ones the nodes' times come from, and for the cut's
+    coloring the runs that raced it. "As converted" is the variant the result is (converted_variant). A run that
+    called the drawn graph n times (every signature of a Keras export calls the model) counts as n calls."""
+    from ..analysis.graph_costs import MAIN
     from ..analysis.graph_profile import measured_runs
     runs = measured_runs(costs)
-    demoted = any(r.assignment is not None and r.assignment.demoted for r in (result, *result.functions.values()))
-    variant = costs.keep or ("cut" if demoted else "lists")
-    if "raced" in runs:
-        fp32, lists, cut = runs["raced"]
-        converted = {"float32": fp32, "lists": lists, "cut": cut}[variant]
-        return {"float32": fp32, "converted": converted, "how": "whole runs, untraced"}
-    if "traced" in runs:
-        fp32, lists = runs["traced"]
-        return {"float32": fp32, "converted": fp32 if variant == "float32" else lists,
-                "how": "whole runs with step stats on (slower than untraced)"}
-    return {}
+    variant = converted_variant(costs, result)
+    calls = max(1, costs.runs.calls.get(graph_name or MAIN, 1)) if runs else 1
+    per = f", {calls} calls of the model each (one per signature): per call" if calls > 1 else ""
+    if "untraced" not in runs:
+        return {}
+    fp32, lists = (ms / calls for ms in runs["untraced"])
+    if variant == "cut" and "raced" in runs:  # the cut's graph ran only in the race
+        return {"float32": fp32, "converted": runs["raced"][2] / calls,
+                "how": f"fastest whole runs untraced; as converted, the median of the race against the cut's{per}"}
+    return {"float32": fp32, "converted": fp32 if variant == "float32" else lists,
+            "how": f"fastest whole runs, untraced{per}"}
+
+
+def explained_times(tables, costs, result) -> dict | None:
+    """node_times for explain and the node table, or None when the table has no times to show."""
+    return node_times(tables, costs, converted_variant(costs, result)) if has_times(costs) else None
 
 
 def has_times(costs) -> bool:

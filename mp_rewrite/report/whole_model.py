@@ -74,8 +74,11 @@ def total_line(times) -> str:
     """"Time per call: float32 73.5 ms → as converted 56.4 ms, the sum of the layers' ...; measured: ..."."""
     from .layer_times import ms_text
     line = (f"Time per call: float32 {ms_text(times.total_fp32)} ms → as converted {ms_text(times.total)} ms, the "
-            f"sum of the layers' times, the Casts on edges ({ms_text(times.edge_casts)} ms) and the nodes not drawn "
+            f"sum of the layers' times, the Casts on edges ({ms_text(times.edge_casts)} ms), the nodes not drawn "
             f"(weight arithmetic, {ms_text(times.undrawn[0])} → {ms_text(times.undrawn[1])} ms)")
+    if times.complete:
+        line += (f" and what ran outside the layers (TF's own nodes, other graphs: {ms_text(times.elsewhere[0])} → "
+                 f"{ms_text(times.elsewhere[1])} ms)")
     measured = times.measured
     if measured:
         line += (f"; measured: float32 {ms_text(measured['float32'])} ms → {ms_text(measured['converted'])} ms "
@@ -87,7 +90,9 @@ def time_notes(times, graph) -> list:
     """The time view's lines above the picture: the total per call, the three slowest layers, where the times
     come from."""
     from .layer_scopes import distinct_labels
-    from .layer_times import time_label
+    from .layer_times import kernel_text, time_label
     labels = distinct_labels(graph.layers)
-    slowest = "; ".join(f"{labels[key]} {time_label(t)}" for key, t in times.slowest(3))
+    slowest = "; ".join(f"{labels[key]} {time_label(t, times.complete)}" + (f" ({kernel_text(t, 1)})" if t.kernels
+                                                                              else "")
+                        for key, t in times.slowest(3))
     return [total_line(times), f"Slowest layers: {slowest}.", f"Times: {times.source}."]

@@ -3,6 +3,9 @@ cost table as plain data, summed into the stated total; drawn as SVG (--show tim
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import re
 
 import pytest
@@ -10,6 +13,7 @@ from timed_model import CAST_MS, made_up_table, rewritten, small_cnn
 
 from mp_rewrite.analysis.graph_costs import MAIN
 from mp_rewrite.analysis.graph_profile import measured_runs
+from mp_rewrite.analysis.run_times import RunTimes, counted_once
 from mp_rewrite.commands.cli import main as cli_main
 from mp_rewrite.core.assignment import CostTable
 from mp_rewrite.report.explain import explain_all
@@ -89,11 +93,72 @@ def test_explain_gives_the_times_its_reason_lacks(timed):
         assert f"time: {price:.3f} ms per call" in explain_all(result, cast.name, graph.source, costs=table)[0].text()
 
 
-def test_measured_runs_read_what_the_profile_wrote():
-    note = ("costs measured in this graph on this machine (5 traced runs of each: float32 90.1 ms, Grappler's lists "
-            "108.9 ms per run); ran float32 78.6 ms, the lists 83.0 ms, the cut 73.2 ms per run; cached in x.json")
-    assert measured_runs(CostTable("bfloat16", note=note)) == {"traced": (90.1, 108.9), "raced": (78.6, 83.0, 73.2)}
+def _runs(result, table, calls=1) -> RunTimes:
+    """RunTimes for the small CNN: every node of every graph ran (1 ms float32, 0.5 ms in the lists' run), the
+    result's low nodes ran as fused kernels, 0.25 ms of TF's own nodes."""
+    nodes, kernels = {}, {}
+    for name, sub in (("", result), *result.functions.items()):
+        label = name or MAIN
+        nodes[label] = {n.name: (1.0, 0.5) for n in sub.graph_def.node if n.op != "Cast"}
+        kernels[label] = {n: ("_MklNativeFusedConv2D: BiasAdd", "_MklNativeFusedConv2D: BiasAdd+Relu")
+                          for n in sub.converted_nodes}
+    return RunTimes((30.0, 20.0), (25.0 * calls, 15.0 * calls), (), nodes, (0.25, 0.25), kernels,
+                    {label: calls for label in nodes})
+
+
+def test_measured_runs_are_data_the_profile_stored():
+    runs = RunTimes((90.1, 108.9), (70.0, 60.0), (78.6, 83.0, 73.2), {}, (0.0, 0.0))
+    assert measured_runs(CostTable("bfloat16", note="anything at all", runs=runs)) == {
+        "traced": (90.1, 108.9), "untraced": (70.0, 60.0), "raced": (78.6, 83.0, 73.2)}
     assert measured_runs(CostTable("bfloat16", note="costs from a.json; 3 of 4 candidate ops measured")) == {}
+    assert RunTimes.from_data(json.loads(json.dumps(runs.as_data()))) == runs
+
+
+def test_with_runs_every_op_counts_and_the_total_is_the_whole_run(timed):
+    _, result, tables, graph, table, _ = timed
+    runs = _runs(result, table, calls=2)
+    view = picture_times(graph, tables, dataclasses.replace(table, runs=runs), result)
+    assert view.complete
+    ran = sum(len(nodes) for nodes in runs.nodes.values())
+    # every node ran 1 ms in float32 (and TF's own 0.25 ms): all of it is in the layers, undrawn or elsewhere
+    assert view.total_fp32 == pytest.approx(ran * 1.0 + 0.25)
+    assert sum(t.fp32 for t in view.layers.values()) + view.undrawn[0] + view.elsewhere[0] == \
+        pytest.approx(view.total_fp32)
+    # the lists' coloring: every op at its lists' time, whatever its class
+    assert view.total == pytest.approx(ran * 0.5 + 0.25 + view.edge_casts, rel=0.05)
+    # two calls per run (two signatures): the measured whole run is halved to one call
+    assert view.measured["float32"] == 25.0 and view.measured["converted"] == 15.0
+    assert "2 calls of the model each" in view.measured["how"]
+    fused = [t for t in view.layers.values() if t.kernels]
+    assert fused and fused[0].kernels[0][0] == "_MklNativeFusedConv2D: BiasAdd+Relu"  # as converted: the lists'
+    svg = whole_model_svg(result, costs=dataclasses.replace(table, runs=runs))
+    assert "ran _MklNativeFusedConv2D: BiasAdd+Relu" in svg and "what ran outside the layers" in svg
+
+
+def test_counted_once_gives_each_instant_to_the_oldest_running_kernel():
+    from tensorflow.core.framework import step_stats_pb2
+    stats = step_stats_pb2.StepStats()
+    device = stats.dev_stats.add(device="cpu")
+    for name, start, end in (("conv", 0, 4_000_000), ("add", 1_000_000, 4_500_000), ("relu", 6_000_000, 7_000_000)):
+        device.node_stats.add(node_name=name, all_start_nanos=start, op_start_rel_nanos=0,
+                              op_end_rel_nanos=end - start)
+    # the add started beside the conv waits for it: its own time starts when the conv ends; the gap counts for none
+    assert counted_once(stats) == pytest.approx({"conv": 4.0, "add": 0.5, "relu": 1.0})
+
+
+def test_an_old_cache_file_is_measured_again_with_a_message(tmp_path, monkeypatch, caplog):
+    from mp_rewrite.analysis import graph_profile, profile_cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    table = CostTable("bfloat16", {MAIN: {"a": (1.0, 0.5)}}, {MAIN: {}}, {MAIN: {}}, True, "measured")
+    profile_cache.save("k", table, 3.0, 2.0)  # as the previous version wrote it: no "runs"
+    loaded = profile_cache.load("k")
+    assert loaded is not None and loaded[0].runs is None and loaded[0].nodes == table.nodes
+    with caplog.at_level(logging.WARNING, logger="mp_rewrite"):
+        assert graph_profile._cached("k") is None
+    assert "measuring the model again" in caplog.text
+    runs = RunTimes((1.0, 1.0), (1.0, 1.0), (), {MAIN: {"a": (1.0, 0.5)}})
+    profile_cache.save("k", dataclasses.replace(table, runs=runs), 3.0, 2.0)
+    assert graph_profile._cached("k").table.runs == runs
 
 
 @pytest.mark.parametrize("argv, words", [
