@@ -24,14 +24,16 @@ CAST_SIZES = tuple(4 ** k for k in range(4, 13))  # 256 .. 16M elements
 def input_dtypes(node) -> list:
     """The dtype enum of each data input of a NodeDef, from its OpDef and type attrs (None: not a data input)."""
     from tensorflow.python.framework import op_def_registry
+
+    from ..core.op_support import attr_or_default  # never node.attr[...]: a map lookup would add an empty attr
     op_def = op_def_registry.get(node.op)
     found = []
     for arg in op_def.input_arg:
-        count = node.attr[arg.number_attr].i if arg.number_attr else 1
+        count = attr_or_default(node, arg.number_attr).i if arg.number_attr else 1
         if arg.type_list_attr:
-            found += list(node.attr[arg.type_list_attr].list.type)
+            found += list(attr_or_default(node, arg.type_list_attr).list.type)
         else:
-            found += [arg.type or node.attr[arg.type_attr].type] * count
+            found += [arg.type or attr_or_default(node, arg.type_attr).type] * count
     return found
 
 

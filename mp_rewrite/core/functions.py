@@ -14,7 +14,7 @@ from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import versions
 
 from ..errors import GraphError
-from .op_support import Signatures
+from .op_support import Signatures, attr_or_default
 
 FUNC_ATTR_KINDS = ("func", "list")
 TF_DATA_ATTR = "_tf_data_function"
@@ -48,9 +48,9 @@ def _output_ranges(signatures: Signatures, node) -> dict:
     for spec in sig.outputs:
         ranges[spec.name] = port
         if spec.type_list_attr:
-            port += len(node.attr[spec.type_list_attr].list.type)
+            port += len(attr_or_default(node, spec.type_list_attr).list.type)
         elif spec.number_attr:
-            port += node.attr[spec.number_attr].i
+            port += attr_or_default(node, spec.number_attr).i
         else:
             port += 1
     return ranges

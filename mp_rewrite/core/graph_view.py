@@ -21,7 +21,7 @@ from tensorflow.core.framework import graph_pb2
 
 from . import dtypes
 from ..errors import GraphError
-from .op_support import PortLayout, Signatures
+from .op_support import PortLayout, Signatures, attr_default
 
 # Grappler upgrades these before building its view so that scale/offset can stay float32 through attr U.
 BATCH_NORM_V2 = {"FusedBatchNorm": "FusedBatchNormV2", "FusedBatchNormGrad": "FusedBatchNormGradV2"}
@@ -234,6 +234,8 @@ class GraphView:
         counts = []
         for attr_name in sig.number_attrs:
             count = attrs.get(attr_name)
+            if count is None:  # a default-valued count a SavedModel left out (ParseSequenceExampleV2's)
+                count = attr_default(self.ops[index], attr_name)
             if count is None:
                 raise GraphError(f"node '{self.names[index]}' has no value for its length attribute '{attr_name}'")
             counts.append(count.i)

@@ -14,7 +14,7 @@ import functools
 import importlib.resources
 import tomllib
 
-from tensorflow.core.framework import op_def_pb2
+from tensorflow.core.framework import attr_value_pb2, op_def_pb2
 from tensorflow.python.framework import kernels, op_def_registry
 
 from . import dtypes
@@ -78,6 +78,25 @@ def signature_from_op_def(op_def: op_def_pb2.OpDef) -> OpSignature:
     number_attrs = tuple(dict.fromkeys(a.number_attr for a in args if a.number_attr))
     return OpSignature(op_def.name, inputs, outputs, tuple(type_attrs), allowed, op_def.is_stateful, simple,
                        any(a.is_ref for a in args), number_attrs)
+
+
+def attr_default(op: str, name: str):
+    """The OpDef default of attr `name` of a registered op (an AttrValue), or None (no default, or not registered)."""
+    op_def = op_def_registry.get(op)
+    return next((a.default_value for a in op_def.attr if a.name == name and a.HasField("default_value")),
+                None) if op_def else None
+
+
+def attr_or_default(node, name: str):
+    """The value of attr `name` of a NodeDef, or its OpDef's default when absent, without adding it to the node.
+
+    SavedModels leave out default-valued attrs (ParseSequenceExampleV2's 'Ncontext_sparse', ...), and reading
+    `node.attr[name]` inserts an empty AttrValue, which would then travel into the written graph.
+    """
+    if name in node.attr:
+        return node.attr[name]
+    default = attr_default(node.op, name)
+    return default if default is not None else attr_value_pb2.AttrValue()
 
 
 class Signatures:

@@ -142,7 +142,7 @@ def check_stateless(graph_def, key: str) -> None:
 
 def traced_identity(signature) -> tuple:
     """Equal for two signatures that run the same function with the same interface."""
-    calls = [n.attr["f"].func.name for n in signature.graph.as_graph_def().node if n.attr["f"].func.name]
+    calls = [n.attr["f"].func.name for n in signature.graph.as_graph_def().node if "f" in n.attr]
     return (tuple(calls), repr(signature.structured_input_signature), repr(sorted(signature.structured_outputs)))
 
 
