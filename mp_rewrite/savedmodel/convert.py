@@ -31,7 +31,7 @@ from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 from .result import ConversionResult, low_precision_counts
 from .run_check import RunCheck
-from .source_check import check_source, check_written, node_names
+from .source_check import check_source, check_written, check_written_attrs, node_names
 
 WEIGHTS = ("keep", "low")
 
@@ -111,6 +111,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
             try:
                 for option in ("keep_fp32", "force_low"):
                     check_patterns_match(getattr(options, option), option, rewritten.node_names)
+                check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run
                 with _step("estimate"):
                     share, per_function, per_graph = estimate_flops(rewritten.graphs) if flops else (None, {}, {})
                 runs, counted = RunCheck(source_dir, saved_model, run_inputs, options.precision, options.device), []

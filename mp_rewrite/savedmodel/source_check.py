@@ -166,6 +166,33 @@ def _check_object_graph(object_graph, functions: set) -> None:
                          "library")
 
 
+def check_written_attrs(saved_model) -> None:
+    """Every attr of every node we are about to write holds a value (main graphs and function bodies): TensorFlow
+    loads a graph with an empty AttrValue and fails only when it runs ("Failed to bind all placeholders in <Unknown
+    AttrValue type>"), and reading an absent attr with `node.attr[key]` inserts one. Called on the rewritten
+    SavedModel before the first byte of the output is written. A function's own attrs are not nodes' and may be
+    empty: TensorFlow itself saves a restored function with an empty '_input_shapes', and runs it.
+
+    Raises:
+        GraphError: "internal error: ... (our bug)", naming the node, the graph and the attr.
+    """
+    for meta_graph in saved_model.meta_graphs:
+        graph = meta_graph.graph_def
+        bodies = [("the main graph", graph.node)] + [(f"function {f.signature.name!r}", f.node_def)
+                                                     for f in graph.library.function]
+        for where, nodes in bodies:
+            for node in nodes:
+                for key, value in node.attr.items():
+                    if value.WhichOneof("value") is None:
+                        _internal_empty_attr(f"node {node.name!r} of {where}", key)
+
+
+def _internal_empty_attr(where: str, key: str) -> None:
+    raise GraphError(f"internal error: {where}: attr {key!r} has no value after the rewrite (our bug: TensorFlow "
+                     "would load the model and fail when it runs); nothing was written. Please report it with the "
+                     "model")
+
+
 def node_names(saved_model, functions) -> list[str]:
     """Node names of every main graph and of the bodies of the named library functions."""
     names = []
