@@ -38,6 +38,7 @@ from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
 from .graph_runs import LOG, FunctionRunner, Runner, made_up_values, opened, race, saved_model_copy, traced_times
+from .op_costs import onednn_settings
 from .profile_cache import graph_bytes, load, profile_key, save
 from .run_times import counted_once, executed_kernels, executed_names, run_times
 
@@ -203,8 +204,9 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
     cache the outcome, with what the runs measured (run_times.RunTimes), under a key of both graphs and
     `key_parts`."""
     lists = rewrite(_lists(options))
+    # The model is timed here, under this process's oneDNN settings, whatever machine table prices its casts.
     key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), *key_parts, batch, runs,
-                      machine.machine, machine.precision, racer is not None)
+                      machine.machine, machine.precision, racer is not None, onednn_settings())
     cached = None if refresh else _cached(key)
     if cached is not None:
         return cached

@@ -6,9 +6,10 @@ Cast per tensor size. `measure_costs(graph_def)` times the signatures of a graph
 cache does not hold yet (analysis.op_timing); `MachineCosts.for_graph(graph_def)` turns it into the per-node
 core.assignment.CostTable of one graph (analysis.graph_costs).
 
-Cache: one JSON file per machine (CPU model and flags, TensorFlow version, oneDNN setting, thread count) and
-precision under `$XDG_CACHE_HOME/mp_rewrite/` (default `~/.cache/mp_rewrite/`). `save(path)`/`load_costs(path)`
-export and import the same format, so a model can be converted on one machine for another: measure where you serve.
+Cache: one JSON file per machine (CPU model and flags, TensorFlow version, oneDNN settings: TF_ENABLE_ONEDNN_OPTS
+and ONEDNN_MAX_CPU_ISA, thread count) and precision under `$XDG_CACHE_HOME/mp_rewrite/` (default
+`~/.cache/mp_rewrite/`). `save(path)`/`load_costs(path)` export and import the same format, so a model can be
+converted on one machine for another: measure where you serve.
 
 Defaults (documented fallbacks): an op that cannot be measured (unknown shape, no kernel, a non-constant integer
 input) costs the same in both precisions, so the casts around it decide; a tensor of unknown size costs
@@ -33,8 +34,21 @@ NATIVE_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp1
 MACHINE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile")
 
 
+ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")  # oneDNN reads either name
+
+
+def onednn_settings() -> dict:
+    """The environment oneDNN's kernels depend on: TensorFlow's switch (TF_ENABLE_ONEDNN_OPTS) and oneDNN's ISA cap
+    (ONEDNN_MAX_CPU_ISA, or its older name DNNL_MAX_CPU_ISA). Held to AVX2, an AVX512-BF16 CPU has no bfloat16
+    kernels and other float32 ones: times measured with the full ISA do not hold there, nor the other way round."""
+    isa = next((os.environ[name] for name in ISA_VARIABLES if os.environ.get(name)), "default")
+    return {"onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default"),
+            "onednn_max_cpu_isa": isa.strip().upper() if isa != "default" else isa}
+
+
 def machine_facts() -> dict:
-    """What the measured times depend on: CPU model and flags, TensorFlow version, oneDNN setting, threads."""
+    """What the measured times depend on: CPU model and flags, TensorFlow version, oneDNN settings
+    (onednn_settings), threads."""
     import tensorflow as tf
     model, flags = platform.processor() or platform.machine(), set()
     try:
@@ -48,7 +62,7 @@ def machine_facts() -> dict:
     except OSError:
         pass
     return {"cpu": model, "cpu_flags": sorted(flags & set(MACHINE_FLAGS)), "tensorflow": tf.__version__,
-            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default"), "threads": os.cpu_count()}
+            **onednn_settings(), "threads": os.cpu_count()}
 
 
 def cache_dir() -> str:
