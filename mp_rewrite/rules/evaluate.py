@@ -17,6 +17,7 @@ erf = np.vectorize(math.erf)  # the error function, elementwise
 
 UNARY = {"Tanh": np.tanh, "Erf": erf, "Erfc": lambda v: 1.0 - erf(v), "Neg": np.negative, "Square": np.square,
          "Exp": np.exp, "Sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v)), "Relu": lambda v: np.maximum(v, 0.0),
+         "Relu6": lambda v: np.clip(v, 0.0, 6.0),
          "Softplus": lambda v: np.logaddexp(0.0, v), "Softsign": lambda v: v / (1.0 + np.abs(v)),
          "Rsqrt": lambda v: 1.0 / np.sqrt(v), "Sqrt": np.sqrt, "Reciprocal": lambda v: 1.0 / v,
          "Inv": lambda v: 1.0 / v, "Identity": lambda v: v, "StopGradient": lambda v: v, "Snapshot": lambda v: v}

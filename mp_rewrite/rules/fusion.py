@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from .activation import GELUS, activation_name, activation_region
+from .evaluate import evaluate
 from .graph import FLOAT_TYPES, EditableGraph, node_name
 from .layer_norm import FUSED_ROLES, MARK as LAYER_NORM_MARK
 
@@ -18,7 +21,9 @@ CONTRACTIONS = {"MatMul": "_FusedMatMul", "Conv2D": "_FusedConv2D",
 ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
 RESIDUAL_ADDS = ("Add", "AddV2", "AddN")  # Conv2D/MatMul + BiasAdd + a residual: fused_ops [BiasAdd, Add]
 RESIDUAL_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu")  # after a Conv2D's residual add only
-REGION_ACTIVATIONS = GELUS  # MatMul only, several nodes each
+REGION_ACTIVATIONS = GELUS
+HARD_SWISH_OPS = ["AddV2", "Mul", "Mul", "Relu6"]
+HARD_SWISH_POINTS = np.linspace(-8.0, 8.0, 65)  # MatMul only, several nodes each
 FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 
 
@@ -125,7 +130,23 @@ def _contraction_group(graph: EditableGraph, node) -> FusionGroup | None:
         if found is not None and found.ok and activation_name(found.values["region"]) in REGION_ACTIVATIONS:
             members += found.values["region"]
             fused.append(activation_name(found.values["region"]))
+    elif node.op in ("Conv2D", "DepthwiseConv2dNative") and squeeze is None and not graph.is_kept(bias):
+        region = _hard_swish(graph, bias)
+        if region is not None:
+            members += region
+            fused.append("_FusedHardSwish")
     return FusionGroup(node.name, CONTRACTIONS[node.op], tuple(fused), frozenset(n.name for n in members))
+
+
+def _hard_swish(graph: EditableGraph, bias) -> list | None:
+    """The region after the BiasAdd when it computes hard swish, x * relu6(x + 3) / 6 (MobileNetV3's, which TF's
+    remapper fuses after a Conv2D or a depthwise one), recognized by evaluating it; else None."""
+    found = activation_region(graph, bias)
+    if found is None or not found.ok or sorted(n.op for n in found.values["region"]) != HARD_SWISH_OPS:
+        return None
+    values = evaluate(graph, bias, found.values["region"], found.nodes["exit"], HARD_SWISH_POINTS)
+    expected = HARD_SWISH_POINTS * np.clip(HARD_SWISH_POINTS + 3, 0, 6) / 6
+    return found.values["region"] if values is not None and np.allclose(values, expected, atol=1e-5) else None
 
 
 def _swish_after(graph: EditableGraph, bias) -> list | None:

@@ -99,3 +99,19 @@ def test_keras_applications_run_no_standalone_bias_swish_or_residual_add(name):
     assert kernels[("_MklNativeFusedConv2D", ("BiasAdd", "Add"))] == residuals
     if name == "EfficientNetB0":  # the 16 left are after depthwise convolutions, which TF 2.21 does not fuse
         assert kernels[("_MklSwish", ())] == 16
+
+
+@pytest.mark.slow
+def test_fusion_groups_are_what_a_call_runs_on_mobilenet_v3():
+    """MobileNetV3's hard swish (x * relu6(x + 3) / 6, recognized by evaluating it) after Conv2D and depthwise
+    convolutions, its squeeze-excite hard sigmoid and its residual adds: the groups the precision pass keeps in one
+    precision are the kernels TF runs."""
+    model = with_nonzero_biases(keras.applications.MobileNetV3Small(weights=None, input_shape=(64, 64, 3),
+                                                                    include_top=False))
+    x = np.random.default_rng(5).normal(size=(2, 64, 64, 3)).astype(np.float32)
+    _, after, _, fetches = canonical(model, x, deep=True)
+    ran = collections.Counter((op.replace("_MklNative", "_"), fused) for op, fused in executed(after, FEED, fetches[0], x)
+                              if op.startswith("_MklNativeFused"))
+    groups = collections.Counter((g.op, g.fused_ops) for g in fusion_groups(after, fetches))
+    assert groups == ran
+    assert groups[("_FusedDepthwiseConv2dNative", ("BiasAdd", "_FusedHardSwish"))] > 0
