@@ -34,14 +34,19 @@ EXPORT = textwrap.dedent("""
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                                   keras.layers.Dense(4)])
         model.export(path, format="tf_saved_model", verbose=False)
+    keras.mixed_precision.set_global_policy("float32")
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3), keras.layers.Flatten(),
+                              keras.layers.Dense(2)])
+    model.export(sys.argv[3], format="tf_saved_model", verbose=False)
 """)
 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """(float32 export, mixed_bfloat16 export) of two Dense layers, Keras 3 on the JAX backend."""
+    """(float32 export, mixed_bfloat16 export) of two Dense layers, and a float32 Conv2D + Dense export, Keras 3 on
+    the JAX backend."""
     root = tmp_path_factory.mktemp("jax_export")
-    paths = root / "f32", root / "mixed"
+    paths = root / "f32", root / "mixed", root / "conv"
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", EXPORT, *map(str, paths)], env=env, capture_output=True, text=True,
                           timeout=240)
@@ -68,6 +73,11 @@ def test_a_mixed_policy_export_counts_in_bfloat16(exports):
     modules = xla_modules(read_saved_model(exports[1]).meta_graphs[0].graph_def)
     serving = [m for m in modules if not m.gradient][0]
     assert serving.heavy == {("dot_general", "bfloat16"): 2}
+
+
+def test_a_convolution_is_counted(exports):
+    serving = [m for m in xla_modules(read_saved_model(exports[2]).meta_graphs[0].graph_def) if not m.gradient]
+    assert serving[0].heavy == {("convolution", "float32"): 1, ("dot_general", "float32"): 1}
 
 
 @pytest.mark.parametrize("extra", [[], ["--freeze"], ["--assign", "lists"]], ids=["in-place", "freeze", "lists"])
