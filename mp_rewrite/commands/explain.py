@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Print the explanation of every node named NODE."""
-    from ..report.explain import explain_all
+    from ..report.explanation import explain_all
     model, result, costs = rewrite_with_costs(args)
     costs = time_costs(args, model, costs, measure=False)  # times where the rewrite had a table: none measured
     explanations = explain_all(result, args.node, args.function, costs=costs)

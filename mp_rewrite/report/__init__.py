@@ -9,7 +9,8 @@ Every report renders the Decisions and Reasons the pass recorded; none works a d
     open("report.html", "w").write(report.to_html(result))
 
 Names are imported lazily (the HTML and picture modules pull in networkx and graphviz; the Model Explorer overlay
-needs the `viz` extra).
+needs the `viz` extra). No module is named like a name it exports: importing a submodule sets it as the package's
+attribute, which would hide the function of that name (`explain` lives in explanation.py).
 """
 
 import importlib
@@ -18,7 +19,7 @@ _EXPORTS = {
     "to_text": "text", "to_json": "json_report", "to_dict": "json_report", "SCHEMA_VERSION": "json_report",
     "to_dot": "dot", "to_svg": "dot", "picture": "dot", "to_html": "html",
     "write_tensorboard": "tensorboard", "annotated_graph_def": "tensorboard",
-    "explain": "explain", "explain_all": "explain", "Explanation": "explain",
+    "explain": "explanation", "explain_all": "explanation", "Explanation": "explanation",
     "build_tables": "node_table", "summarize": "stats", "to_model_explorer": "model_explorer",
     "whole_model_svg": "whole_model", "layer_picture": "whole_model", "network_table": "network",
 }

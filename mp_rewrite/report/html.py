@@ -10,7 +10,7 @@ import json
 
 from ..errors import ModelError
 from .dot import is_whole_model, picture as make_picture, picture_svg
-from .explain import Explainer
+from .explanation import Explainer
 from .html_assets import CSS, JS, PAGE
 from .layer_times import explained_times
 from .palette import CLASSES, FILL, dtype_label

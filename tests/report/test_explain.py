@@ -9,7 +9,7 @@ import mp_rewrite.testing.examples as ex
 from mp_rewrite import rewrite_graph_def
 from mp_rewrite.errors import GraphError, OptionError
 from mp_rewrite.report import explain, explain_all
-from mp_rewrite.report.explain import Explainer
+from mp_rewrite.report.explanation import Explainer
 from mp_rewrite.report.node_table import build_tables
 
 

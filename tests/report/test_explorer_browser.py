@@ -9,7 +9,7 @@ import re
 import pytest
 
 from mp_rewrite.report import to_html
-from mp_rewrite.report.explain import Explainer
+from mp_rewrite.report.explanation import Explainer
 from headless_browser import dump_dom, needs_chromium
 from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.report.node_table import build_tables

@@ -16,7 +16,7 @@ from mp_rewrite.analysis.graph_profile import measured_runs
 from mp_rewrite.analysis.run_times import RunTimes, counted_once
 from mp_rewrite.commands.cli import main as cli_main
 from mp_rewrite.core.assignment import CostTable
-from mp_rewrite.report.explain import explain_all
+from mp_rewrite.report.explanation import explain_all
 from mp_rewrite.report.layer_times import ms_text, node_times
 from mp_rewrite.report.node_table import build_tables
 from mp_rewrite.report.palette import HEAT
