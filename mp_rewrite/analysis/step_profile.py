@@ -41,17 +41,20 @@ class StepMeasure:
         signatures: the core.op_support.Signatures of the functions the body calls.
         machine: the analysis.op_costs.MachineCosts of this machine (its Cast times price the casts).
         function: the body's FunctionDef as traced (the race calls each variant as one).
+        traced: the body as traced when `body` is a rewrite of it (Keras 3's BatchNorm fused): the cut of `body` is
+            then raced against float32 and Grappler's lists of the traced body, so that the graph change is checked
+            too, and the table's `keep` ("float32", "lists") names the traced body's variant that ran fastest.
     """
 
     def __init__(self, body, args, readers, options, signatures, machine, function, batch: int | None = None,
-                 runs: int = RUNS):
-        self.body, self.args, self.readers = body, args, readers
+                 runs: int = RUNS, traced=None):
+        self.body, self.args, self.readers, self.traced = body, args, readers, traced
         self.options, self.signatures, self.machine, self.function = options, signatures, machine, function
         self.batch, self.runs = batch, runs
         self.targets = sorted(name for name in body.control_outputs if not name.startswith("^"))
         self.lists = self._rewrite(_lists(options))
         specs = [(arg.dtype, list(arg.shape), arg.variable) for arg in args]
-        self.key = profile_key("step", _key_bytes(body.graph_def), _key_bytes(self.lists.graph_def), specs,
+        self.key = profile_key("step, raced against the traced body", _key_bytes(body.graph_def), _key_bytes(self.lists.graph_def), specs,
                                body.retvals, self.targets, batch, runs, machine.machine, machine.precision)
 
     @property
@@ -98,25 +101,27 @@ class StepMeasure:
         cut = self._rewrite(dataclasses.replace(self.options, assign="cost", costs=table))
         yield "the cut"
         demoted = sum(len(r.assignment.demoted) for r in (cut, *cut.functions.values()) if r.assignment)
-        if demoted and table.low_units:
+        if (demoted or self.traced is not None) and table.low_units:
             ms = yield from self._race(args, cut)
             table = _verdict(table, ms)
         return _saved(self.key, table, walls)
 
-    def _rewrite(self, options):
+    def _rewrite(self, options, body=None):
         from ..core.body import rewrite_body
-        return rewrite_body(self.body.graph_def, options, self.body.retvals, self.body.preserved(), self.signatures,
+        body = body or self.body
+        return rewrite_body(body.graph_def, options, body.retvals, body.preserved(), self.signatures,
                             preserve_stateful=True, label=MAIN)
 
     def _race(self, args, cut):
-        """Median wall ms of float32, the lists and the cut, each called as a function (graph_runs.race, a round
-        at a time); a variant that fails is out (infinite), as in race."""
+        """Median wall ms of float32 and Grappler's lists (of the traced body) and the cut, each called as a function
+        (graph_runs.race, a round at a time); a variant that fails is out (infinite), as in race."""
         from ..core.functions import graph_to_function
         racers, out = [], {}
         walls = [[], [], []]
+        traced = self.traced or self.body
+        lists = self.lists if self.traced is None else self._rewrite(_lists(self.options), traced)
         try:
-            for result in (None, self.lists, cut):
-                graph_def = result.graph_def if result else self.body.graph_def
+            for graph_def in (traced.graph_def, lists.graph_def, cut.graph_def):
                 racers.append(FunctionRunner(graph_to_function(graph_def, self.function, self.signatures), args,
                                              self.batch))
             for i, racer in enumerate(racers):

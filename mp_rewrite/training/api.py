@@ -15,6 +15,11 @@ Choices, where TF left them open:
   float16 on CPU is slow: most CPU kernels have no native float16 path). Prefer `precision="bfloat16"` on CPU.
   `device="any"` converts all nodes but checks unplaced ones against GPU kernels; use it only where a GPU runs
   them.
+* bfloat16 on a CPU is assigned by measured cost (`assign="cost"`, as `mp-rewrite convert` does there): Keras 3's
+  BatchNorm fused in the step, each op's precision by its time in the step on this machine, the choice raced
+  against float32 and the lists as the step runs. The step runs Grappler's lists from its first call and is
+  measured across its next calls (training.deferred), once per machine; a distributed step is not measured, so
+  every worker runs the same graph. A GPU, float16 and `assign="lists"` get Grappler's lists.
 * bfloat16 has float32's exponent range, so it needs no loss scaling: by default the optimizer is wrapped with a
   fixed scale of 1 (exact, and `get_scaled_loss`/`get_unscaled_gradients`/`scale_loss` keep working, so the same
   training code runs in both precisions). An explicit `loss_scale` is honoured.

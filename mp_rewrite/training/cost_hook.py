@@ -80,43 +80,77 @@ class HookSafeCosts:
             return self.table.for_graph(graph_def, precision, fetches, batch)
 
 
-def plan(atomic, body, options, signatures, name: str):
-    """How the hook rewrites a body now, and what it measures later: (Options, StepMeasure or None).
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How the hook rewrites a traced body now, and what it measures later.
 
-    With assign="cost" and this machine's table (HookSafeCosts, with low-precision units): a step measured before on
-    this machine (in any process) is rewritten by its cached costs at once; a step with collective ops or placed on
-    several devices (tf.distribute) by Grappler's lists, unmeasured, so that every worker runs the same graph
-    whatever its machine or load; a step that can run alone by the lists now, and a StepMeasure to measure it across
-    its next calls (training.deferred); anything else (an iterator argument, calls into other functions) by the op
-    table. Other options are returned as they are.
+    Attributes:
+        options: the Options to rewrite `body` with now (None: leave the body as traced, float32 measured fastest).
+        body: the core.functions.BodyGraph to rewrite now (the traced one, or the one with BatchNorm fused).
+        fused: the BatchNorm layers fused in `body`.
+        later: a StepMeasure to finish across the next calls (training.deferred), or None.
+        fused_body: the body with BatchNorm fused, which a measured cut rewrites (`later`'s, unannotated).
     """
+
+    options: object
+    body: object
+    fused: tuple = ()
+    later: object = None
+    fused_body: object = None
+
+
+def plan(atomic, traced, options, signatures, name: str) -> Plan:
+    """How to rewrite a traced body (core.functions.BodyGraph): see Plan.
+
+    With assign="cost", Keras 3's training BatchNorms are fused first (fused_batch_norms). With this machine's table
+    (HookSafeCosts, low-precision units): a step measured before here (in any process) gets what that measuring
+    chose at once -- the cut of the fused step, Grappler's lists or float32 as traced, whichever ran fastest; a
+    step with collective ops or on several devices (tf.distribute) Grappler's lists as traced, unmeasured, so that
+    every worker runs the same graph whatever its machine or load; a step that runs alone the lists as traced now,
+    and a StepMeasure of it across its next calls; anything else (an iterator argument, calls into other
+    functions) the op table's cut of the fused step.
+    """
+    body, fused = fused_batch_norms(traced, options, name)
     costs = options.costs
     if options.assign != "cost" or not isinstance(costs, HookSafeCosts) or not costs.table.low_units:
-        return options, None
+        return Plan(options, body, tuple(fused))
     from ..analysis.graph_profile import body_profileable
     from ..analysis.step_profile import StepMeasure
-    graph_def = _annotated(body.graph_def, _func_graph_shapes(atomic)) if atomic is not None else body.graph_def
+    shapes = _func_graph_shapes(atomic) if atomic is not None else {}
+    graph_def = _annotated(body.graph_def, shapes)
     spread = distributed(graph_def)
     if spread:
         logger.info("mp_rewrite: %s: %s, so Grappler's lists, not measured: every worker runs the same graph", name,
                     spread)
-        return _lists(options), None
+        return Plan(_lists(options), traced)
     args, readers = _body_args(atomic, graph_def) if atomic is not None else ([None], [None])
     why = body_profileable(graph_def, args)
     if not why:
         import tensorflow as tf
         try:
+            unfused = dataclasses.replace(traced, graph_def=_annotated(traced.graph_def, shapes)) if fused else None
             with paused(), tf.init_scope():
                 measure = StepMeasure(dataclasses.replace(body, graph_def=graph_def), args, readers, options,
-                                      signatures, costs.table, atomic.definition)
+                                      signatures, costs.table, atomic.definition, traced=unfused)
                 found = measure.cached()
-            if found is not None:
-                return measured(options, found.table), None
-            return _lists(options), measure
+            if found is None:
+                return Plan(_lists(options), traced, later=measure, fused_body=body)
+            return chosen(options, found.table, traced, body, tuple(fused))
         except Exception as error:  # noqa: BLE001 -- the hook must never break training
             why = f"measuring it failed ({type(error).__name__}: {str(error)[:200]})"
     logger.info("mp_rewrite: %s: costs from the op table: %s", name, why)
-    return options, None
+    return Plan(options, body, tuple(fused))
+
+
+def chosen(options, table, traced, fused_body, fused) -> Plan:
+    """The Plan a measured table chose (StepMeasure's `keep`): float32 or Grappler's lists as traced when one of them
+    ran fastest in the race (a step without BatchNorm to fuse gets the lists through the table, with its reasons),
+    else the cut of the fused step."""
+    if table.keep == "float32":
+        return Plan(None, traced)
+    if table.keep == "lists" and fused:
+        return Plan(_lists(options), traced)
+    return Plan(measured(options, table), fused_body, fused)
 
 
 class _Measured:

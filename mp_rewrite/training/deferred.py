@@ -117,14 +117,23 @@ def _say_time(step: _Pending, what: str, seconds: float) -> None:
 
 
 def _swap_in(step: _Pending, table):
+    """Swap in what the measuring chose (its table's `keep`, analysis.step_profile): float32 as traced, Grappler's
+    lists as traced (what already runs, when BatchNorm was fused for the cut), or the cut."""
     from ..core.body import rewrite_body
     from ..core.functions import graph_to_function
     from . import cost_hook, function_hook
+    took = f"measured in {time.perf_counter() - step.started:.1f} s over {step.calls} calls"
+    if table.keep == "lists" and step.measure.traced is not None:
+        logger.warning("mp_rewrite: %s: %s; Grappler's lists ran fastest, and it keeps running them", step.name, took)
+        return None
     try:
-        result = rewrite_body(step.body.graph_def, cost_hook.measured(step.options, table), step.body.retvals,
-                              step.body.preserved(), step.signatures, preserve_stateful=True, label=step.name)
-        new = graph_to_function(result.graph_def, step.traced, step.signatures)
-        function_hook.check_runnable(new, result, step.signatures)
+        if table.keep == "float32":
+            result, new = None, None
+        else:
+            result = rewrite_body(step.body.graph_def, cost_hook.measured(step.options, table), step.body.retvals,
+                                  step.body.preserved(), step.signatures, preserve_stateful=True, label=step.name)
+            new = graph_to_function(result.graph_def, step.traced, step.signatures)
+            function_hook.check_runnable(new, result, step.signatures)
         if not function_hook.replace_rewrite(step.name, result, new):
             return None
         _register_callers_again(step.name)
@@ -132,8 +141,8 @@ def _swap_in(step: _Pending, table):
         logger.warning("mp_rewrite: %s: the measured rewrite could not be swapped in (%s: %s); it keeps running "
                        "Grappler's lists", step.name, type(error).__name__, str(error)[:300])
         return None
-    logger.warning("mp_rewrite: %s: measured in %.1f s over %d calls; from now on it runs: %s", step.name,
-                   time.perf_counter() - step.started, step.calls, result.grappler_line())
+    logger.warning("mp_rewrite: %s: %s; from now on it runs %s", step.name, took,
+                   "float32 as traced (it ran fastest)" if result is None else result.grappler_line())
     return result
 
 

@@ -50,15 +50,9 @@ _MAX_CHECKED = 100_000  # names of bodies found to need no rewrite; forgotten in
 
 @dataclasses.dataclass
 class FunctionRecord:
-    """One function whose definition in the eager context was replaced.
-
-    Attributes:
-        name: the function's name in the eager context.
-        original: its FunctionDef as traced (what `restore` puts back).
-        result: the RewriteResult of its body.
-        seq: the order of the rewrite (for restoring everything rewritten after a point).
-        atomic: a weak reference to the function's AtomicFunction, when the hook saw it.
-    """
+    """One function whose definition in the eager context was replaced: its name there, its FunctionDef as traced
+    (what `restore` puts back), the RewriteResult of its body, the order of the rewrite (`restore(since=...)`), and
+    a weak reference to its AtomicFunction when the hook saw it."""
 
     name: str
     original: function_pb2.FunctionDef
@@ -191,12 +185,15 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
             return None
         try:
             signatures = Signatures(_called_library(ctx, fdef))
-            body, fused = cost_hook.fused_batch_norms(function_to_graph(fdef, signatures), options, name)
-            now, later = cost_hook.plan(atomic, body, options, signatures, name)
+            plan = cost_hook.plan(atomic, function_to_graph(fdef, signatures), options, signatures, name)
+            body, now = plan.body, plan.options
+            if now is None:  # measured here before: float32 as traced ran fastest
+                _remember_checked(name)
+                return None
             with cost_hook.rewriting(atomic if now.assign == "cost" else None, body, now, signatures, name):
                 result = rewrite_body(body.graph_def, now, body.retvals, body.preserved(), signatures,
                                       preserve_stateful=True, label=name)
-            if not result.retyped and not result.emulated and not fused:  # emulated: retypes nothing, adds Casts
+            if not result.retyped and not result.emulated and not plan.fused:  # emulated: retypes nothing, adds Casts
                 _remember_checked(name)
                 return None
             new = graph_to_function(result.graph_def, fdef, signatures)
@@ -213,20 +210,22 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
         if atomic is not None:
             weakref.finalize(atomic, _forget, name).atexit = False
         logger.info("mp_rewrite: %s: %s", name, result.grappler_line())
-        if later is not None and result.retyped:
-            deferred.start(name, later, body, options, signatures, fdef)
+        if plan.later is not None and result.retyped:
+            deferred.start(name, plan.later, plan.fused_body, options, signatures, fdef)
         return result
 
 
 def replace_rewrite(name: str, result, fdef: function_pb2.FunctionDef) -> bool:
     """Swap another rewrite of a recorded function in (the cost assignment decided after its first calls, training.
-    deferred). Returns False when the function is no longer recorded (restored, or collected by TF)."""
+    deferred); `result` None puts the traced definition back. False when the function is no longer recorded."""
     ctx = context.context()
     with _HOOK.lock:
         record = _HOOK.records.get(name)
         if record is None or not ctx.has_function(name):
             return False
-        _swap(ctx, name, fdef, ctx.get_function_def(name), record.atomic() if record.atomic is not None else None)
+        _swap(ctx, name, fdef or record.original, ctx.get_function_def(name), record.atomic and record.atomic())
+        if result is None:
+            _HOOK.records.pop(name)
         record.result = result
         return True
 

@@ -5,8 +5,8 @@
 
 On a CPU the default is the cost assignment, which measures a step on the machine that runs it: workers on machines
 that differ, or are loaded differently, could decide differently. A step with collective ops is therefore not
-measured (training.cost_hook.plan): every worker must run the same graph. A small CNN with a BatchNormalization
-(fused by the cost assignment) trains STEPS steps of a custom loop (Keras 3's `fit` under this strategy fails on
+measured (training.cost_hook.plan): it runs Grappler's lists as traced, the same graph on every worker. A small
+CNN with a BatchNormalization (which a measured cut would fuse) trains STEPS steps of a custom loop (Keras 3's `fit` under this strategy fails on
 its input here, with or without the rewrite: "Attempt to convert a value (PerReplica...)"); prints one line
 "RESULT{json}": a digest of every rewritten function as it runs (read back from the eager context), the steps
 still being measured, and the weights.

@@ -179,9 +179,9 @@ def test_workers_run_the_same_graph_under_the_default_cost_assignment(default_ru
     w0, w1 = default_runs["worker0"], default_runs["worker1"]
     assert w0["replicas"] == w1["replicas"] == 2 and w0["failures"] == w1["failures"] == {}
     assert w0["pending"] == w1["pending"] == []  # nothing measured, now or later, on either worker
-    # The step, BatchNorm fused and rewritten by the lists, byte for byte the same on both workers
-    # (Their names may differ: TF numbers functions per process, and the chief traces a few more of its own.)
+    # The step, rewritten by Grappler's lists as traced, byte for byte the same on both workers (their names may
+    # differ: TF numbers functions per process, and the chief traces a few more of its own).
     assert sorted(map(json.dumps, w0["functions"].values())) == sorted(map(json.dumps, w1["functions"].values()))
-    steps = [f for f in w0["functions"].values() if f["fused"]]
-    assert steps and all(f["bfloat16"] for f in steps) and not any(f["assignment"] for f in steps)
+    steps = [f for f in w0["functions"].values() if f["bfloat16"]]
+    assert steps and not any(f["assignment"] or f["fused"] for f in steps)
     assert w0["losses"] == w1["losses"] and w0["weights"] == w1["weights"]
