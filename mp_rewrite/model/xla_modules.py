@@ -127,9 +127,9 @@ def summary(modules) -> str:
     they compute, as far as they could be read."""
     count = f"{len(modules)} {OP} op{'' if len(modules) == 1 else 's'}"
     parts = [_heavy_words([m for m in modules if not m.gradient])]
-    gradients = [m for m in modules if m.gradient]
+    gradients = _heavy_words([m for m in modules if m.gradient])
     if gradients:
-        parts.append("its gradient: " + _heavy_words(gradients))
+        parts.append("its gradient: " + gradients)
     unread = [m for m in modules if m.heavy is None]
     if unread:
         parts.append(f"{len(unread)} not read: {unread[0].unread}")
