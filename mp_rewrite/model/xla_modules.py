@@ -62,6 +62,8 @@ def xla_modules(graph_def, functions=None) -> list[XlaModule]:
     Returns:
         One XlaModule per node, main graph first, counted where jaxlib can read the module.
     """
+    if OP.encode() not in graph_def.SerializeToString():  # serializing is much cheaper than a walk over the nodes
+        return []
     found = [("", node) for node in graph_def.node if node.op == OP]
     wanted = None if functions is None else set(functions)
     found += [(f.signature.name, node) for f in graph_def.library.function
