@@ -147,9 +147,10 @@ def test_without_jaxlib_the_modules_are_still_found(exports):
     assert "2 XlaCallModule ops (2 not read: jaxlib is not installed (pip install jax" in done.stdout, done.stdout
 
 
-def test_bytes_that_are_not_stablehlo_are_reported_unread():
+def test_bytes_that_are_not_stablehlo_are_reported_unread(capfd):
     graph = tf.compat.v1.GraphDef()
     node = graph.node.add(name="opaque", op="XlaCallModule")
     node.attr["module"].s = b"not a module"
     (module,) = xla_modules(graph)
     assert module.heavy is None and "could not be read" in module.unread
+    assert "error" not in capfd.readouterr().err  # MLIR's diagnostics are not printed beside the one-line error
