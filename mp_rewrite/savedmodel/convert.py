@@ -127,7 +127,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
     own = low_precision_counts(saved_model, options.precision)
     return ConversionResult(str(source), str(output), options.precision, options.device, rewritten.keys,
                             rewritten.graphs, rewritten.skipped, share, per_function, per_graph,
-                            time.perf_counter() - start, frozen=freeze, notes=rewritten.notes + runs.notes + _opaque_notes(opaque),
+                            time.perf_counter() - start, frozen=freeze,
+                            notes=rewritten.notes + runs.notes + _opaque_notes(opaque),
                             ran=tuple(runs.ran) if run_check else None,
                             written=tuple(max(0, w - o) for w, o in zip(counted[0], own)), opaque=tuple(opaque))
 
@@ -150,7 +151,8 @@ def check_conversion(source, output, tag_set=None, signatures=None, freeze: bool
                      options: Options | None = None, freeze_weights: str = "auto", allow_opaque_xla: bool = False):
     """The check step: the source (files, variables, references), the output path, the tag-set, the signature
     keys, that no XlaCallModule hides the computation (unless `allow_opaque_xla`) and (given `options`) that every
-    keep_fp32/force_low pattern names a node of what would be rewritten, without rewriting anything. Front ends with slow work of their own (the guard, --tune) call it first.
+    keep_fp32/force_low pattern names a node of what would be rewritten, without rewriting anything. Front ends with
+    slow work of their own (the guard, --tune) call it first.
 
     Returns:
         (source directory, output directory, the source's SavedModel proto, the signature keys or None).
