@@ -34,7 +34,7 @@ import dataclasses
 
 import numpy as np
 
-from .graph import EditableGraph, node_name, reachable
+from .graph import EditableGraph, drop_unset_attrs, node_name, reachable
 
 _FLOAT = 1  # types_pb2.DT_FLOAT
 _AXES = (0, 1, 2)
@@ -81,6 +81,7 @@ def fuse_training_batch_norms(graph_def, keep=()):
     _redirect(graph, redirects)
     # The layers' old nodes, forward and gradient, are what the fusion left unread; what was dead before stays.
     graph.remove(needed - reachable(graph.graph_def, keep))
+    drop_unset_attrs(graph.graph_def)  # what the matchers' reads of absent attrs inserted (TF would refuse them)
     return graph.graph_def, [layer.scope for layer in layers]
 
 
@@ -117,7 +118,8 @@ def _reads(node, tensor: str) -> bool:
 
 def _axes(graph, node) -> bool:
     axes = graph.constant(node.input[1])
-    return axes is not None and tuple(sorted(np.atleast_1d(axes).tolist())) == _AXES and node.attr["keep_dims"].b
+    return axes is not None and tuple(sorted(np.atleast_1d(axes).tolist())) == _AXES and \
+        "keep_dims" in node.attr and node.attr["keep_dims"].b
 
 
 def _unshaped(graph, tensor: str) -> str:

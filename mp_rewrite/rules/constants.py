@@ -35,7 +35,9 @@ def fold_constant_casts(graph_def, fetches) -> tuple[object, int]:
     count = 0
     for node in out.node:
         source = _producer(node.input[0], nodes) if node.op == "Cast" and node.input else None
-        if (source is None or source.op != "Const" or node.name in kept or node.attr["Truncate"].b
+        # `in` first: reading an absent attr of a protobuf map inserts an empty one, which TF refuses to run
+        if (source is None or source.op != "Const" or node.name in kept
+                or "Truncate" in node.attr and node.attr["Truncate"].b
                 or node.attr["DstT"].type not in LOW or node.attr["SrcT"].type != FLOAT):
             continue
         target = tf.dtypes.as_dtype(node.attr["DstT"].type)

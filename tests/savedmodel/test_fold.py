@@ -172,3 +172,20 @@ def test_tf_keras_fused_batch_norm_is_folded(tmp_path):
         reference = want[key].numpy()
         assert np.abs(reference).max() > 0.1
         np.testing.assert_allclose(value.numpy(), reference, atol=0.03 * np.abs(reference).max())
+
+
+def test_folding_casts_inserts_no_attr_without_a_value():
+    """A SavedModel leaves a Cast's default attrs (Truncate) out; reading one through the protobuf map would insert
+    an empty AttrValue, which TF refuses to run ("Failed to bind all placeholders")."""
+    graph = tf.Graph()
+    with graph.as_default():
+        weight = tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3), name="w")
+        tf.identity(tf.cast(weight, tf.bfloat16, name="cast"), name="out")
+        tf.identity(tf.cast(weight, tf.int32, name="to_int"), name="index")  # not a weight cast: it stays
+    graph_def = graph.as_graph_def()
+    for node in graph_def.node:
+        node.attr.pop("Truncate", None)
+    folded, count = constants.fold_constant_casts(graph_def, ["out", "index"])
+    assert count == 1
+    assert all(value.WhichOneof("value") is not None for node in folded.node for value in node.attr.values())
+    assert all("Truncate" not in node.attr for node in graph_def.node)  # the input stays as it was
