@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -265,6 +266,8 @@ def bench_model(model, labels, args):
             + ", ".join(f"{p.label} {p.cpus[-1] * 1e3:.0f} ms CPU" for p in processes))
     for p in processes:
         p.close()
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
     return {"variants": [{"label": p.label, "walls": p.walls, "cpus": p.cpus, **p.ready} for p in processes],
             "cold": cold, "steps": steps}
 
