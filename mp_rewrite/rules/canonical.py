@@ -25,6 +25,7 @@ from .residual import match_residual_bias, rewrite_residual_bias
 from .record import APPLIED, DECLINED, Match, Record
 from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, match_static_reshape,
                       rewrite_batch_matmul, rewrite_einsum, rewrite_reshape_pair, rewrite_static_reshape)
+from .scale import match_scale_into_weights, rewrite_scale_into_weights
 from .swish import match_swish, rewrite_swish
 
 MAX_ROUNDS = 8
@@ -74,6 +75,7 @@ RULES = (
     Rule("layer_norm", ("Mean",), match_layer_norm, rewrite_layer_norm, lambda m: "LayerNorm (_MklLayerNorm)"),
     Rule("identity_n", ("IdentityN",), match_identity_n, rewrite_identity_n),
     Rule("swish", ("Mul",), match_swish, rewrite_swish, lambda m: m.values["fusion"]),
+    Rule("scale_into_weights", ("Mul",), match_scale_into_weights, rewrite_scale_into_weights),
     Rule("residual_bias", ("Add", "AddV2", "AddN"), match_residual_bias, rewrite_residual_bias,
          lambda m: f"{m.nodes['contraction'].op} + BiasAdd" + (" + Add" if m.values["residual"] else "")),
 )
