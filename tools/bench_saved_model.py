@@ -116,8 +116,10 @@ def with_statistics(model):
     return model
 
 
-def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: str | None = None) -> tuple[dict, dict]:
-    """Export the float32 and the Keras mixed_bfloat16 SavedModels (same weights) and convert the float32 one.
+def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: str | None = None,
+            wanted=VARIANTS) -> tuple[dict, dict]:
+    """Export the float32 and the Keras mixed_bfloat16 SavedModels (same weights) and convert the float32 one into
+    the `wanted` variants (the in-place lists and --freeze conversions always: their facts head the page).
 
     Returns:
         ({variant: SavedModel path}, conversion facts for this model).
@@ -131,7 +133,8 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
     paths["tf_amp"] = paths["fp32"]
     if openvino_python:
         paths["openvino"] = paths["fp32"]  # OpenVINO converts the float32 SavedModel itself, in its worker
-    if not (paths["fp32"] / "saved_model.pb").exists() or not (paths["keras_mixed"] / "saved_model.pb").exists():
+    mixed_wanted = "keras_mixed" in wanted and not (paths["keras_mixed"] / "saved_model.pb").exists()
+    if not (paths["fp32"] / "saved_model.pb").exists() or mixed_wanted:
         model = with_statistics(build_model(name))
         if name in KERAS_HUB:
             model = with_random_biases(model)
@@ -153,18 +156,22 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         start = time.perf_counter()
         convert_saved_model(paths["fp32"], paths["ours_freeze"], "bfloat16", freeze=True, overwrite=True)
         freeze_times.append(time.perf_counter() - start)
-    cost_paths, predictions, default_seconds, cost_seconds = convert_by_cost(paths["fp32"], workdir / name,
-                                                                             TUNE_BATCH)
-    paths.update(cost_paths)
-    from mp_rewrite.savedmodel.tune import tune_saved_model
-    # Tuned at the first serving batch size measured (the tuner times on this machine, at this batch).
-    start = time.perf_counter()
-    tuned = tune_saved_model(paths["fp32"], paths["ours_tuned"], "bfloat16", freeze=True, overwrite=True, rounds=3,
-                             batch_size=TUNE_BATCH)
-    tune_seconds = time.perf_counter() - start
-    lists = workdir / "matmul_conv_only.toml"
-    lists.write_text(MATMUL_CONV_ONLY)
-    convert_saved_model(paths["fp32"], paths["ours_mm"], "bfloat16", lists_file=str(lists), overwrite=True)
+    predictions, default_seconds, cost_seconds, tune_seconds, chosen = {}, None, None, None, "-"
+    if {"ours", "ours_cost"} & set(wanted):
+        cost_paths, predictions, default_seconds, cost_seconds = convert_by_cost(paths["fp32"], workdir / name,
+                                                                                 TUNE_BATCH)
+        paths.update(cost_paths)
+    if "ours_tuned" in wanted:
+        from mp_rewrite.savedmodel.tune import tune_saved_model
+        # Tuned at the first serving batch size measured (the tuner times on this machine, at this batch).
+        start = time.perf_counter()
+        chosen = tune_saved_model(paths["fp32"], paths["ours_tuned"], "bfloat16", freeze=True, overwrite=True,
+                                  rounds=3, batch_size=TUNE_BATCH).chosen
+        tune_seconds = time.perf_counter() - start
+    if "ours_mm" in wanted:
+        lists = workdir / "matmul_conv_only.toml"
+        lists.write_text(MATMUL_CONV_ONLY)
+        convert_saved_model(paths["fp32"], paths["ours_mm"], "bfloat16", lists_file=str(lists), overwrite=True)
     inc = {}
     if inc_python:
         paths["inc"] = workdir / name / "inc_bf16"
@@ -173,12 +180,12 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
              "cost_s": cost_seconds, "tune_s": tune_seconds, "default_s": default_seconds,
              "predicted": {TUNE_BATCH: predictions},
              "inc_s": inc.get("seconds"),
-             "tuned": tuned.chosen,
+             "tuned": chosen,
              "freeze_mb": sum(f.stat().st_size for f in paths["ours_freeze"].rglob("*") if f.is_file()) / 1e6,
              "flop_share": result.flops.share,
              "converted": result.converted_nodes, "casts": result.casts,
              "size_mb": sum(f.stat().st_size for f in paths["fp32"].rglob("*") if f.is_file()) / 1e6}
-    return paths, facts
+    return {v: path for v, path in paths.items() if v in wanted or v in PEERS}, facts
 
 
 def convert_by_cost(source: Path, workdir: Path, batch: int) -> tuple[dict, dict, float, float]:
@@ -245,6 +252,46 @@ def _executed_kernels(function, inputs) -> tuple[int, int, dict]:
     return low, total, census
 
 
+CONTAINERS = ("PartitionedCall", "StatefulPartitionedCall", "_Arg", "_Retval", "Const", "NoOp", "Identity",
+              "_Send", "_Recv", "_HostSend", "_HostRecv")  # a call's time is its body's; the rest is bookkeeping
+PROFILED = ("fp32", "ours", "ours_freeze", "ours_cost", "openvino")  # the variants whose kernels the page tabulates
+PROFILE_CALLS = 5
+
+
+def kernel_times(path, arrays: dict, calls: int = PROFILE_CALLS) -> dict:
+    """{kernel: ms per call}: the time of every kernel TF ran for the SavedModel's `serving_default`, summed per
+    kind ("_MklNativeFusedConv2D: BiasAdd+Relu6" with the ops fused into it), from a Session's full trace (step
+    stats) of `calls` calls after one warm call. Kernels running side by side on different cores both count, so
+    the sum can exceed the call's wall time."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import config_pb2
+    totals = {}
+    with tf.compat.v1.Session(graph=tf.Graph()) as session:
+        signature = tf.compat.v1.saved_model.load(session, ["serve"], str(path)).signature_def["serving_default"]
+        feeds = {signature.inputs[key].name: value for key, value in arrays.items()}
+        fetches = [info.name for info in signature.outputs.values()]
+        session.run(fetches, feeds)
+        options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE, output_partition_graphs=True)
+        for _ in range(calls):
+            metadata = config_pb2.RunMetadata()
+            session.run(fetches, feeds, options=options, run_metadata=metadata)
+            partitions = list(metadata.partition_graphs) + [p for f in metadata.function_graphs
+                                                            for p in f.partition_graphs]
+            labels = {node.name: _kernel_label(node) for graph in partitions for node in graph.node}
+            for device in metadata.step_stats.dev_stats:
+                for stats in device.node_stats:
+                    op = stats.timeline_label.split(" = ")[-1].split("(")[0] if " = " in stats.timeline_label else ""
+                    label = labels.get(stats.node_name, op)
+                    if label and label.split(":")[0] not in CONTAINERS:
+                        totals[label] = totals.get(label, 0.0) + stats.all_end_rel_micros / 1000 / calls
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def _kernel_label(node) -> str:
+    fused = [s.decode() for s in node.attr["fused_ops"].list.s] if "fused_ops" in node.attr else []
+    return f"{node.op}: {'+'.join(fused)}" if fused else node.op
+
+
 def worker(batch: int, specs: list) -> None:
     """Load the variants `specs` ([(variant, path, outputs file)]) in this one process, warm each up and report it
     (one line each), then answer "run N VARIANT" lines with N call times of that variant (JSON) until EOF."""
@@ -270,7 +317,12 @@ def worker(batch: int, specs: list) -> None:
         print(json.dumps({"ready": True, "variant": variant, "warm_s": warm, "bf16_kernels": low, "kernels": total,
                           "census": census}), flush=True)
     for line in sys.stdin:
-        _, calls, variant = line.split()
+        command, calls, variant = line.split()
+        if command == "profile":
+            path = next(p for v, p, _ in specs if v == variant)
+            print(json.dumps({"kernels": kernel_times(path, {k: v.numpy() for k, v in loaded[variant][1].items()},
+                                                      int(calls))}), flush=True)
+            continue
         function, inputs = loaded[variant]
         times, cpu = [], []
         for _ in range(int(calls)):
@@ -314,6 +366,12 @@ class Worker:
         self.proc.stdin.write(f"run {calls} {variant}\n" if self.named else f"run {calls}\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
+
+    def profile(self, calls: int, variant: str) -> dict:
+        """{kernel: ms per call} of `calls` traced calls (kernel_times; OpenVINO's PERF_COUNT in its worker)."""
+        self.proc.stdin.write(f"profile {calls} {variant}\n" if self.named else f"profile {calls}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["kernels"]
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -370,6 +428,7 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
                 block = workers[v].run(calls, v)
                 times[v] += block["times"]
                 cpu[v] += block["cpu"]
+        kernels = {v: workers[v].profile(PROFILE_CALLS, v) for v in variants if v in PROFILED}
     finally:
         for process in processes:
             process.close()
@@ -380,6 +439,7 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
             "cpu_ms": {v: 1000 * statistics.median(t) for v, t in cpu.items()},
             "calls": {v: len(t) for v, t in times.items()}, "diff_vs_fp32": diff,
             "kernels": {v: (infos[v]["bf16_kernels"], infos[v]["kernels"]) for v in variants},
+            "kernel_ms": kernels,
             "same_graph_as_tf_amp": infos["ours_lists"]["census"] == infos["tf_amp"]["census"]
             if {"ours_lists", "tf_amp"} <= set(infos) else None,
             "casts": {v: sum(n for op, n in infos[v]["census"].items() if op.startswith("Cast ")) for v in variants},
@@ -402,6 +462,8 @@ def main(argv=None) -> int:
     parser.add_argument("--openvino-python", help="the Python of an environment with `openvino` (see "
                         "tools/openvino_run.py); without it OpenVINO is not compared")
     parser.add_argument("--json", help="also write the measured rows and conversion facts to this JSON file")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join(VARIANTS)} (float32 always; peers by their --*-python)")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -410,7 +472,11 @@ def main(argv=None) -> int:
     unknown = [name for name in names if name not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
-    prepared = {name: prepare(name, workdir, args.inc_python, args.openvino_python) for name in names}
+    wanted = ["fp32"] + [v for v in args.variants.split(",") if v != "fp32"]
+    if set(wanted) - set(VARIANTS):
+        parser.error(f"unknown variant(s) {', '.join(sorted(set(wanted) - set(VARIANTS)))}; choose from "
+                     f"{', '.join(VARIANTS)}")
+    prepared = {name: prepare(name, workdir, args.inc_python, args.openvino_python, wanted) for name in names}
     facts = {name: f for name, (_, f) in prepared.items()}
     cli_seconds = {}
     if "resnet50" in prepared:
@@ -421,7 +487,7 @@ def main(argv=None) -> int:
     for name in names:
         for batch in batches:
             paths = dict(prepared[name][0])
-            if batch != TUNE_BATCH:  # the cost variants are measured at the batch they serve (--batch-size)
+            if batch != TUNE_BATCH and {"ours", "ours_cost"} & set(wanted):  # measured at the batch they serve
                 cost_paths, facts[name]["predicted"][batch] = convert_by_cost(paths["fp32"], workdir / name, batch)[:2]
                 paths.update(cost_paths)
             rows.append(measure(name, batch, paths, workdir, args.rounds, args.block_seconds, args.openvino_python))

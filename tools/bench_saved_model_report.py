@@ -37,6 +37,13 @@ NOTES = """Notes:
 - With random weights MobileNetV2's softmax output is uniform, so its output differences say little."""
 
 
+SAME = {True: "yes", False: "no", None: "-"}  # "-": TF AMP or the lists variant not measured
+
+
+def _seconds(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def machine() -> dict:
     """Facts about this machine and the software."""
     import keras
@@ -61,7 +68,7 @@ def table(rows: list[dict], key: str = "ms") -> list[str]:
         ms = row[key]
         lines.append(f"| {row['model']} | {row['batch']} | " + " | ".join(f"{ms[v]:.1f}" for v in measured) + " | " +
                      " | ".join(f"{ms['fp32'] / ms[v]:.2f}x" for v in others) +
-                     f" | {'yes' if row['same_graph_as_tf_amp'] else 'no'} |")
+                     f" | {SAME[row['same_graph_as_tf_amp']]} |")
     return lines
 
 
@@ -98,6 +105,30 @@ def chart(rows: list[dict], path: Path) -> str:
     return f"chart: {path}"
 
 
+KERNEL_ROWS = 12
+
+
+def kernel_tables(rows: list[dict]) -> list[str]:
+    """Per model and batch, where the time of a call goes: the kernels TF ran for each profiled variant (summed
+    per kind, from a Session's step stats) beside OpenVINO's per-layer profile (PERF_COUNT), slowest first."""
+    lines = []
+    for row in rows:
+        profiled = [v for v in variants(row) if v in row.get("kernel_ms", {})]
+        if not profiled:
+            continue
+        lines += ["", f"Where the time of one call goes, {row['model']} batch {row['batch']} (ms per call, the "
+                  f"{KERNEL_ROWS} slowest kinds of kernel; the total is every kernel's time, which exceeds the wall "
+                  "time where kernels ran side by side):", "",
+                  "| " + " | ".join(f"{LABELS[v]} | ms" for v in profiled) + " |",
+                  "|" + "---|---|" * len(profiled)]
+        tables = [list(row["kernel_ms"][v].items()) for v in profiled]
+        for i in range(KERNEL_ROWS):
+            cells = [f"{t[i][0]} | {t[i][1]:.2f}" if i < len(t) else " | " for t in tables]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(f"**total** | **{sum(ms for _, ms in t):.2f}**" for t in tables) + " |")
+    return lines
+
+
 def report(rows, facts, cli_seconds, info, load, command, note) -> str:
     """The markdown page."""
     lines = ["# SavedModel conversion benchmark", "", f"Command: `{command}`", "",
@@ -116,8 +147,8 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
     for name, f in facts.items():
         cli = "{:.1f} ({:.1f})".format(*cli_seconds[name]) if name in cli_seconds else "-"
         lines.append(f"| {name} | {f['size_mb']:.0f} | {f['freeze_mb']:.0f} | {f['convert_s']:.2f} | "
-                     f"{f['freeze_s']:.2f} | {cli} | {f.get('cost_s', 0):.1f} | {f.get('tune_s', 0):.1f} | "
-                     f"{'-' if f['inc_s'] is None else format(f['inc_s'], '.1f')} | "
+                     f"{f['freeze_s']:.2f} | {cli} | {_seconds(f.get('cost_s'))} | {_seconds(f.get('tune_s'))} | "
+                     f"{_seconds(f['inc_s'])} | "
                      f"{f['tuned']} | {f['converted']} | {f['casts']} | "
                      f"{f['flop_share']:.1%} |")
     lines += ["", "What the cost assignment predicted at conversion (converted at the batch it is timed at, as "
@@ -148,6 +179,7 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
     for row in rows:
         lines.append(f"- {row['model']} batch {row['batch']}: " +
                      ", ".join(f"{LABELS[v]} {row['diff_vs_fp32'][v]:.2e}" for v in variants(row)[1:]))
+    lines += kernel_tables(rows)
     openvino = [row for row in rows if row.get("openvino")]
     if openvino:
         info = openvino[0]["openvino"]

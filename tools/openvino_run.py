@@ -51,6 +51,22 @@ def _type_name(value) -> str:
     return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
 
 
+def _layer_times(request, feeds: dict, calls: int) -> dict:
+    """{layer type (its kernel precision): ms per call} from OpenVINO's per-layer profile (PERF_COUNT) of `calls`
+    calls after a warm one, summed per type, slowest first."""
+    request.infer(feeds)
+    totals = {}
+    for _ in range(calls):
+        request.infer(feeds)
+        for layer in request.profiling_info:
+            if layer.status.name != "EXECUTED" or layer.real_time.total_seconds() <= 0:
+                continue
+            precision = layer.exec_type.rsplit("_", 1)[-1] if "_" in layer.exec_type else layer.exec_type
+            label = f"{layer.node_type} ({precision})"
+            totals[label] = totals.get(label, 0.0) + layer.real_time.total_seconds() * 1000 / calls
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("saved_model")
@@ -86,7 +102,14 @@ def main() -> None:
             "hint": str(compiled.get_property("PERFORMANCE_HINT")), "openvino": ov.__version__,
             "bf16_kernels": 0, "kernels": 0, "census": {}}
     print(json.dumps(info), flush=True)
+    profiled = None
     for line in sys.stdin:
+        if line.startswith("profile"):  # PERF_COUNT slows every call a little: a second compilation has it on
+            if profiled is None:
+                profiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": args.threads,
+                                                             "PERF_COUNT": True}).create_infer_request()
+            print(json.dumps({"kernels": _layer_times(profiled, feeds, int(line.split()[1]))}), flush=True)
+            continue
         times, cpu = [], []
         for _ in range(int(line.split()[1])):
             start, start_cpu = time.perf_counter(), time.process_time()
