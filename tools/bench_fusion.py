@@ -122,14 +122,8 @@ def callable_of(graph_def, feeds, fetches):
 
 def executed(function, inputs) -> dict:
     """{fused, casts, nodes}: what TF executed for one call (run metadata of the function's partitions)."""
-    from tensorflow.python.eager import context
-    context.enable_run_metadata()
-    context.export_run_metadata()  # drops what earlier calls left behind
-    function(*inputs)
-    metadata = context.export_run_metadata()
-    context.disable_run_metadata()
-    nodes = [n for g in metadata.function_graphs for p in g.partition_graphs for n in p.node
-             if n.op not in ("_Arg", "_Retval", "Const", "NoOp", "Identity")]
+    from mp_rewrite.analysis.execution import executed_nodes
+    nodes = executed_nodes(function, *inputs)
     fused = [f"{n.op}[{','.join(s.decode() for s in n.attr['fused_ops'].list.s)}]" for n in nodes
              if n.op.startswith("_Fused") or n.op.startswith("_Mkl")]
     return {"fused": fused, "casts": sum(n.op == "Cast" for n in nodes), "nodes": len(nodes),

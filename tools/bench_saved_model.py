@@ -231,24 +231,19 @@ def cli_convert_seconds(source: Path, output: Path, *options: str) -> float:
 
 
 def _executed_kernels(function, inputs) -> tuple[int, int, dict]:
-    """(bf16 matmul/conv kernels, all matmul/conv kernels, {"op dtype": count} of every node) in the graphs TF
-    executed for one call (eager run metadata)."""
+    """(bf16 matmul/conv kernels, all matmul/conv kernels, {"op dtype": count} of every computing node) in the
+    graphs TF executed for one call (analysis.execution.executed_nodes)."""
     from tensorflow.core.framework import types_pb2
-    from tensorflow.python.eager import context
-    context.enable_run_metadata()
-    function(**inputs)
-    metadata = context.export_run_metadata()
-    context.disable_run_metadata()
+
+    from mp_rewrite.analysis.execution import executed_nodes
     low = total = 0
     census = {}
-    for graph in metadata.function_graphs:
-        for partition in graph.partition_graphs:
-            for node in partition.node:
-                dtype = types_pb2.DataType.Name(node.attr["T"].type) if "T" in node.attr else ""
-                census[f"{node.op} {dtype}"] = census.get(f"{node.op} {dtype}", 0) + 1
-                if any(k in node.op for k in ("Conv", "MatMul", "Einsum")):
-                    total += 1
-                    low += dtype == "DT_BFLOAT16"
+    for node in executed_nodes(function, **inputs):
+        dtype = types_pb2.DataType.Name(node.attr["T"].type) if "T" in node.attr else ""
+        census[f"{node.op} {dtype}"] = census.get(f"{node.op} {dtype}", 0) + 1
+        if any(k in node.op for k in ("Conv", "MatMul", "Einsum")):
+            total += 1
+            low += dtype == "DT_BFLOAT16"
     return low, total, census
 
 

@@ -145,20 +145,12 @@ def test_weights_low_needs_freeze_and_works_with_it(exported, tmp_path):
 
 
 def _executed(function, feeds) -> dict:
-    """{op: how many nodes of it TensorFlow executed} in one call (eager run metadata: the partition graphs TF ran,
-    after its own runtime optimizations)."""
-    from tensorflow.python.eager import context
-    context.enable_run_metadata()
-    try:
-        function(**feeds)
-        metadata = context.export_run_metadata()
-    finally:
-        context.disable_run_metadata()
+    """{op: how many nodes of it TensorFlow executed} in one call (analysis.execution.executed_nodes: the partition
+    graphs TF ran, after its own runtime optimizations; what earlier calls left in the run metadata is dropped)."""
+    from mp_rewrite.analysis.execution import executed_nodes
     counts: dict = {}
-    for graph in metadata.function_graphs:
-        for partition in graph.partition_graphs:
-            for node in partition.node:
-                counts[node.op] = counts.get(node.op, 0) + 1
+    for node in executed_nodes(function, **feeds):
+        counts[node.op] = counts.get(node.op, 0) + 1
     return counts
 
 
