@@ -21,9 +21,9 @@ CONTRACTIONS = {"MatMul": "_FusedMatMul", "Conv2D": "_FusedConv2D",
 ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
 RESIDUAL_ADDS = ("Add", "AddV2", "AddN")  # Conv2D/MatMul + BiasAdd + a residual: fused_ops [BiasAdd, Add]
 RESIDUAL_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu")  # after a Conv2D's residual add only
-REGION_ACTIVATIONS = GELUS
-HARD_SWISH_OPS = ["AddV2", "Mul", "Mul", "Relu6"]
-HARD_SWISH_POINTS = np.linspace(-8.0, 8.0, 65)  # MatMul only, several nodes each
+REGION_ACTIVATIONS = GELUS  # MatMul only, several nodes each
+HARD_SWISH_OPS = ["AddV2", "Mul", "Mul", "Relu6"]  # x * relu6(x + 3) / 6 after folding, Conv2D/depthwise only
+HARD_SWISH_POINTS = np.linspace(-8.0, 8.0, 65)
 FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 
 

@@ -40,11 +40,13 @@ def match_residual_bias(graph: EditableGraph, root) -> Match | None:
     bias = np.zeros(channels, np.float64)
     for tensor in constants:
         value = graph.constant(tensor)
-        if value.size not in (1, channels) or value.size == channels and value.shape[-1] != channels:
+        if value.size not in (1, channels) or value.size == channels and value.shape[-1] != channels or \
+                value.ndim > CONTRACTIONS[contraction.op]:  # a constant of higher rank would broadcast the sum
             return Match().fail(f"the constant '{tensor}' of shape {tuple(value.shape)} is not one value per "
                                 f"channel of {channels}")
         bias += value.astype(np.float64).reshape(-1)
-    others = [t for t in terms if t not in constants and t != contractions[0]]
+    others = [t for t in terms if t not in constants]
+    others.remove(contractions[0])
     if len(others) > 1:
         return Match().fail(f"'{root.name}' adds {len(others)} tensors besides the contraction and its bias; "
                             "the remapper fuses one")

@@ -38,6 +38,8 @@ def match_scale_into_weights(graph: EditableGraph, mul) -> Match | None:
             # one factor per product: a projection on both sides (einsum(q, q)) would be scaled twice
             if found is not None and [f[0] for f in found_all if f is not None].count(found[0]) == 1:
                 matmul, bias = found
+                if graph.control_readers(mul.name):
+                    return Match().fail(f"'{mul.name}' orders other nodes by a control dependency")
                 return Match(nodes={"mul": mul, "matmul": matmul} | ({"bias": bias} if bias is not None else {}),
                              values={"factor": float(factor.reshape(())), "data": data})
     return None
