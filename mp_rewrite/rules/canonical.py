@@ -107,6 +107,7 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
         applied = _run_round(graph, rules, records, declined)
         if not applied:
             break
+        graph.forget_shapes()  # asked again (lazily) in the next round, the new nodes included
     records += [r for r in declined.values() if r.node in graph.nodes]
     # What a rewrite left unread (the chain a BatchNorm was folded out of) would keep the contraction "read by 2
     # nodes" for whoever looks next; what was dead before is not ours to remove.

@@ -70,6 +70,10 @@ class EditableGraph:
             self._shapes = _inferred_shapes(self.graph_def)
         return self._shapes.get(node_name(tensor)) if is_first_output(tensor) else None
 
+    def forget_shapes(self) -> None:
+        """Let the next shape question import the graph as it is now (the nodes rewrites added have shapes too)."""
+        self._shapes = None
+
     def readers(self, name: str) -> list:
         """The nodes that read any output of `name` as data (a node reading it twice appears twice)."""
         if self._readers is None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .graph import FLOAT_TYPES, EditableGraph
 from .record import Match
+from .shape_math import constant_target
 
 BATCH_MATMULS = ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 
@@ -36,13 +37,17 @@ def rewrite_reshape_pair(graph: EditableGraph, match: Match) -> str:
 
 def match_static_reshape(graph: EditableGraph, reshape) -> Match | None:
     """A Reshape whose target is computed (Keras' `Shape -> Gather -> Prod -> Pack` of a Dense on 3-D inputs) but
-    whose output shape TF's shape inference knows up to one dimension; None when the target is a constant."""
+    whose output shape TF's shape inference knows up to one dimension, or whose target shape_math evaluates to a
+    constant up to the batch; None when the target is a constant."""
     if graph.constant(reshape.input[1]) is not None:
         return None
     shape = graph.inferred_shape(reshape.name)
-    if shape is None or sum(d is None for d in shape) > 1:
+    if shape is not None and sum(d is None for d in shape) <= 1:
+        return Match(nodes={"reshape": reshape}, values={"shape": [-1 if d is None else d for d in shape]})
+    target = constant_target(graph, reshape.input[1])
+    if target is None:
         return None  # nothing to say: most computed targets are computed because they must be
-    return Match(nodes={"reshape": reshape}, values={"shape": [-1 if d is None else d for d in shape]})
+    return Match(nodes={"reshape": reshape}, values={"shape": target})
 
 
 def rewrite_static_reshape(graph: EditableGraph, match: Match) -> str:

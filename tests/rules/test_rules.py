@@ -15,7 +15,8 @@ X3 = np.random.default_rng(1).normal(size=(8, 16, 32)).astype(np.float32)
 
 
 def _applied(records) -> list:
-    return [r.rule for r in records if r.applied]
+    """The rules applied, the constant Reshape targets left out (they are test_static_reshape.py's)."""
+    return [r.rule for r in records if r.applied and r.rule != "static_reshape"]
 
 
 @pytest.mark.parametrize("approximate, form", [(False, "GeluExact"), (True, "GeluApproximate")])
