@@ -11,7 +11,7 @@ import dataclasses
 from rich.table import Table
 
 from .list_options import add_assign_options, add_list_options, assign_from_args, options_from_args, say_assignment
-from .model_options import add_tag_set_option, saved_model_path
+from .model_options import add_tag_set_option, saved_model_path, say
 from .verify import (add_verify_options, check_verify_options, progress_bar, run_verification,
                      stdout_console)
 
@@ -183,7 +183,7 @@ def _convert(args, options):
                                    signatures=args.signature or None, weights=args.weights, freeze=args.freeze,
                                    freeze_weights=args.freeze_weights, keras_metadata=args.keras_metadata,
                                    overwrite=args.overwrite, run_check=args.run_check, run_inputs=recipe,
-                                   allow_opaque_xla=args.allow_opaque_xla, progress=progress)
+                                   allow_opaque_xla=args.allow_opaque_xla, progress=progress, on_note=say)
 
 
 def _tune(args, options):

@@ -127,7 +127,9 @@ def _run_round(graph: EditableGraph, rules, records: list, declined: dict) -> in
             match = rule.match(graph, node)
             if match is None:
                 continue
-            covered = tuple(n.name for n in match.nodes.values())
+            # the pattern's nodes, and the region it recognized (a LayerNorm's, a GELU's) where it has one
+            covered = tuple(dict.fromkeys([n.name for n in match.nodes.values()] +
+                                          [n.name for n in match.values.get("region", ())]))
             if not match.ok:
                 declined[(rule.name, node.name)] = Record(rule.name, node.name, DECLINED, match.reason,
                                                           nodes=covered)

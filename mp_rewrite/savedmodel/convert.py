@@ -109,8 +109,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                     rewritten = rewrite_in_place(source_dir, saved_model, options, keys, tags, progress,
                                                  keras_metadata=keras_metadata, output=output)
             try:
-                for option in ("keep_fp32", "force_low"):
-                    check_patterns_match(getattr(options, option), option, rewritten.node_names)
+                _say_vanished(options, rewritten.node_names, on_note)
                 check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run
                 with _step("estimate"):
                     share, per_function, per_graph = estimate_flops(rewritten.graphs) if flops else (None, {}, {})
@@ -179,6 +178,22 @@ def check_conversion(source, output, tag_set=None, signatures=None, freeze: bool
         for option in ("keep_fp32", "force_low"):
             check_patterns_match(getattr(options, option), option, names)
     return source_dir, output_dir, saved_model, keys
+
+
+def _say_vanished(options, names, on_note) -> None:
+    """One note per option for the keep_fp32/force_low patterns (checked against the source before anything was
+    done) that match nothing in what was written: freezing folded their nodes into constants, or a rule fused them
+    (the accuracy guard's patterns name nodes of the graph before either). Nothing of them is left to keep."""
+    from ..core.pass_context import compile_patterns
+    if on_note is None:
+        return
+    names = list(names)
+    for option in ("keep_fp32", "force_low"):
+        gone = [p for p in getattr(options, option) or () if not any(map(compile_patterns([p], option), names))]
+        if gone:
+            more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+            on_note(f"--{option.replace('_', '-')} {gone[0]!r}{more}: their nodes were folded into constants or "
+                    "fused by the conversion, so nothing of them is left to keep")
 
 
 def opaque_modules(saved_model, tags, keys, freeze: bool) -> list:

@@ -161,6 +161,24 @@ def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, ke
     return module, functions, results, name_suffixes(names)
 
 
+def _keep_fused(options, records, present: set, names: set):
+    """The options with what is left of every rewrite whose covered nodes a keep_fp32 pattern names kept in float32
+    too: a LayerNorm the accuracy guard keeps is one `_MklLayerNorm` after the rules, under its output's name. The
+    covered nodes join `names` (the names a conversion reports as converted)."""
+    from ..core.pass_context import compile_patterns
+    applied = [r for r in records if r.applied]
+    names.update(node for r in applied for node in r.nodes)
+    if not options.keep_fp32 or not applied:
+        return options
+    keeps = compile_patterns(options.keep_fp32, "keep_fp32")
+    # What a rewrite covered and left under its name (a LayerNorm's output, a residual's sum, the contraction).
+    left = dict.fromkeys(node for r in applied if any(map(keeps, r.nodes)) for node in r.nodes
+                         if node in present and not keeps(node))
+    if not left:
+        return options
+    return dataclasses.replace(options, keep_fp32=tuple(options.keep_fp32) + tuple(f"={node}" for node in left))
+
+
 def _frozen_signature(loaded, key: str, options, weights: str, resources: list, names: set, keep_variables: bool):
     """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult, a key
     equal for signatures whose frozen graphs and interfaces are the same). The resources it captures (tables, and
@@ -172,6 +190,7 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     folded, records = canonicalize(optimize_graph(frozen.graph_def, fetches, FOLDING), fetches, shapes=shapes)
     folded = prune(folded, fetches)
     names.update(node.name for node in folded.node)
+    options = _keep_fused(options, records, {node.name for node in folded.node}, names)
     # The placeholders the signature's arguments (and captures) feed keep their dtypes, like Grappler's feeds.
     fed = {name.split(":")[0]: "fed by the signature" for name in [*(n for _, n in frozen.inputs),
                                                                    *(n for n, _ in frozen.captured), *frozen.variables]}
