@@ -21,6 +21,10 @@ from .loadable_copy import loadable_copy
 from .verify import signature_feeds
 
 
+class RunFailure(ModelError):
+    """The written copy failed to run a signature that the conversion was to write (nothing was written)."""
+
+
 @dataclasses.dataclass
 class RunCheck:
     """Calls every signature of each loaded MetaGraph of a written copy once (source_check.check_written's `run`),
@@ -70,7 +74,7 @@ class RunCheck:
                     self.notes.append(f"signature '{key}' was not run before writing: {e}")
                     continue
                 fault = _whose_fault(self.source, self.source_model, tags, key, recipe, self.precision, str(e))
-                raise ModelError(f"{e}; {fault}; nothing was written") from None
+                raise RunFailure(f"{e}; {fault}; nothing was written") from None
             self.ran.append(key)
             called.add(identity)
 

@@ -37,6 +37,7 @@ from ..model.files import read_saved_model
 from .convert import check_conversion, convert_saved_model
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
+from .run_check import RunFailure
 
 CANDIDATES = ("cost", "grappler", "matmul-conv", "no-depthwise", "float32")
 DEPTHWISE = ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter")
@@ -118,15 +119,21 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     candidates |= {ORIGINAL: False} if freeze else {}
     steps = TuneSteps(progress, len(candidates), rounds)
     with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work:
-        converted = {}
+        converted, out = {}, {}
         for name in steps.each("converting", candidates):
             chosen = (dataclasses.replace(options, assign="cost", costs=costs) if name == "cost" else
                       dataclasses.replace(options, assign="lists", costs=None, lists=_candidate_lists(
                           name if name != ORIGINAL else "float32", options.lists)))
-            converted[name] = convert_saved_model(source, Path(work) / name, options=chosen, freeze=candidates[name],
-                                                  tag_set=tag_set, signatures=signatures,
-                                                  weights=weights if candidates[name] else "keep",
-                                                  allow_opaque_xla=allow_opaque_xla)
+            try:
+                converted[name] = convert_saved_model(source, Path(work) / name, options=chosen,
+                                                      freeze=candidates[name], tag_set=tag_set, signatures=signatures,
+                                                      weights=weights if candidates[name] else "keep",
+                                                      allow_opaque_xla=allow_opaque_xla)
+            except RunFailure as e:  # a kernel this CPU cannot run in the precision: out of the race
+                if name in ("float32", ORIGINAL):
+                    raise
+                out[name] = str(e).split("; ")[0]
+        candidates = {name: frozen for name, frozen in candidates.items() if name not in out}
         passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size, tag_set)
                   for name in steps.each("verifying", candidates)}
         milliseconds = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size, tags,
@@ -150,6 +157,7 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     result.conversion.output = str(output)
     # The chosen candidate was converted into a temporary directory; its notes name the output instead.
     result.conversion.notes = [n.replace(str(Path(work) / chosen), str(output)) for n in result.conversion.notes]
+    result.conversion.notes += [f"--tune: candidate '{name}' is out of the race: {why}" for name, why in out.items()]
     return result
 
 

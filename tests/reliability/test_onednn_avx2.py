@@ -62,3 +62,13 @@ def test_the_default_converts_what_runs(mobilenet, tmp_path, avx2, freeze):
     assert "the written copy ran 2 signatures" in done.stdout
     ran = subprocess.run([sys.executable, "-c", RUNS, str(tmp_path / "out")], capture_output=True, text=True)
     assert ran.returncode == 0 and "(2, 1000)" in ran.stdout, ran.stderr
+
+
+def test_tune_races_only_the_candidates_that_run(mobilenet, tmp_path, avx2):
+    """`--tune` converts each candidate; one whose written copy cannot run here is out of the race (it stopped the
+    whole tune with the run check's error before), and the fastest of the rest is written."""
+    done = run_cli("convert", mobilenet, tmp_path / "out", "--precision", "bfloat16", "--freeze", "--tune")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "--tune: candidate 'grappler' is out of the race: the converted model failed to run" in done.stdout
+    ran = subprocess.run([sys.executable, "-c", RUNS, str(tmp_path / "out")], capture_output=True, text=True)
+    assert ran.returncode == 0 and "(2, 1000)" in ran.stdout, ran.stderr
