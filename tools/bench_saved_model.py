@@ -260,6 +260,8 @@ def kernel_times(path, arrays: dict, calls: int = PROFILE_CALLS) -> dict:
     the sum can exceed the call's wall time."""
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
+
+    from mp_rewrite.analysis.run_times import kernel_label
     totals = {}
     with tf.compat.v1.Session(graph=tf.Graph()) as session:
         signature = tf.compat.v1.saved_model.load(session, ["serve"], str(path)).signature_def["serving_default"]
@@ -272,7 +274,7 @@ def kernel_times(path, arrays: dict, calls: int = PROFILE_CALLS) -> dict:
             session.run(fetches, feeds, options=options, run_metadata=metadata)
             partitions = list(metadata.partition_graphs) + [p for f in metadata.function_graphs
                                                             for p in f.partition_graphs]
-            labels = {node.name: _kernel_label(node) for graph in partitions for node in graph.node}
+            labels = {node.name: kernel_label(node) for graph in partitions for node in graph.node}
             for device in metadata.step_stats.dev_stats:
                 for stats in device.node_stats:
                     op = stats.timeline_label.split(" = ")[-1].split("(")[0] if " = " in stats.timeline_label else ""
@@ -280,11 +282,6 @@ def kernel_times(path, arrays: dict, calls: int = PROFILE_CALLS) -> dict:
                     if label and label.split(":")[0] not in CONTAINERS:
                         totals[label] = totals.get(label, 0.0) + stats.all_end_rel_micros / 1000 / calls
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
-
-
-def _kernel_label(node) -> str:
-    fused = [s.decode() for s in node.attr["fused_ops"].list.s] if "fused_ops" in node.attr else []
-    return f"{node.op}: {'+'.join(fused)}" if fused else node.op
 
 
 def worker(batch: int, specs: list) -> None:

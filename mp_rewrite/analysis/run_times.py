@@ -129,12 +129,14 @@ def executed_kernels(runner) -> dict:
     metadata = config_pb2.RunMetadata()
     runner.session.run(runner.fetches, runner.feed_dict, options=config_pb2.RunOptions(output_partition_graphs=True),
                        run_metadata=metadata)
-    out = {}
-    for graph in metadata.partition_graphs:
-        for node in graph.node:
-            fused = [s.decode() for s in node.attr["fused_ops"].list.s] if "fused_ops" in node.attr else []
-            out[node.name] = f"{node.op}: {'+'.join(fused)}" if fused else node.op
-    return out
+    return {node.name: kernel_label(node) for graph in metadata.partition_graphs for node in graph.node}
+
+
+def kernel_label(node) -> str:
+    """An executed node's kernel as TF ran it: its op, and the ops fused into it ("_MklNativeFusedConv2D:
+    BiasAdd+Relu6")."""
+    fused = [s.decode() for s in node.attr["fused_ops"].list.s] if "fused_ops" in node.attr else []
+    return f"{node.op}: {'+'.join(fused)}" if fused else node.op
 
 
 def same_op(kernel: str, op: str) -> bool:
