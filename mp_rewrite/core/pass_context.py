@@ -52,15 +52,17 @@ def check_patterns_match(patterns, option: str, names) -> None:
     Raises:
         OptionError: naming the first pattern that matches nothing.
     """
+    unmatched = unmatched_patterns(patterns, option, names)
+    if unmatched:
+        raise OptionError(f"--{option.replace('_', '-')} {unmatched[0]!r} matches no node of what is converted; check "
+                          "the name (`mp-rewrite inspect` lists the nodes), or drop the pattern")
+
+
+def unmatched_patterns(patterns, option: str, names) -> list:
+    """The node-name patterns (in their order) that match none of `names`."""
     patterns = [patterns] if isinstance(patterns, str) else list(patterns or ())
-    if not patterns:
-        return
-    names = list(names)
-    for pattern in patterns:
-        matches = compile_patterns([pattern], option)
-        if not any(matches(name) for name in names):
-            raise OptionError(f"--{option.replace('_', '-')} {pattern!r} matches no node of what is converted; check "
-                              "the name (`mp-rewrite inspect` lists the nodes), or drop the pattern")
+    names = list(names) if patterns else []
+    return [p for p in patterns if not any(map(compile_patterns([p], option), names))]
 
 
 class PassContext:

@@ -15,7 +15,7 @@ import time
 from ..analysis.flops import estimate_flops
 from ..core.meta_graph import functions_to_rewrite
 from ..core.options import Options, given_or_made
-from ..core.pass_context import check_patterns_match
+from ..core.pass_context import check_patterns_match, unmatched_patterns
 from ..errors import ModelError, MpRewriteError, OptionError, StageError
 from ..model.files import read_saved_model
 from ..model.keras_file import saved_model_of
@@ -184,12 +184,11 @@ def _say_vanished(options, names, on_note) -> None:
     """One note per option for the keep_fp32/force_low patterns (checked against the source before anything was
     done) that match nothing in what was written: freezing folded their nodes into constants, or a rule fused them
     (the accuracy guard's patterns name nodes of the graph before either). Nothing of them is left to keep."""
-    from ..core.pass_context import compile_patterns
     if on_note is None:
         return
     names = list(names)
     for option in ("keep_fp32", "force_low"):
-        gone = [p for p in getattr(options, option) or () if not any(map(compile_patterns([p], option), names))]
+        gone = unmatched_patterns(getattr(options, option), option, names)
         if gone:
             more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
             on_note(f"--{option.replace('_', '-')} {gone[0]!r}{more}: their nodes were folded into constants or "
