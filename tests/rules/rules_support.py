@@ -69,7 +69,8 @@ def executed(graph_def, feed: str, fetch: str, x: np.ndarray) -> list:
     from mp_rewrite.analysis.execution import executed_nodes
     wrapped = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(graph_def, name=""), [])
     function = wrapped.prune(wrapped.graph.get_tensor_by_name(feed), wrapped.graph.get_tensor_by_name(fetch))
-    return [(n.op, tuple(s.decode() for s in n.attr["fused_ops"].list.s)) for n in executed_nodes(function, tf.constant(x))]
+    return [(n.op, tuple(s.decode() for s in n.attr["fused_ops"].list.s))
+            for n in executed_nodes(function, tf.constant(x))]
 
 
 def fused(graph_def) -> list:
