@@ -299,10 +299,10 @@ def print_result(result) -> None:
 
 
 def _fusion_lines(result) -> list[str]:
-    """For a frozen conversion: the fusions the rules enabled (per kind) and the first reasons they declined."""
+    """The fusions the rules enabled (per kind) and the first reasons they declined: in the frozen graphs, or in
+    the function bodies rewritten in place."""
     import collections
-    records = list({id(r): r for r in result.graphs.values()}.values())
-    records = [record for r in records for record in getattr(r, "rules", [])]
+    records = [record for r in result.results() for record in getattr(r, "rules", [])]
     if not records:
         return []
     enabled = collections.Counter(r.fusion for r in records if r.applied and r.fusion)

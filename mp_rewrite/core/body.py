@@ -46,8 +46,8 @@ class RewriteResult:
         functions: function name -> RewriteResult of its body, for every library function rewritten.
         skipped: function name -> why it was reached but not rewritten (parametrised, tf.data).
         meta_graph_def: for a MetaGraph rewrite (rewrite_meta_graph_def), the new MetaGraphDef.
-        rules: for a frozen graph, the rules/ Records of the rewrites made before the pass (fusions enabled, and
-            those declined with why).
+        rules: for a frozen graph or a function body canonicalized in place, the rules/ Records of the rewrites made
+            before the pass (fusions enabled, and those declined with why).
     """
 
     graph_def: graph_pb2.GraphDef

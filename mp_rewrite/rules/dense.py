@@ -16,6 +16,8 @@ for the Reshape, handle Keras' Conv1D (`ExpandDims -> Conv2D -> Squeeze -> BiasA
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from .activation import GELUS, SINGLE, activation_name, activation_region
@@ -75,8 +77,16 @@ def _contraction_problem(graph: EditableGraph, contraction, reshape) -> str | No
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class FlatBias:
+    """A variable bias of shape [..., heads, size] (a multi-head projection's), to be flattened to its channels."""
+
+    tensor: str
+
+
 def _bias_tensor(graph: EditableGraph, reshape, bias, channels: int):
-    """(the bias as an input name (BiasAdd) or a 1-D array of `channels` values (Add), None), or (None, why not)."""
+    """(the bias: an input name that is one value per channel, a FlatBias, or a 1-D array of `channels` values,
+    None), or (None, why not)."""
     if bias.op == "BiasAdd" and reshape.op == "Squeeze":
         return bias.input[1], None  # the channel axis stays last: the bias already had one value per channel
     tail, rank = target_shape(graph, reshape)
@@ -87,22 +97,29 @@ def _bias_tensor(graph: EditableGraph, reshape, bias, channels: int):
             return None, f"the bias has {size} values for {channels} MatMul columns: the Reshape splits the channels"
         return bias.input[1], None
     inputs = graph.data_inputs(bias)
-    value = graph.constant(inputs[1] if graph.producer(inputs[0]) is reshape else inputs[0])
-    if value is None:
-        return None, f"'{bias.name}' adds a tensor that is not a constant"
-    shape = list(value.shape)
+    other = inputs[1] if graph.producer(inputs[0]) is reshape else inputs[0]
+    value = graph.constant(other)
+    full = value.shape if value is not None else graph.weight_shape(other)
+    if full is None or None in full:
+        return None, f"'{bias.name}' adds a tensor that is neither a constant nor a variable of known shape"
+    kind = "constant" if value is not None else "variable"
+    size, shape = int(np.prod(full)), list(full)
     while shape and shape[0] == 1:
         shape.pop(0)
-    if value.size != 1 and int(np.prod(shape)) != channels:
-        return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, not one value per channel " \
+    if size != 1 and int(np.prod(shape)) != channels:
+        return None, f"'{bias.name}' adds a {kind} of shape {tuple(full)}, not one value per channel " \
                f"of the {channels} MatMul columns"
-    if value.ndim > (rank if rank is not None else 1):
-        return None, f"'{bias.name}' adds a constant of rank {value.ndim}, which may raise the output's rank"
-    if value.size == 1:  # one value for every channel
-        return np.full(channels, value.reshape(-1)[0], value.dtype), None
+    if len(full) > (rank if rank is not None else 1):
+        return None, f"'{bias.name}' adds a {kind} of rank {len(full)}, which may raise the output's rank"
     if len(shape) > 1 and (tail is None or tail[-len(shape):] != shape):
-        return None, f"'{bias.name}' adds a constant of shape {tuple(value.shape)}, and the Reshape's target shape " \
+        return None, f"'{bias.name}' adds a {kind} of shape {tuple(full)}, and the Reshape's target shape " \
                "does not show that it splits the channels that way"
+    if value is None:
+        if size == 1:
+            return None, f"'{bias.name}' adds a variable holding one value (not per channel)"
+        return (other if len(full) == 1 else FlatBias(other)), None
+    if size == 1:  # one value for every channel
+        return np.full(channels, value.reshape(-1)[0], value.dtype), None
     return value.reshape(-1), None
 
 
@@ -146,7 +163,12 @@ def rewrite_dense_bias(graph: EditableGraph, match: Match) -> str:
     """The Reshape becomes the BiasAdd of the MatMul, the bias node becomes the Reshape (it keeps its name)."""
     matmul, reshape, bias = match.nodes["matmul"], match.nodes["reshape"], match.nodes["bias"]
     tensor = match.values["bias"]
-    if not isinstance(tensor, str):
+    if isinstance(tensor, FlatBias):
+        shape = graph.add_constant(f"{bias.name}/per_channel_shape", np.array([-1], np.int32), bias.device)
+        flat = graph.add_node(f"{bias.name}/per_channel", "Reshape", [tensor.tensor, shape.name], bias.device)
+        _set_attrs(flat, T=bias.attr["T"].type, Tshape=3)
+        tensor = flat.name
+    elif not isinstance(tensor, str):
         tensor = graph.add_constant(f"{bias.name}/per_channel", tensor.astype(_numpy_type(bias)), bias.device).name
     op, extra, attrs = reshape.op, list(graph.data_inputs(reshape)[1:]), _attrs_of(reshape)
     reshape.op = "BiasAdd"

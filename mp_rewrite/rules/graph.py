@@ -67,7 +67,7 @@ class EditableGraph:
         dimension), or None when its rank is unknown or the node was added after the first question (the graph is
         imported once, when first asked)."""
         if self._shapes is None:
-            self._shapes = _inferred_shapes(self.graph_def)
+            self._shapes = _inferred_shapes(self.graph_def, self.shapes)
         return self._shapes.get(node_name(tensor)) if is_first_output(tensor) else None
 
     def forget_shapes(self) -> None:
@@ -102,13 +102,22 @@ class EditableGraph:
         return tf.make_ndarray(node.attr["value"].tensor)
 
     def weight_shape(self, tensor: str) -> tuple | None:
-        """The shape of a weight: a Const's, or one given in `shapes` (for a ReadVariableOp, its variable's)."""
+        """The shape of a weight: a Const's, or one given in `shapes` (for a ReadVariableOp, its variable's), or
+        that of a Reshape of either to a constant target (how tf.einsum feeds a variable to its BatchMatMulV2)."""
         value = self.constant(tensor)
         if value is not None:
             return value.shape
         node = self.producer(tensor)
         if node is None:
             return None
+        if node.op == "Reshape" and is_first_output(tensor):
+            source, target = self.weight_shape(node.input[0]), self.constant(node.input[1])
+            if source is None or None in source or target is None or target.ndim != 1 or (target < -1).any():
+                return None
+            size, known = int(np.prod(source)), int(np.prod([d for d in target if d >= 0]))
+            if (target == -1).sum() > 1 or known == 0 or size % known:
+                return None
+            return tuple(int(d) if d >= 0 else size // known for d in target)
         if node.name not in self.shapes and node.op == "ReadVariableOp":
             return self.shapes.get(node_name(node.input[0]))
         return self.shapes.get(node.name)
@@ -193,22 +202,32 @@ class EditableGraph:
         return node.name in self.kept
 
 
-def _inferred_shapes(graph_def) -> dict:
+def _inferred_shapes(graph_def, stated: dict) -> dict:
     """{node name: shape of its output 0} from importing the graph into TensorFlow; {} if it does not import.
 
     Weights are imported as Placeholders of their shape (a shape never depends on a weight's values), so a model of
-    several GB is not copied into a second graph to answer a question about shapes."""
+    several GB is not copied into a second graph to answer a question about shapes. A function body's arguments
+    (`_Arg`) and the reads of its variables are Placeholders of the shapes `stated` gives them (unknown when it
+    gives none); its `_Retval`s are left out."""
     import tensorflow as tf
     light = type(graph_def)()
     light.library.CopyFrom(graph_def.library)
     light.versions.CopyFrom(graph_def.versions)
+
+    def placeholder(node, dtype: int, shape) -> None:
+        light.node.add(name=node.name, op="Placeholder", device=node.device)
+        light.node[-1].attr["dtype"].type = dtype
+        light.node[-1].attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
+
     for node in graph_def.node:
         tensor = node.attr["value"].tensor if node.op == "Const" and "value" in node.attr else None
         if tensor is not None and len(tensor.tensor_content) + len(tensor.float_val) * 4 > 1 << 16:
-            light.node.add(name=node.name, op="Placeholder", device=node.device)
-            light.node[-1].attr["dtype"].type = tensor.dtype
-            light.node[-1].attr["shape"].shape.CopyFrom(tensor.tensor_shape)
-        else:
+            placeholder(node, tensor.dtype, tensor.tensor_shape)
+        elif node.op == "_Arg":
+            placeholder(node, node.attr["T"].type, stated.get(node.name))
+        elif node.op == "ReadVariableOp" and node_name(node.input[0]) in stated:
+            placeholder(node, node.attr["dtype"].type, stated[node_name(node.input[0])])
+        elif node.op != "_Retval":
             light.node.add().CopyFrom(node)
     try:
         with tf.Graph().as_default() as graph:

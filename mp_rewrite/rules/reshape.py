@@ -61,9 +61,10 @@ def rewrite_static_reshape(graph: EditableGraph, match: Match) -> str:
 
 
 def match_batch_matmul(graph: EditableGraph, node) -> Match | None:
-    """A batched matmul of a tensor and a constant matrix (not adjoint on the left)."""
-    weight = graph.constant(node.input[1]) if len(node.input) > 1 else None
-    if weight is None or weight.ndim != 2:
+    """A batched matmul of a tensor and a weight matrix (a constant, or a variable of known shape; not adjoint on
+    the left)."""
+    shape = graph.weight_shape(node.input[1]) if len(node.input) > 1 else None
+    if shape is None or len(shape) != 2 or None in shape:
         return None
     if node.attr["adj_x"].b:
         return Match().fail("the left operand is adjoint")
@@ -72,8 +73,8 @@ def match_batch_matmul(graph: EditableGraph, node) -> Match | None:
         return Match().fail("not a float32 or bfloat16 matmul")
     if graph.is_kept(node):
         return Match().fail("the matmul is fetched (its op must stay)")
-    columns = weight.shape[0] if node.attr["adj_y"].b else weight.shape[1]
-    return Match(nodes={"matmul": node}, values={"rows": weight.shape[1 - int(node.attr["adj_y"].b)],
+    columns = shape[0] if node.attr["adj_y"].b else shape[1]
+    return Match(nodes={"matmul": node}, values={"rows": shape[1 - int(node.attr["adj_y"].b)],
                                                  "columns": columns, "dtype": dtype})
 
 
@@ -118,10 +119,10 @@ def _output_shape(graph: EditableGraph, node, x: str, leading: int, tail: list) 
 
 
 def match_einsum(graph: EditableGraph, node) -> Match | None:
-    """An Einsum of a tensor and a constant weight that is a plain dense contraction: `FK,KO->FO` (tf_keras'
-    EinsumDense, MultiHeadAttention's projections)."""
-    weight = graph.constant(node.input[1]) if len(graph.data_inputs(node)) == 2 else None
-    if weight is None:
+    """An Einsum of a tensor and a weight (a constant, or a variable of known shape) that is a plain dense
+    contraction: `FK,KO->FO` (tf_keras' EinsumDense, MultiHeadAttention's projections)."""
+    shape = graph.weight_shape(node.input[1]) if len(graph.data_inputs(node)) == 2 else None
+    if shape is None or None in shape:
         return None
     equation = node.attr["equation"].s.decode().replace(" ", "")
     split = _dense_equation(equation)
@@ -131,11 +132,11 @@ def match_einsum(graph: EditableGraph, node) -> Match | None:
     if node.attr["T"].type not in FLOAT_TYPES or graph.is_kept(node):
         return Match().fail("not a float32 or bfloat16 Einsum, or fetched")
     free, contracted, out = split
-    if weight.ndim != len(contracted) + len(out):
-        return Match().fail(f"the weight has rank {weight.ndim}, the equation says {len(contracted) + len(out)}")
-    rows = int(np.prod(weight.shape[:len(contracted)]))
-    return Match(nodes={"einsum": node}, values={"free": len(free), "rows": rows, "tail": list(weight.shape[
-        len(contracted):]), "matrix": weight.reshape(rows, -1)})
+    if len(shape) != len(contracted) + len(out):
+        return Match().fail(f"the weight has rank {len(shape)}, the equation says {len(contracted) + len(out)}")
+    rows = int(np.prod(shape[:len(contracted)]))
+    return Match(nodes={"einsum": node}, values={"free": len(free), "rows": rows, "tail": list(shape[len(contracted):]),
+                                                 "columns": int(np.prod(shape[len(contracted):]))})
 
 
 def _dense_equation(equation: str):
@@ -154,10 +155,18 @@ def _dense_equation(equation: str):
 
 
 def rewrite_einsum(graph: EditableGraph, match: Match) -> str:
-    """`Reshape(x, [-1, K]) -> MatMul(weight as a K x O matrix) -> Reshape(F + O dims)`, the last keeping the name."""
+    """`Reshape(x, [-1, K]) -> MatMul(weight as a K x O matrix) -> Reshape(F + O dims)`, the last keeping the name.
+    A constant weight is stored as the matrix; a variable's is reshaped to it (a Reshape moves no data)."""
     node = match.nodes["einsum"]
     x, dtype, device = node.input[0], node.attr["T"].type, node.device
-    matrix = graph.add_constant(f"{node.name}/matrix", match.values["matrix"], device)
+    weight, shape = node.input[1], (match.values["rows"], match.values["columns"])
+    value = graph.constant(weight)
+    if value is not None:
+        matrix = graph.add_constant(f"{node.name}/matrix", value.reshape(shape), device)
+    else:
+        target = graph.add_constant(f"{node.name}/matrix_shape", np.array(shape, np.int32), device)
+        matrix = graph.add_node(f"{node.name}/matrix", "Reshape", [weight, target.name], device)
+        _types(matrix, T=dtype, Tshape=3)
     rows = graph.add_constant(f"{node.name}/rows_shape", np.array([-1, match.values["rows"]], np.int32), device)
     flat = graph.add_node(f"{node.name}/rows", "Reshape", [x, rows.name], device)
     _types(flat, T=dtype, Tshape=3)

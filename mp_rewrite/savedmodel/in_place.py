@@ -20,6 +20,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from ..core.rewrite import rewrite_meta_graph_def
 from ..model.signatures import signature_keys
 from ..model.tags import select_meta_graphs, tag_text
+from ..rules.functions import canonicalize_library
 from .keras_metadata import METADATA_FILE, has_keras_metadata, metadata_note
 from .measured_costs import in_place_costs
 from .result import Rewritten
@@ -51,8 +52,14 @@ def rewrite_in_place(source_dir: Path, saved_model, options, keys=None, tag_set=
         if index not in chosen:
             new.meta_graphs.add().CopyFrom(meta_graph)
             continue
+        fusions = {}
+        if options.assign == "cost":  # the lists stay node for node Grappler's
+            meta_graph, fusions = canonicalize_library(meta_graph, keys)
         result = rewrite_meta_graph_def(meta_graph, options=in_place_costs(options, source_dir, meta_graph, keys),
                                         signatures=keys, progress=progress)
+        for name, records in fusions.items():
+            if name in result.functions:
+                result.functions[name].rules = records
         new.meta_graphs.add().CopyFrom(result.meta_graph_def)
         label = tag_text(meta_graph) if meta_graph.meta_info_def.tags else f"metagraph {index}"
         graphs[label if label not in graphs else f"{label} ({index})"] = result

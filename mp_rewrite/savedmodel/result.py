@@ -84,14 +84,15 @@ class ConversionResult:
     @property
     def converted_nodes(self) -> int:
         """Nodes now computing in low precision, main graphs and functions together (shared graphs once)."""
-        return sum(len(r.converted_nodes) for r in self._results())
+        return sum(len(r.converted_nodes) for r in self.results())
 
     @property
     def casts(self) -> int:
         """Casts inserted, main graphs and functions together (a graph frozen for two signatures counts once)."""
-        return sum(len(r.casts) for r in self._results())
+        return sum(len(r.casts) for r in self.results())
 
-    def _results(self) -> list:
+    def results(self) -> list:
+        """Every RewriteResult, main graphs and functions together, each once."""
         return list({id(r): r for r in list(self.graphs.values()) + list(self.functions.values())}.values())
 
     def summary(self) -> str:

@@ -1,0 +1,87 @@
+"""The rules in a SavedModel's functions, the weights kept as variables (rules.functions.canonicalize_library, what
+the default in-place conversion runs): Keras 3's Dense on 3-D inputs, MultiHeadAttention's projections (a variable
+weight reshaped for tf.einsum's BatchMatMulV2, a [heads, size] variable bias) and the GELU feed-forward become the
+MatMul + BiasAdd (+ Gelu) kernels TF fuses when the SavedModel is called; the outputs stay equal in float32, the
+variables and the object graph stay as they were, and `--assign lists` stays Grappler's."""
+
+from __future__ import annotations
+
+import collections
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from rules_support import keras, with_nonzero_biases
+from mp_rewrite.analysis.execution import executed_nodes
+from mp_rewrite.commands import cli
+from mp_rewrite.rules.functions import canonicalize_library
+from mp_rewrite.testing.example_models import token_transformer
+
+
+@pytest.fixture(scope="module")
+def transformer(tmp_path_factory):
+    keras.utils.set_random_seed(0)
+    model = with_nonzero_biases(token_transformer(layers=1, d_model=32, heads=4, ff=64))
+    path = tmp_path_factory.mktemp("models") / "transformer"
+    model.export(str(path), verbose=False)
+    return path
+
+
+def _proto(path):
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((path / "saved_model.pb").read_bytes())
+    return proto
+
+
+def _fused_matmuls(path, tokens) -> collections.Counter:
+    signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+    nodes = executed_nodes(signature, tokens=tokens)
+    return collections.Counter(tuple(s.decode() for s in n.attr["fused_ops"].list.s) for n in nodes
+                               if "FusedMatMul" in n.op)
+
+
+def test_dense_attention_and_gelu_fuse_with_variable_weights_and_outputs_stay_equal(transformer, tmp_path):
+    source = _proto(transformer)
+    snapshot = source.SerializeToString(deterministic=True)
+    meta_graph, records = canonicalize_library(source.meta_graphs[0])
+    assert source.SerializeToString(deterministic=True) == snapshot  # the input is never modified
+    applied = collections.Counter(r.rule for body in records.values() for r in body if r.applied)
+    # 4 attention projections (einsum spelt BatchMatMulV2 of a reshaped variable), 2 feed-forward Dense, 1 GELU
+    assert applied["batch_matmul"] == 4 and applied["dense_bias"] >= 5 and applied["gelu"] == 1, applied
+    assert meta_graph.object_graph_def == source.meta_graphs[0].object_graph_def
+
+    copy = tmp_path / "canonical"
+    shutil.copytree(transformer, copy)
+    written = saved_model_pb2.SavedModel()
+    written.CopyFrom(source)
+    written.meta_graphs[0].CopyFrom(meta_graph)
+    (copy / "saved_model.pb").write_bytes(written.SerializeToString())
+
+    tokens = tf.constant(np.random.default_rng(0).integers(0, 100, (3, 128)), tf.int32)
+    before = tf.saved_model.load(str(transformer)).signatures["serving_default"](tokens=tokens)
+    after = tf.saved_model.load(str(copy)).signatures["serving_default"](tokens=tokens)
+    for key, value in before.items():
+        assert np.abs(value.numpy()).max() > 0.1
+        np.testing.assert_allclose(after[key].numpy(), value.numpy(), rtol=1e-5, atol=1e-5 * np.abs(value).max())
+
+    fused = _fused_matmuls(copy, tokens)
+    assert fused[("BiasAdd",)] >= 5 and sum(n for ops, n in fused.items() if ops[1:2] and "Gelu" in ops[1]) == 1
+    assert sum(_fused_matmuls(transformer, tokens).values()) < sum(fused.values())
+
+
+def test_the_default_conversion_applies_them_and_the_lists_do_not(transformer, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    base = ["--precision", "bfloat16", "--batch-size", "2"]
+    assert cli.main(["convert", str(transformer), str(tmp_path / "cost"), *base, "--assign", "cost"]) == 0
+    assert "fusions enabled for TensorFlow's remapper: " in capsys.readouterr().out
+    assert cli.main(["convert", str(transformer), str(tmp_path / "lists"), *base, "--assign", "lists"]) == 0
+    assert "fusions enabled" not in capsys.readouterr().out
+
+    def ops(path):
+        return collections.Counter(n.op for f in _proto(path).meta_graphs[0].graph_def.library.function
+                                   for n in f.node_def)
+    assert ops(tmp_path / "lists")["BatchMatMulV2"] == ops(transformer)["BatchMatMulV2"]
+    assert ops(tmp_path / "cost")["BatchMatMulV2"] < ops(transformer)["BatchMatMulV2"]
