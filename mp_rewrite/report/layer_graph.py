@@ -23,6 +23,7 @@ INPUT_OPS = frozenset({"_Arg", "Placeholder", "_DeviceArg"})
 OUTPUT_OPS = frozenset({"_Retval", "_DeviceRetval"})
 DROP_OPS = frozenset({"NoOp", "SaveV2", "RestoreV2", "MergeV2Checkpoints", "ShardedFilename"})
 DT_RESOURCE = 20
+FLOAT_DTYPES = frozenset({"float", "half", "bfloat16", "double"})  # Decision dtype names
 
 
 @dataclasses.dataclass
@@ -251,23 +252,30 @@ def build_layer_graph(table, budget: int = 150, tables: dict | None = None) -> L
             elif node in box_of:
                 op_edges.append((node, name, casts, cast_nodes))
                 _add_edge(edges, layers, box_of[node], key, casts, cast_nodes)
-    fold_plumbing(layers, edges, box_of)
+    fold_plumbing(layers, edges, box_of, {n for n in box_of if computes_in_float(rows[n])})
     hidden = collections.Counter({"param": "variable or constant", "pass": "identity", "drop": "ordering",
                                   "cast": "inserted Cast"}.get(role[n], "") for n in rows if n not in box_of)
     return LayerGraph(table.name, table, layers, edges, op_edges, box_of, hidden, grouping.note)
 
 
-def fold_plumbing(layers: dict, edges: dict, box_of: dict) -> None:
-    """Fold boxes that compute nothing in floating point (all their ops untouched: masks, shapes, indices) into the
-    one box they feed, repeatedly: a Transformer layer's attention-mask ExpandDims joins its attention box instead
-    of a row of boxes at the top with long edges down to every layer."""
+def computes_in_float(row) -> bool:
+    """Whether a node has a floating-point type (float32, a low precision, float64) before or after the rewrite."""
+    return any(d.dtype_before in FLOAT_DTYPES or d.dtype_after in FLOAT_DTYPES for d in row.decisions)
+
+
+def fold_plumbing(layers: dict, edges: dict, box_of: dict, floating: set) -> None:
+    """Fold boxes that compute nothing in floating point (masks, shapes, indices; none of their ops is in
+    `floating`) into the one box they feed, repeatedly: a Transformer layer's attention-mask ExpandDims joins its
+    attention box instead of a row of boxes at the top with long edges down to every layer. Not "every op
+    untouched": in a model converted before (a frozen output inspected), a bfloat16 Relu6 is untouched too, and
+    each activation layer would join the convolution after it (with the fused kernel TF names after it)."""
     from .network import WEIGHT_OPS
     changed = True
     while changed:
         changed = False
         for key, layer in list(layers.items()):
             targets = {b for (a, b) in edges if a == key}
-            if (layer.kind not in ("layer", "op") or set(layer.classes) != {"untouched"} or len(targets) != 1
+            if (layer.kind not in ("layer", "op") or floating.intersection(layer.members) or len(targets) != 1
                     or any(op in WEIGHT_OPS for op in layer.ops)):
                 continue
             _merge(layers, edges, box_of, key, targets.pop())

@@ -11,7 +11,8 @@ coloring, whose Casts ran in the measured runs.
 
 Rendered, never decided: a node counts in the precision its row says it computes in (the cut's or the lists'
 choice): its time in the lists' run if low, else in float32's (all of the lists' run for the lists' coloring). A
-node TF fused into another kernel, or folded away, ran no kernel of its own: the kernel that ran it has the time.
+node TF fused into another kernel, or folded away, ran no kernel of its own: the kernel that ran it has the time,
+in the box of the op the kernel starts from (a convolution's, not the activation's TF names it after).
 A table without runs (the op table, a cost file: ops timed alone) times the candidates only; the rest is counted
 as untimed, not guessed.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .layer_graph import callee_ops, called_functions
+from .layer_graph import callee_ops, called_functions, computes_in_float
 from .palette import heat_fill, heat_steps
 
 TOP = 10  # the slowest layers listed above the picture
@@ -37,7 +38,9 @@ class LayerTime:
             timed every op, else ops that were never a candidate).
         low: ops computing in low precision; ops: ops counted (the box's and those of the functions it calls).
         kernels: (kernel, count) of the fused kernels TF ran for its ops, as converted ("_MklNativeFusedConv2D:
-            BiasAdd+Relu6"), most frequent first.
+            BiasAdd+Relu6"), most frequent first; a kernel is the box's where the op it starts from is (fused_homes).
+        fused_into: the label of the box whose fused kernel ran this box's ops, when that is one other box (a
+            Relu6 layer after a convolution), else "".
     """
 
     fp32: float
@@ -47,6 +50,7 @@ class LayerTime:
     low: int
     ops: int
     kernels: tuple = ()
+    fused_into: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +127,8 @@ def time_label(t: LayerTime, complete: bool = False) -> str:
         plural = "s" if t.untimed > 1 else ""
         if not t.untimed:
             return "no time of its own"
+        if complete and t.fused_into:
+            return f"no kernel of its own (ran in {t.fused_into}'s kernel)"
         if complete:
             return f"no kernel of its own ({t.untimed} op{plural} fused or folded by TF)"
         return f"not timed ({t.untimed} f32 op{plural}, never a candidate)"
@@ -187,30 +193,94 @@ def _ops_of(graph, tables: dict, calls: dict, key: str) -> list:
     return out
 
 
-def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel, ran: dict) -> tuple:
+def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel, ran: dict, homes: dict) -> tuple:
     """(LayerTime, the (graph, node) pairs it counted); `kernel(row)` names the fused kernel a row ran, or "",
-    written into `ran` by (graph, node)."""
+    written into `ran` by (graph, node); `homes` (fused_homes) moves a fused kernel's time and name from the box
+    of the node TF named it after to the box of the op it starts from."""
+    ops = _ops_of(graph, tables, calls, key)
+    rows, name = graph.table.rows, graph.table.name
+    away = {(name, n) for n, home in homes.items() if home != key and graph.box_of[n] == key}
+    arrived = [rows[n] for n, home in homes.items() if home == key]
+    counted = set()
+    fp32, ms, timed, untimed, kernels = _tally(ops, times, kernel, ran, counted, away)
+    more = _tally(arrived, times, kernel, ran, counted)
+    fp32, ms, timed, kernels = fp32 + more[0], ms + more[1], timed + more[2], kernels + more[4]
+    own = times.get(name, {})
+    ms += sum(own.get(c, (0.0, 0.0))[1] for c in graph.layers[key].cast_nodes)
+    counted |= {(name, c) for c in graph.layers[key].cast_nodes}
+    into = {graph.layers[homes[n]].label for _, n in away}
+    low = sum(row.node_class == "allow" for row in ops)
+    return LayerTime(fp32, ms, timed, untimed, low, len(ops), tuple(kernels.most_common()),
+                     into.pop() if len(into) == 1 else ""), counted
+
+
+def _tally(rows: list, times: dict, kernel, ran: dict, counted: set, away=frozenset()) -> tuple:
+    """(float32 ms, ms, timed, untimed, Counter of fused kernels) of rows, each timed once (`counted` collects
+    them); a row in `away` ran in another box's kernel: untimed here, its kernel not this box's."""
     import collections
     fp32 = ms = 0.0
-    timed = untimed = low = 0
-    ops = _ops_of(graph, tables, calls, key)
-    kernels, counted = collections.Counter(), set()
-    for row in ops:
-        t = times.get(row.graph, {}).get(row.name)
-        if t is not None and (row.graph, row.name) not in counted:
+    timed = untimed = 0
+    kernels = collections.Counter()
+    for row in rows:
+        pair = (row.graph, row.name)
+        t = None if pair in away else times.get(row.graph, {}).get(row.name)
+        if t is not None and pair not in counted:
             fp32, ms, timed = fp32 + t[0], ms + t[1], timed + 1
-            counted.add((row.graph, row.name))
-        elif t is None and row.node_class not in ("untouched", "cast"):
+            counted.add(pair)
+        elif t is None and row.node_class != "cast" and (row.node_class != "untouched" or computes_in_float(row)):
             untimed += 1
-        low += row.node_class == "allow"
         fused = kernel(row)
         if fused:
-            kernels[fused] += 1
-            ran[(row.graph, row.name)] = fused
-    own = times.get(graph.table.name, {})
-    ms += sum(own.get(c, (0.0, 0.0))[1] for c in graph.layers[key].cast_nodes)
-    counted |= {(graph.table.name, c) for c in graph.layers[key].cast_nodes}
-    return LayerTime(fp32, ms, timed, untimed, low, len(ops), tuple(kernels.most_common())), counted
+            ran[pair] = fused
+            kernels[fused] += pair not in away
+    return fp32, ms, timed, untimed, +kernels
+
+
+def kernel_op(kernel: str) -> str:
+    """The op a fused kernel starts from, as a graph spells it ("_MklNativeFusedConv2D: BiasAdd+Relu6" ->
+    "Conv2D", "_MklFusedMatMul: BiasAdd" -> "MatMul"); "" for a kernel that fuses nothing."""
+    from ..analysis.run_times import MKL_PREFIXES
+    if ":" not in kernel:
+        return ""
+    head = kernel.split(":")[0]
+    head = next((head[len(p):] for p in (*MKL_PREFIXES, "_") if head.startswith(p)), head)
+    return head[len("Fused"):] if head.startswith("Fused") else head
+
+
+def fused_homes(graph, times: dict, kernel) -> dict:
+    """{node: box} of the drawn nodes TF named a fused kernel after whose kernel starts from an op in another box.
+    TF names a fused kernel after the last op it fuses (the Relu6 after a convolution and its bias), and a Keras
+    activation is a layer of its own: each convolution's time would show in its activation's box, and a frozen
+    MobileNetV2's slowest layers would read "block_16_expand_relu". The kernel is the convolution's: its time and
+    name go to the box of the op it starts from, found back along the data inputs over the ops it fused."""
+    rows, own = graph.table.rows, times.get(graph.table.name, {})
+    homes = {}
+    for name, box in graph.box_of.items():
+        fused = kernel(rows[name])
+        if not fused or not kernel_op(fused):
+            continue
+        root = _fused_root(rows, own, name, kernel_op(fused), fused.count("+") + 1)
+        if root is not None and graph.box_of.get(root, box) != box:
+            homes[name] = graph.box_of[root]
+    return homes
+
+
+def _fused_root(rows: dict, own: dict, carrier: str, op: str, fused: int) -> str | None:
+    """The node of op `op` a kernel named after `carrier` starts from: up its data inputs, over at most `fused`
+    ops (and as many identities) that ran no kernel of their own; None when there is none."""
+    frontier, seen = [carrier], {carrier}
+    for _ in range(2 * fused):
+        found = []
+        for name in frontier:
+            for src, _ in rows[name].drawn_inputs:
+                if src in seen or src not in rows or own.get(src, (0.0, 0.0))[1] > 0:
+                    continue  # a node that ran a kernel of its own is not inside this one
+                seen.add(src)
+                if rows[src].op == op:
+                    return src
+                found.append(src)
+        frontier = found
+    return None
 
 
 def time_view(graph, tables, costs, result) -> TimeView:
@@ -228,9 +298,10 @@ def time_view(graph, tables, costs, result) -> TimeView:
     by_name = {t.name: t for t in tables}
     calls = {n.name: called_functions(n) for n in graph.table.result.graph_def.node if n.name in graph.box_of}
     kernel = _kernel_of(runs, variant)
+    homes = fused_homes(graph, times, kernel)
     layers, counted, ran = {}, set(), {}
     for key in graph.layers:
-        layers[key], pairs = _layer_time(graph, by_name, calls, times, key, kernel, ran)
+        layers[key], pairs = _layer_time(graph, by_name, calls, times, key, kernel, ran, homes)
         counted |= pairs
     own = times.get(graph.table.name, {})
     inside = set().union(*(layer.cast_nodes for layer in graph.layers.values()))
