@@ -116,7 +116,8 @@ def _run(args, given: str) -> int:
     if guarded is not None:
         options = options_from_args(args, keep + list(guarded.keep_fp32), **assign)
     _say_what_this_cpu_computes(args)
-    result = _tune(args, options) if args.tune else _convert(args, options)
+    runs = {}  # the run check's calls of the written copy, which --verify compares instead of calling it again
+    result = _tune(args, options) if args.tune else _convert(args, options, runs if args.verify else None)
     shared = {}  # signatures of one function share one frozen graph and its assignment: said once
     for label, graph in result.graphs.items():
         shared.setdefault(id(graph), (graph, []))[1].append(label)
@@ -131,7 +132,7 @@ def _run(args, given: str) -> int:
     if not args.verify:
         return 0
     report = run_verification(args.source, args.output, args, args.signature, result.precision, args.tag_set,
-                              shown_original=given)
+                              shown_original=given, converted_runs=runs)
     if not report.passed:
         stdout_console().print(f"the converted model is kept at {args.output}; loosen --rtol/--atol if the errors "
                                "are acceptable, or keep the offending nodes in float32 with --keep-fp32",
@@ -171,9 +172,14 @@ def check_before_writing(args, options) -> None:
                          "--inputs FILE.npz (keys: input names), or convert without it; nothing was written")
 
 
-def _convert(args, options):
+def _convert(args, options, runs: dict | None = None):
+    """Convert with the CLI's options; given `runs`, keep the run check's calls in it (verify's converted_runs)."""
     from ..savedmodel.convert import convert_saved_model
     from ..savedmodel.inputs import input_recipe
+    from ..savedmodel.verify import tags_key
+
+    def keep(tags, key, run):
+        runs[tags_key(tags), key] = run
     recipe = input_recipe(args.inputs, batch_size=args.batch_size, dim=args.dim, input_shapes=args.input_shapes,
                           seed=args.seed)
     finishing = "estimating FLOPs, writing, running the written copy" if args.run_check else \
@@ -183,7 +189,8 @@ def _convert(args, options):
                                    signatures=args.signature or None, weights=args.weights, freeze=args.freeze,
                                    freeze_weights=args.freeze_weights, keras_metadata=args.keras_metadata,
                                    overwrite=args.overwrite, run_check=args.run_check, run_inputs=recipe,
-                                   allow_opaque_xla=args.allow_opaque_xla, progress=progress, on_note=say)
+                                   allow_opaque_xla=args.allow_opaque_xla, progress=progress, on_note=say,
+                                   on_run=keep if runs is not None else None)
 
 
 def _tune(args, options):

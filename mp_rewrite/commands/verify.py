@@ -76,15 +76,15 @@ def run(args) -> int:
 
 
 def run_verification(original, converted, args, signatures, precision, tag_set=None,
-                     shown_original: str | None = None) -> VerifyReport:
+                     shown_original: str | None = None, converted_runs: dict | None = None) -> VerifyReport:
     """Run verify_saved_models with the CLI's options and progress bar, then print the report (naming the original
-    `shown_original`, when it is not the directory read: a Keras file exported to a temporary SavedModel)."""
+    `shown_original`, when it is not the directory read: a Keras file exported to a temporary SavedModel;
+    `converted_runs`: the run check's calls of the converted model, compared instead of calling it again)."""
     with progress_bar("verifying") as progress:
         report = verify_saved_models(original, converted, signatures=signatures or None, inputs=args.inputs,
                                      batch_size=args.batch_size, seed=args.seed, rtol=args.rtol, atol=args.atol,
                                      precision=precision, input_shapes=args.input_shapes, dim=args.dim,
-                                     tag_set=tag_set,
-                                     progress=progress)
+                                     tag_set=tag_set, progress=progress, converted_runs=converted_runs)
     print_report(dataclasses.replace(report, original=shown_original) if shown_original else report)
     return report
 

@@ -43,7 +43,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                         assign: str = "lists", costs=None, weights: str = "keep", freeze: bool = False,
                         freeze_weights: str = "auto", keras_metadata: str = "keep", overwrite: bool = False,
                         flops: bool = True, run_check: bool = True, run_inputs: InputRecipe | None = None,
-                        allow_opaque_xla: bool = False, progress=None, on_note=None) -> ConversionResult:
+                        allow_opaque_xla: bool = False, progress=None, on_note=None, on_run=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
     dtypes, shapes), variables, assets and object graph, whose functions compute in float16 or bfloat16.
 
@@ -77,6 +77,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
             StableHLO the pass cannot see into, with those ops unchanged (a note says so); False refuses it.
         progress: optional callable (done, total, name), after each function body (or frozen signature).
         on_note: optional callable(str) for one-line notes made before the result (a Keras file was exported).
+        on_run: optional callable(tags, key, verify.SignatureRun) for each signature the run check called (what
+            `convert --verify` compares, instead of loading and calling the written copy again).
 
     Returns:
         A ConversionResult.
@@ -113,7 +115,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                 check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run
                 with _step("estimate"):
                     share, per_function, per_graph = estimate_flops(rewritten.graphs) if flops else (None, {}, {})
-                runs, counted = RunCheck(source_dir, saved_model, run_inputs, options.precision, options.device), []
+                runs = RunCheck(source_dir, saved_model, run_inputs, options.precision, options.device, on_run=on_run)
+                counted = []
 
                 def check(written):  # on the complete copy, before it is moved into place
                     check_written(source_dir, saved_model, written, rewritten.saved_model, runs if run_check else None)

@@ -6,6 +6,11 @@ a kernel oneDNN cannot create for this CPU: "could not create a primitive descri
 When a signature fails, the source's same signature is called on the same inputs, to say whose fault it is: a
 source that fails too is the user's to fix; a copy that fails where the source runs is a bug of mp_rewrite. A
 signature whose inputs cannot be made (strings, unknown rank, without --inputs) is not run, and said so.
+
+What it costs is the model's first call (ResNet-50 in place: ~0.65 s of CPU, of which TensorFlow's graph
+optimizers take ~0.4 s and instantiating the function, creating its oneDNN primitives and computing the rest); the
+copy is loaded once, for the load check, and nothing is traced. Each call is handed to `on_run`, so that `convert
+--verify` compares these outputs with the source's instead of loading and calling the written copy again.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from ..model.runtime import load_saved_model
 from .frozen_function import remove_tree
 from .inputs import InputRecipe, missing_inputs
 from .loadable_copy import loadable_copy
-from .verify import signature_feeds
+from .verify import SignatureRun, function_identity, signature_run
 
 
 class RunFailure(ModelError):
@@ -37,6 +42,8 @@ class RunCheck:
         ran: the keys of the signatures that ran, in order (a signature whose function is identical to one called
             before, but for its name, is not called again).
         notes: one line per signature not run, saying why.
+        on_run: optional callable(tags, key, SignatureRun) for every signature that ran (a twin gets its twin's
+            run): what verify needs to compare the copy's outputs without calling it again.
     """
 
     source: object
@@ -46,6 +53,7 @@ class RunCheck:
     device: str | None = None
     ran: list = dataclasses.field(default_factory=list)
     notes: list = dataclasses.field(default_factory=list)
+    on_run: object = None
 
     def __call__(self, loaded, tags) -> None:
         """Call every signature of `loaded` (the written copy, loaded with `tags`) once.
@@ -55,12 +63,12 @@ class RunCheck:
                 source runs it.
         """
         recipe = self.recipe or InputRecipe()
-        called = set()
+        called = {}
         for key in sorted(loaded.signatures.keys()):
             function = loaded.signatures[key]
-            identity = _identity(function)
+            identity = function_identity(function)
             if identity in called:  # a twin ("serve" and "serving_default" of a frozen Keras export): it ran
-                self.ran.append(key)
+                self._ran(tags, key, called[identity])
                 continue
             missing = missing_inputs({key: function.structured_input_signature[1]}, recipe.given)
             if missing:
@@ -68,37 +76,27 @@ class RunCheck:
                                   "made up; give them in --inputs FILE.npz (keys: input names) to have it run")
                 continue
             try:
-                _call(function, key, recipe, self.precision, "converted")
+                run = _call(function, key, recipe, self.precision, "converted")
             except ModelError as e:
                 if self.device == "gpu" and "OpKernel" in str(e) and not _has_gpu():
                     self.notes.append(f"signature '{key}' was not run before writing: {e}")
                     continue
                 fault = _whose_fault(self.source, self.source_model, tags, key, recipe, self.precision, str(e))
                 raise RunFailure(f"{e}; {fault}; nothing was written") from None
-            self.ran.append(key)
-            called.add(identity)
+            self._ran(tags, key, run)
+            called[identity] = run
+
+    def _ran(self, tags, key: str, run: SignatureRun) -> None:
+        self.ran.append(key)
+        if self.on_run is not None:
+            self.on_run(tags, key, run)
 
 
-def _identity(function) -> bytes:
-    """A signature's function as written, but for its name and the names its captured inputs were given (ids that
-    differ per trace): two signatures of one function (a Keras export's "serve" and "serving_default") are called
-    once. Its first call costs the most (TF's graph optimizers run over the whole graph, a frozen one's weights
-    included: ~3 s for ResNet-50), and a twin would pay it again. An attr with no value still tells them apart."""
-    fdef = type(function.function_def)()
-    fdef.CopyFrom(function.function_def)
-    fdef.signature.name = ""
-    for attrs in fdef.arg_attr.values():
-        name = attrs.attr.get("_user_specified_name")
-        if name is not None and name.WhichOneof("value") == "s":
-            name.s = b""
-    return fdef.SerializeToString(deterministic=True)
-
-
-def _call(function, key: str, recipe: InputRecipe, precision: str, which: str) -> None:
+def _call(function, key: str, recipe: InputRecipe, precision: str, which: str) -> SignatureRun:
     """Call a loaded signature once on the inputs verify makes for it (ModelError naming `which` if it fails)."""
     try:
-        signature_feeds(function, key, recipe.given, recipe.batch_size, recipe.seed, precision,
-                        shapes=recipe.shapes, dim=recipe.dim, which=which)
+        return signature_run(function, key, recipe.given, recipe.batch_size, recipe.seed, precision,
+                             shapes=recipe.shapes, dim=recipe.dim, which=which)
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 -- TF raises more than OpError (InternalError, RuntimeError, ...)

@@ -1,7 +1,10 @@
 """Verification: run an original and a converted model on the same inputs and compare their outputs.
 
 It is a front end: it loads both SavedModels in TensorFlow, makes inputs (random ones from the signature
-with a fixed seed, or arrays from an .npz file), runs every signature on both and compares.
+with a fixed seed, or arrays from an .npz file), runs every signature on both and compares. After a conversion
+(`convert --verify`) the converted side is what the run check already called on the same inputs (SignatureRun):
+the written copy is neither loaded nor called a second time. The original is loaded without its saver's functions
+(loadable_copy.py: half the load of ResNet-50); only its signatures are called.
 
 The comparison itself is mp_rewrite.analysis.compare (pure numpy).
 """
@@ -11,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import numpy as np
+
 from ..analysis.compare import OutputCheck, compare_outputs, default_tolerance
 from ..analysis.graph_runs import tf_reason
 from ..errors import ModelError
@@ -18,10 +23,26 @@ from ..model.files import read_saved_model
 from ..model.runtime import load_saved_model
 from ..model.signatures import check_signature_keys, require_signatures
 from ..model.tags import load_tags, parse_tag_set, single_meta_graph
-from .inputs import (DEFAULT_DIM, DEFAULT_ID_LIMIT, check_given_keys, check_input_options, id_limit_from_error,
-                     load_inputs, missing_inputs, parse_input_shapes, signature_inputs)
+from .inputs import (DEFAULT_DIM, DEFAULT_ID_LIMIT, InputRecipe, check_given_keys, check_input_options,
+                     id_limit_from_error, load_inputs, missing_inputs, parse_input_shapes, signature_inputs)
 
 # --------------------------------------------------------------------------------------------- SavedModels
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureRun:
+    """One call of a signature on the inputs verify makes (the run check's call of the written copy).
+
+    Attributes:
+        interface: (input specs, output specs) of the signature called.
+        arrays: the inputs it ran on ({input name: array}); sources: how each was made ("random" or "file").
+        outputs: {output name: array}.
+    """
+
+    interface: tuple
+    arrays: dict
+    sources: dict
+    outputs: dict
 
 
 @dataclasses.dataclass
@@ -106,10 +127,27 @@ def _interface(function) -> tuple:
     return function.structured_input_signature[1], outputs
 
 
+def function_identity(function) -> tuple:
+    """A loaded signature's function as written, but for its name and the names its captured inputs were given
+    (ids that differ per trace), with the captured tensors themselves: two signatures of one function (a Keras
+    export's "serve" and "serving_default") have one identity, and on the same inputs give the same outputs, so
+    each is called once. Its first call costs the most (TF's graph optimizers run over the whole graph, a frozen
+    one's weights included: ~3 s for ResNet-50), and a twin would pay it again. An attr with no value, or another
+    variable captured, still tells them apart."""
+    fdef = type(function.function_def)()
+    fdef.CopyFrom(function.function_def)
+    fdef.signature.name = ""
+    for attrs in fdef.arg_attr.values():
+        name = attrs.attr.get("_user_specified_name")
+        if name is not None and name.WhichOneof("value") == "s":
+            name.s = b""
+    return fdef.SerializeToString(deterministic=True), tuple(id(t) for t in function.captured_inputs)
+
+
 def verify_saved_models(original, converted, *, signatures=None, inputs=None, batch_size: int = 2, seed: int = 0,
                         rtol: float | None = None, atol: float | None = None, precision: str | None = None,
                         input_shapes: str | dict | None = None, dim: int = DEFAULT_DIM, tag_set=None,
-                        progress=None) -> VerifyReport:
+                        progress=None, converted_runs: dict | None = None) -> VerifyReport:
     """Run every (or the given) signature of both SavedModels on the same inputs and compare the outputs.
 
     Args:
@@ -123,6 +161,10 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
         precision: "float16" or "bfloat16" for the default tolerance; None detects it from the converted model.
         tag_set: the MetaGraph to load from both ("serve,gpu"); None: the only one, or the only "serve" one.
         progress: optional callable (done, total, step name), after each model run.
+        converted_runs: {(tags key, signature key): SignatureRun} of the converted model, made on these same
+            inputs (the run check of convert, which fills it through `on_run`; tags key: `tags_key(tags)`): those
+            signatures are compared with the original's outputs on the run's inputs, without loading or calling
+            the converted model; the others are run as usual.
 
     Returns:
         A VerifyReport (report.passed tells whether every output is within the tolerance).
@@ -132,8 +174,11 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
             input that needs data is named).
         OptionError: a bad precision, tolerance, seed, shape or inputs file.
     """
+    from .frozen_function import remove_tree  # it imports TensorFlow: not when the CLI imports this module
+    from .loadable_copy import loadable_copy
     start = time.perf_counter()
-    _, meta_graph = single_meta_graph(read_saved_model(original), parse_tag_set(tag_set), "verifying")
+    source_model = read_saved_model(original)
+    _, meta_graph = single_meta_graph(source_model, parse_tag_set(tag_set), "verifying")
     tags = load_tags(meta_graph)
     converted_graphs = read_saved_model(converted).meta_graphs
     if len(converted_graphs) == 1:  # a frozen conversion keeps one MetaGraph, with the tags it was made from
@@ -147,51 +192,117 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
     defaults = rtol is None and atol is None
     rtol, atol = (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
     given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
-    given = dict(given or {})
-    models = load_saved_model(original, "original", tags), load_saved_model(converted, "converted", converted_tags)
-    keys = check_signature_keys(signatures, models[0].signatures.keys(), "the original SavedModel") or \
-        require_signatures(list(models[0].signatures.keys()), original)
-    specs = {k: models[0].signatures[k].structured_input_signature[1] for k in keys}
-    check_given_keys(given, specs)
-    missing = missing_inputs(specs, given)
-    if missing:
-        raise ModelError(f"{len(missing)} input(s) need data that cannot be made up: {', '.join(missing)}; give "
-                         "them in --inputs FILE.npz (keys: input names)")
-    checks, sources, total = [], {}, 2 * len(keys)
-    for i, key in enumerate(keys):
-        if key not in models[1].signatures:
-            checks.append(OutputCheck(key, "*", (), "", passed=False, problem="signature missing in converted model"))
-            continue
-        ref_fn, got_fn = models[0].signatures[key], models[1].signatures[key]
-        if _interface(ref_fn) != _interface(got_fn):
-            checks.append(OutputCheck(key, "*", (), "", passed=False, problem="signature inputs/outputs differ"))
-            continue
-        made = lambda limit: signature_inputs(key, specs[key], given, batch_size, seed, shapes=shapes,  # noqa: E731
-                                              dim=dim, id_limit=limit)
-        arrays, sources[key], reference = _run_learning_id_range(ref_fn, made, key, precision)
-        if progress is not None:
-            progress(2 * i + 1, total, f"{key} (original)")
-        outputs = [reference, _run(got_fn, arrays, "converted", key, precision)]
-        if progress is not None:
-            progress(2 * i + 2, total, f"{key} (converted)")
-        checks += compare_outputs(outputs[0], outputs[1], rtol, atol, signature=key)
+    recipe = InputRecipe(dict(given or {}), batch_size, dim, shapes, seed)
+    runs = {key: run for (at, key), run in (converted_runs or {}).items() if at == tags_key(converted_tags)}
+    staging = loadable_copy(original, source_model)  # only its signatures are called: its saver is not needed
+    try:
+        reference = load_saved_model(staging or original, "original", tags, shown_as=original)
+        keys = check_signature_keys(signatures, reference.signatures.keys(), "the original SavedModel") or \
+            require_signatures(list(reference.signatures.keys()), original)
+        specs = {k: reference.signatures[k].structured_input_signature[1] for k in keys}
+        check_given_keys(recipe.given, specs)
+        missing = missing_inputs(specs, recipe.given)
+        if missing:
+            raise ModelError(f"{len(missing)} input(s) need data that cannot be made up: {', '.join(missing)}; "
+                             "give them in --inputs FILE.npz (keys: input names)")
+        the_converted = _Converted(converted, converted_tags, runs)
+        checks, sources = _compare(reference, the_converted, keys, recipe, precision, rtol, atol, progress)
+    finally:
+        remove_tree(staging)
     return VerifyReport(str(original), str(converted), precision, rtol, atol, defaults, checks, sources,
                         time.perf_counter() - start)
 
 
-def signature_feeds(function, key: str, given: dict, batch_size: int, seed: int, precision: str, *,
-                    shapes: dict | None = None, dim: int = DEFAULT_DIM, which: str = "original") -> dict:
-    """The inputs a signature runs on (as verify makes them): given, else made up, with integer ids inside the
+def tags_key(tags) -> frozenset | None:
+    """The key of a MetaGraph's `tags=` (model.tags.load_tags) in verify's converted_runs."""
+    return frozenset(tags) if tags else None
+
+
+class _Converted:
+    """The converted model's side of verify: a signature the run check called is its SignatureRun; the model is
+    loaded only when some signature was not called yet."""
+
+    def __init__(self, path, tags, runs: dict):
+        self.path, self.tags, self.runs, self.loaded = path, tags, runs, None
+
+    def signature(self, key: str):
+        """The run check's SignatureRun for `key`, else the loaded signature's function, else None."""
+        if key in self.runs:
+            return self.runs[key]
+        if self.loaded is None:
+            self.loaded = load_saved_model(self.path, "converted", self.tags)
+        return self.loaded.signatures[key] if key in self.loaded.signatures else None
+
+
+def _compare(reference, converted: _Converted, keys, recipe, precision: str, rtol: float, atol: float,
+             progress) -> tuple[list, dict]:
+    """Run each signature of both models on the same inputs (a converted run's own, where the run check called
+    it) and compare: (OutputCheck list, {signature: how its inputs were made})."""
+    checks, sources, total, called = [], {}, 2 * len(keys), []
+    for i, key in enumerate(keys):
+        ref_fn, got = reference.signatures[key], converted.signature(key)
+        if got is None:
+            checks.append(OutputCheck(key, "*", (), "", passed=False, problem="signature missing in converted model"))
+            continue
+        ran = isinstance(got, SignatureRun)
+        if _interface(ref_fn) != (got.interface if ran else _interface(got)):
+            checks.append(OutputCheck(key, "*", (), "", passed=False, problem="signature inputs/outputs differ"))
+            continue
+        if ran:
+            arrays, sources[key] = got.arrays, got.sources
+            expected = _run_once(ref_fn, arrays, key, precision, called)
+        else:
+            arrays, sources[key], expected = _run_learning_id_range(ref_fn, _maker(key, ref_fn, recipe), key,
+                                                                    precision)
+        if progress is not None:
+            progress(2 * i + 1, total, f"{key} (original)")
+        outputs = got.outputs if ran else _run(got, arrays, "converted", key, precision)
+        if progress is not None:
+            progress(2 * i + 2, total, f"{key} (converted)")
+        checks += compare_outputs(expected, outputs, rtol, atol, signature=key)
+    return checks, sources
+
+
+def _run_once(function, arrays: dict, key: str, precision: str, called: list) -> dict:
+    """The original's outputs on `arrays`: a twin's (function_identity) when one ran on the same arrays (the run
+    check hands a converted twin its twin's run, inputs included), else `function`'s, remembered in `called`."""
+    identity = function_identity(function)
+    for twin, inputs, outputs in called:
+        if twin == identity and inputs.keys() == arrays.keys() and \
+                all(np.array_equal(inputs[k], arrays[k]) for k in arrays):
+            return outputs
+    outputs = _run(function, arrays, "original", key, precision)
+    called.append((identity, arrays, outputs))
+    return outputs
+
+
+def _maker(key: str, function, recipe: InputRecipe):
+    """make(id_limit) -> (arrays, sources): a signature's inputs as the recipe says."""
+    specs = function.structured_input_signature[1]
+    return lambda limit: signature_inputs(key, specs, recipe.given, recipe.batch_size, recipe.seed,
+                                          shapes=recipe.shapes, dim=recipe.dim, id_limit=limit)
+
+
+def signature_run(function, key: str, given: dict, batch_size: int, seed: int, precision: str, *,
+                  shapes: dict | None = None, dim: int = DEFAULT_DIM, which: str = "original") -> SignatureRun:
+    """Call a signature once on the inputs verify makes for it: given, else made up, with integer ids inside the
     tables they index (learned by running `function`, the `which` model's signature: the original's, or the
     written copy's for the run check of convert).
 
     Raises:
         ModelError: an input cannot be made up, or `function` fails on every try.
     """
-    specs = function.structured_input_signature[1]
-    made = lambda limit: signature_inputs(key, specs, given, batch_size, seed, shapes=shapes,  # noqa: E731
-                                          dim=dim, id_limit=limit)
-    return _run_learning_id_range(function, made, key, precision, which)[0]
+    recipe = InputRecipe(given, batch_size, dim, shapes or {}, seed)
+    arrays, sources, outputs = _run_learning_id_range(function, _maker(key, function, recipe), key, precision,
+                                                      which)
+    return SignatureRun(_interface(function), arrays, sources, outputs)
+
+
+def signature_feeds(function, key: str, given: dict, batch_size: int, seed: int, precision: str, *,
+                    shapes: dict | None = None, dim: int = DEFAULT_DIM, which: str = "original") -> dict:
+    """The inputs a signature runs on (signature_run's arrays)."""
+    return signature_run(function, key, given, batch_size, seed, precision, shapes=shapes, dim=dim,
+                         which=which).arrays
 
 
 def _run_learning_id_range(function, made, key: str, precision: str, which: str = "original", tries: int = 4):

@@ -7,6 +7,8 @@ bind all placeholders"). Each strategy is tried: in place, --freeze, and --freez
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -164,3 +166,65 @@ def test_the_written_counts_match_the_records_of_an_honest_save(source, tmp_path
     assert result.written[0] == result.converted_nodes > 0
     # A frozen graph's Cast after a constant weight is folded into a bfloat16 constant after the rewrite recorded it.
     assert result.written[1] == result.casts - (1 if freeze else 0)
+
+
+class TwoHeads(tf.Module):
+    """Two signatures of one structure that read different variables: not twins, each must be called."""
+
+    def __init__(self):
+        self.a = tf.Variable(tf.ones([4, 4]))
+        self.b = tf.Variable(2 * tf.ones([4, 4]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def first(self, x):
+        return {"y": tf.matmul(x, self.a)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def second(self, x):
+        return {"y": tf.matmul(x, self.b)}
+
+
+def _runs(source, output, **kwargs) -> tuple:
+    """Convert with the run check's calls kept, as `convert --verify` keeps them: (result, runs)."""
+    from mp_rewrite.savedmodel.verify import tags_key
+    runs = {}
+    result = convert_saved_model(source, output, "bfloat16",
+                                 on_run=lambda tags, key, run: runs.__setitem__((tags_key(tags), key), run), **kwargs)
+    return result, runs
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_verify_compares_the_run_checks_calls_without_loading_the_copy_again(source, tmp_path, freeze):
+    from mp_rewrite.errors import ModelError
+    from mp_rewrite.savedmodel.verify import verify_saved_models
+    out = tmp_path / "out"
+    result, runs = _runs(source, out, freeze=freeze, freeze_weights="variables")
+    assert [key for _, key in runs] == list(result.ran) == ["serving_default"]
+    for data in (out / "variables").glob("variables.data-*"):
+        data.write_bytes(b"")  # the copy can no longer be loaded: a verify that loads it fails
+    with pytest.raises(ModelError, match="cannot load the converted SavedModel"):
+        verify_saved_models(source, out)
+    report = verify_saved_models(source, out, converted_runs=runs)
+    assert report.passed and len(report.checks) == 1 and report.checks[0].max_abs > 0  # bfloat16, compared
+    run = runs[next(iter(runs))]
+    wrong = dataclasses.replace(run, outputs={k: v + 1 for k, v in run.outputs.items()})
+    assert not verify_saved_models(source, out, converted_runs={next(iter(runs)): wrong}).passed
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_signatures_alike_but_for_their_variables_are_each_called_and_verified(tmp_path, capsys, strategy):
+    """Each is called with its own weights and verified with its own outputs (a twin is only a signature that calls
+    the same function with the same captured tensors)."""
+    src = tmp_path / "heads"
+    heads = TwoHeads()
+    tf.saved_model.save(heads, str(src), signatures={"first": heads.first, "second": heads.second})
+    freeze = {"freeze": bool(STRATEGIES[strategy]), "freeze_weights": STRATEGIES[strategy][-1] if
+              "--freeze-weights" in STRATEGIES[strategy] else "auto"}
+    result, runs = _runs(src, tmp_path / "out", **freeze)
+    assert result.ran == ("first", "second")
+    for (_, key), run in runs.items():  # each ran with its own weights
+        weight = {"first": 1, "second": 2}[key]
+        np.testing.assert_allclose(run.outputs["y"], run.arrays["x"] @ (weight * np.ones([4, 4])), rtol=2e-2, atol=0.1)
+    assert cli.main(["convert", str(src), str(tmp_path / "cli"), "--precision", "bfloat16", "--verify",
+                     *STRATEGIES[strategy]]) == 0
+    assert "verification passed: 2 outputs of 2 signatures" in capsys.readouterr().out
