@@ -51,7 +51,17 @@ def load(key: str):
     path = _path(key)
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            found = from_text(f.read())
+    except OSError:
+        return None
+    return None if found is None else (*found, path)
+
+
+def from_text(text: str):
+    """(CostTable, float32 ms, lists ms) from what `as_text` wrote, or None for text of another format or version
+    (or not JSON)."""
+    try:
+        data = json.loads(text)
         if data.get("format") != FORMAT or data.get("version") != VERSION:
             return None
         table = CostTable(data["precision"],
@@ -62,14 +72,26 @@ def load(key: str):
                           {label: {(a, b): ms for a, b, ms in fusions} for label, fusions in data["fusions"].items()},
                           data["low_units"], data["note"], data["keep"],
                           RunTimes.from_data(data["runs"]) if data.get("runs") else None)
-        return table, data["fp32_ms"], data["lists_ms"], path
-    except (OSError, ValueError, KeyError, TypeError):
+        return table, data["fp32_ms"], data["lists_ms"]
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def save(key: str, table: CostTable, fp32_ms: float, lists_ms: float) -> None:
     """Write the measured costs under `key` (atomically; a cache that cannot be written is skipped)."""
     path = _path(key)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(as_text(table, fp32_ms, lists_ms))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def as_text(table: CostTable, fp32_ms: float, lists_ms: float) -> str:
+    """The measured costs as the cache file holds them (JSON; `from_text` reads it back)."""
     data = {"format": FORMAT, "version": VERSION, "precision": table.precision, "low_units": table.low_units,
             "note": table.note, "keep": table.keep, "fp32_ms": fp32_ms, "lists_ms": lists_ms,
             "nodes": {label: {name: list(ms) for name, ms in nodes.items()} for label, nodes in table.nodes.items()},
@@ -78,11 +100,4 @@ def save(key: str, table: CostTable, fp32_ms: float, lists_ms: float) -> None:
             "fusions": {label: [[a, b, ms] for (a, b), ms in fusions.items()]
                         for label, fusions in table.fusions.items()},
             "runs": None if table.runs is None else table.runs.as_data()}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    return json.dumps(data)

@@ -105,41 +105,88 @@ def plan(atomic, traced, options, signatures, name: str) -> Plan:
     With assign="cost", Keras 3's training BatchNorms are fused first (fused_batch_norms). With this machine's table
     (HookSafeCosts, low-precision units): a step measured before here (in any process) gets what that measuring
     chose at once -- the cut of the fused step, Grappler's lists or float32 as traced, whichever ran fastest; a
-    step with collective ops or on several devices (tf.distribute) Grappler's lists as traced, unmeasured, so that
-    every worker runs the same graph whatever its machine or load; a step that runs alone the lists as traced now,
-    and a StepMeasure of it across its next calls; anything else (an iterator argument, calls into other
-    functions) the op table's cut of the fused step.
+    step that runs alone the lists as traced now, and a StepMeasure of it across its next calls; anything else (an
+    iterator argument, calls into other functions) the op table's cut of the fused step. A distributed step (tf.
+    distribute: collective ops or several devices) is measured as job_decision.standalone copies it; in a job of
+    several processes only the leader measures, and every worker does what it decided (job_decision), and a step
+    the leader cannot measure runs Grappler's lists as traced on every worker.
     """
     body, fused = fused_batch_norms(traced, options, name)
     costs = options.costs
     if options.assign != "cost" or not isinstance(costs, HookSafeCosts) or not costs.table.low_units:
         return Plan(options, body, tuple(fused))
-    from ..analysis.graph_profile import body_profileable
-    from ..analysis.step_profile import StepMeasure
+    from . import job_decision
     shapes = _func_graph_shapes(atomic) if atomic is not None else {}
     graph_def = _annotated(body.graph_def, shapes)
+    unfused = _annotated(traced.graph_def, shapes) if fused else None
     spread = distributed(graph_def)
-    if spread:
-        logger.info("mp_rewrite: %s: %s, so Grappler's lists, not measured: every worker runs the same graph", name,
-                    spread)
+    if not spread:
+        measure, found, why = _measure(atomic, traced, body, graph_def, unfused, options, signatures)
+        if why:
+            logger.info("mp_rewrite: %s: costs from the op table: %s", name, why)
+            return Plan(options, body, tuple(fused))
+        return _planned(measure, found, options, traced, body, fused)
+    share = job_decision.share_for(traced.graph_def)
+    if share is not None and not share.leader:
+        return _follow(share, options, traced, body, fused, name)
+    alone, why = job_decision.standalone(graph_def)
+    if alone is not None and unfused is not None:
+        unfused, why = job_decision.standalone(unfused)
+    measure, found = None, None
+    if not why:
+        measure, found, why = _measure(atomic, traced, body, alone, unfused, options, signatures)
+    if why:
+        logger.info("mp_rewrite: %s: %s; not measured (%s), so Grappler's lists on every replica and worker", name,
+                    spread, why)
+        if share is not None:
+            share.publish_plan("lists")
         return Plan(_lists(options), traced)
+    logger.info("mp_rewrite: %s: %s; measured %s", name, spread, "here, for every replica" if share is None else
+                "by this worker, the leader, for every worker")
+    if share is not None:
+        share.publish_plan("measuring" if found is None else "decided", found)
+        measure = job_decision.LeaderMeasure(measure, share)
+    return _planned(measure, found, options, traced, body, fused)
+
+
+def _measure(atomic, traced, body, graph_def, unfused, options, signatures):
+    """(StepMeasure, its cached Profile or None, "") of the annotated body `graph_def` (raced against `unfused`, the
+    traced body annotated, when BatchNorm was fused); (None, None, why) when it cannot be measured as it runs."""
+    import tensorflow as tf
+    from ..analysis.graph_profile import body_profileable
+    from ..analysis.step_profile import StepMeasure
     args, readers = _body_args(atomic, graph_def) if atomic is not None else ([None], [None])
     why = body_profileable(graph_def, args)
-    if not why:
-        import tensorflow as tf
-        try:
-            unfused = dataclasses.replace(traced, graph_def=_annotated(traced.graph_def, shapes)) if fused else None
-            with paused(), tf.init_scope():
-                measure = StepMeasure(dataclasses.replace(body, graph_def=graph_def), args, readers, options,
-                                      signatures, costs.table, atomic.definition, traced=unfused)
-                found = measure.cached()
-            if found is None:
-                return Plan(_lists(options), traced, later=measure, fused_body=body)
-            return chosen(options, found.table, traced, body, tuple(fused))
-        except Exception as error:  # noqa: BLE001 -- the hook must never break training
-            why = f"measuring it failed ({type(error).__name__}: {str(error)[:200]})"
-    logger.info("mp_rewrite: %s: costs from the op table: %s", name, why)
-    return Plan(options, body, tuple(fused))
+    if why:
+        return None, None, why
+    try:
+        with paused(), tf.init_scope():
+            measure = StepMeasure(dataclasses.replace(body, graph_def=graph_def), args, readers, options, signatures,
+                                  options.costs.table, atomic.definition,
+                                  traced=None if unfused is None else dataclasses.replace(traced, graph_def=unfused))
+            return measure, measure.cached(), ""
+    except Exception as error:  # noqa: BLE001 -- the hook must never break training
+        return None, None, f"measuring it failed ({type(error).__name__}: {str(error)[:200]})"
+
+
+def _planned(measure, found, options, traced, body, fused) -> Plan:
+    """The lists as traced now and `measure` later, or what the cached Profile `found` chose."""
+    if found is None:
+        return Plan(_lists(options), traced, later=measure, fused_body=body)
+    return chosen(options, found.table, traced, body, tuple(fused))
+
+
+def _follow(share, options, traced, body, fused, name) -> Plan:
+    """A worker other than the leader: what the leader's plan for the same step says (job_decision)."""
+    from . import job_decision
+    said = share.wait_plan()
+    logger.info("mp_rewrite: %s: the leader's plan: %s", name, said["plan"])
+    if said["plan"] == "decided":
+        return chosen(options, job_decision.profile_of(said).table, traced, body, tuple(fused))
+    if said["plan"] == "measuring":
+        return Plan(_lists(options), traced, later=job_decision.FollowerMeasure(share, traced if fused else None),
+                    fused_body=body)
+    return Plan(_lists(options), traced)
 
 
 def chosen(options, table, traced, fused_body, fused) -> Plan:
@@ -221,7 +268,9 @@ def _body_args(atomic, graph_def) -> tuple:
     """([BodyArg], [reader]): one analysis.graph_runs.BodyArg per _Arg of the body, from its FuncGraph's inputs (in
     argument order) -- a number tensor fed made-up values, or a captured variable or value -- and beside it a
     callable that reads the captured value (None for made-up values; read only once the body is found profileable).
-    The BodyArg is None for anything else (an iterator, a table, a string)."""
+    The BodyArg is None for anything else (an iterator, a table, a string). A resource argument no node reads (the
+    all-reduces' ordering token, a variable of tf.distribute's own, once job_decision.standalone made the all-reduces
+    Identities) is a float32 scalar variable of the run's own."""
     import tensorflow as tf
     from ..analysis.graph_runs import BodyArg
     graph = getattr(atomic, "graph", None)
@@ -230,10 +279,14 @@ def _body_args(atomic, graph_def) -> tuple:
         return [None], [None]
     captured = {internal.ref(): external for external, internal in graph.captures}
     variables = {v.handle.ref(): v for v in graph.variables if hasattr(v, "handle")}
+    read = {i.split(":")[0].lstrip("^") for n in graph_def.node for i in n.input}
     args, readers = [], []
     for tensor, node in zip(graph.inputs, arg_nodes):
         external = captured.get(tensor.ref())
-        if tensor.dtype == tf.resource:
+        if tensor.dtype == tf.resource and node.name not in read:
+            args.append(BodyArg(tf.float32.as_datatype_enum, (), True))
+            readers.append(None)
+        elif tensor.dtype == tf.resource:
             variable = variables.get(external.ref()) if external is not None else None
             args.append(None if variable is None else BodyArg(
                 variable.dtype.as_datatype_enum, tuple(variable.shape.as_list()), True))

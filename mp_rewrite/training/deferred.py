@@ -56,6 +56,11 @@ def start(name: str, measure, body, options, signatures, traced) -> None:
     with _LOCK:
         _PENDING[name] = _Pending(name, measure, measure.pieces(), body, options, signatures, traced)
         _patch_calls()
+    if getattr(measure, "leader_decides", False):
+        logger.warning("mp_rewrite: %s: the leader of this tf.distribute job measures the step across its next "
+                       "calls; this worker runs Grappler's lists until it swaps in what the leader chose, before the "
+                       "same call as the leader", name)
+        return
     logger.warning("mp_rewrite: %s: measuring the step's %s costs on this machine across its next calls (float32 "
                    "and Grappler's lists with step stats, then the cut raced against both: about %d runs of the "
                    "step, a run or a few per call); it runs Grappler's lists until then. Measured once per machine "
@@ -122,7 +127,8 @@ def _swap_in(step: _Pending, table):
     from ..core.body import rewrite_body
     from ..core.functions import graph_to_function
     from . import cost_hook, function_hook
-    took = f"measured in {time.perf_counter() - step.started:.1f} s over {step.calls} calls"
+    took = (f"measured in {time.perf_counter() - step.started:.1f} s over {step.calls} calls" if not
+            getattr(step.measure, "leader_decides", False) else f"the leader decided after {step.calls} calls")
     if table.keep == "lists" and step.measure.traced is not None:
         logger.warning("mp_rewrite: %s: %s; Grappler's lists ran fastest, and it keeps running them", step.name, took)
         return None

@@ -4,25 +4,29 @@
         python multi_worker_default_script.py
 
 On a CPU the default is the cost assignment, which measures a step on the machine that runs it: workers on machines
-that differ, or are loaded differently, could decide differently. A step with collective ops is therefore not
-measured (training.cost_hook.plan): it runs Grappler's lists as traced, the same graph on every worker. A small
-CNN with a BatchNormalization (which a measured cut would fuse) trains STEPS steps of a custom loop (Keras 3's `fit` under this strategy fails on
-its input here, with or without the rewrite: "Attempt to convert a value (PerReplica...)"); prints one line
-"RESULT{json}": a digest of every rewritten function as it runs (read back from the eager context), the steps
-still being measured, and the weights.
+that differ, or are loaded differently, could decide differently. So only the leader (worker 0) measures its step,
+across the first calls, and every worker swaps in what it chose before the same call (training.job_decision). A
+small CNN with a BatchNormalization (which a measured cut fuses) trains STEPS steps of a custom loop (Keras 3's
+`fit` under this strategy fails on its input here, with or without the rewrite: "Attempt to convert a value
+(PerReplica...)"); the leader's next process finds its decision in its cache and shares it before the first
+call. Prints one line "RESULT{json}": a digest of the step each call ran, every rewritten function as
+it runs at the end (read back from the eager context), the steps still being measured, and the weights.
 """
 
 import hashlib
 import json
+import logging
 import os
 import re
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
 GLOBAL_BATCH = 8
-STEPS = 3
+SHAPE = (16, 16, 8)  # large enough that the fused cut is likely to win the race (then swapped in on both workers)
+STEPS = 60  # enough for the leader's measuring of this step (about 35 calls) to end; argv[1] overrides it
 COLLECTIVE_TIMEOUT = 60  # seconds: a worker whose peer runs another graph fails instead of hanging
 
 
@@ -41,7 +45,25 @@ def digest(fdef) -> str:
     return hashlib.sha1(copy.SerializeToString(deterministic=True)).hexdigest()
 
 
+def make_model():
+    """Two 3x3 convolutions with BatchNorm and ReLU, global average pooling, one output (seeded)."""
+    import keras
+    L = keras.layers
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input(SHAPE), L.Conv2D(32, 3, padding="same"), L.BatchNormalization(), L.ReLU(),
+                             L.Conv2D(32, 3, padding="same"), L.BatchNormalization(), L.ReLU(),
+                             L.GlobalAveragePooling2D(), L.Dense(1)])
+
+
+def step_name(step, *args) -> str:
+    """The name of the step's function in the eager context (its concrete function's, which the rewrite keeps)."""
+    name = step.get_concrete_function(*args).name
+    return name.decode() if isinstance(name, bytes) else name
+
+
 def main():
+    logging.basicConfig()
+    logging.getLogger("mp_rewrite").setLevel(logging.INFO)  # what each worker planned, in its stderr file
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING,
@@ -53,14 +75,11 @@ def main():
     from mp_rewrite.training import api as training
     from mp_rewrite.training import deferred
 
-    keras.utils.set_random_seed(1)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(8, 3, padding="same"),
-                                  keras.layers.BatchNormalization(), keras.layers.ReLU(), keras.layers.Flatten(),
-                                  keras.layers.Dense(1)])
-        opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.05), precision="bfloat16")
+        model = make_model()
+        opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), precision="bfloat16")
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(STEPS * GLOBAL_BATCH, 8, 8, 3)).astype("float32")
+    x = rng.normal(size=(3 * GLOBAL_BATCH, *SHAPE)).astype("float32")
     y = (x.sum(axis=(1, 2, 3)) > 0).astype("float32")[:, None]
     per_replica = GLOBAL_BATCH // strategy.num_replicas_in_sync
 
@@ -78,14 +97,19 @@ def main():
         return strategy.experimental_distribute_values_from_function(
             lambda ctx: tf.constant(a[i * GLOBAL_BATCH + ctx.replica_id_in_sync_group * per_replica:][:per_replica]))
 
-    losses = [float(step(share(x, i), share(y, i))) for i in range(STEPS)]
     ctx = context.context()
+    losses, ran = [], []
+    for i in range(int(sys.argv[1]) if len(sys.argv) > 1 else STEPS):
+        xs, ys = share(x, i % 3), share(y, i % 3)
+        losses.append(float(step(xs, ys)))
+        ran.append(digest(ctx.get_function_def(step_name(step, xs, ys))))
     functions = {name: {"digest": digest(ctx.get_function_def(name)), "assignment": result.assignment is not None,
                         "fused": sum(n.op == "FusedBatchNormV3" for n in ctx.get_function_def(name).node_def),
                         "bfloat16": sum(n.attr["T"].type == tf.bfloat16.as_datatype_enum
                                         for n in ctx.get_function_def(name).node_def)}
                  for name, result in training.rewritten_functions().items()}
-    print("RESULT" + json.dumps({"replicas": strategy.num_replicas_in_sync, "losses": losses, "functions": functions,
+    print("RESULT" + json.dumps({"replicas": strategy.num_replicas_in_sync, "losses": losses, "ran": ran,
+                                 "functions": functions,
                                  "pending": deferred.pending(), "failures": training.rewrite_failures(),
                                  "weights": [np.asarray(v).tolist() for v in model.trainable_variables]}),
           flush=True)

@@ -156,32 +156,53 @@ def test_workers_agree_exactly_and_match_the_single_process_run(runs):
 
 @pytest.fixture(scope="module")
 def default_runs(tmp_path_factory):
-    """Two workers of multi_worker_default_script.py, each with a cost cache of its own (as on two machines)."""
+    """Two workers of multi_worker_default_script.py, each with a cost cache of its own (as on two machines): a first
+    job (the leader measures), then a second, shorter one with the same caches (the leader's cache has the step)."""
     here = tmp_path_factory.mktemp("multi_worker_default")
-    for attempt in range(2):
-        workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
-        commands = []
-        for i in range(2):
-            env = child_env({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
-            env["XDG_CACHE_HOME"] = str(here / f"cache{i}")
-            env.pop("MP_REWRITE_ASSIGN", None)
-            commands.append((f"worker{i}", [sys.executable, DEFAULT_SCRIPT], env))
-        results = run_all(commands, here)
-        if not port_taken(results):
-            break
-    return parsed(results)
+    runs = {}
+    for job, steps in (("cold", []), ("warm", ["5"])):
+        (here / job).mkdir()
+        for attempt in range(2):
+            workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+            commands = []
+            for i in range(2):
+                env = child_env({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+                env["XDG_CACHE_HOME"] = str(here / f"cache{i}")
+                env.pop("MP_REWRITE_ASSIGN", None)
+                commands.append((f"worker{i}", [sys.executable, DEFAULT_SCRIPT, *steps], env))
+            results = run_all(commands, here / job)
+            if not port_taken(results):
+                break
+        runs[job] = parsed(results)
+    return {**runs, "cache0": str(here / "cache0"), "cache1": str(here / "cache1")}
 
 
 DEFAULT_SCRIPT = os.path.join(os.path.dirname(SCRIPT), "multi_worker_default_script.py")
 
 
+def profiles(folder):
+    """The profiles (measured steps) in a worker's cost cache."""
+    found = os.path.join(folder, "mp_rewrite", "profiles")
+    return sorted(os.listdir(found)) if os.path.isdir(found) else []
+
+
 def test_workers_run_the_same_graph_under_the_default_cost_assignment(default_runs):
-    w0, w1 = default_runs["worker0"], default_runs["worker1"]
+    w0, w1 = default_runs["cold"]["worker0"], default_runs["cold"]["worker1"]
     assert w0["replicas"] == w1["replicas"] == 2 and w0["failures"] == w1["failures"] == {}
-    assert w0["pending"] == w1["pending"] == []  # nothing measured, now or later, on either worker
-    # The step, rewritten by Grappler's lists as traced, byte for byte the same on both workers (their names may
-    # differ: TF numbers functions per process, and the chief traces a few more of its own).
+    assert w0["pending"] == w1["pending"] == []  # the measuring ended on both workers within the run
+    # Only the leader measured; worker 1, with a cache of its own, measured nothing and ran what the leader chose.
+    assert profiles(default_runs["cache0"]) and not profiles(default_runs["cache1"])
+    # Every call ran the same step on both workers, byte for byte (their names may differ: TF numbers functions per
+    # process), swapped at the same call when the leader's decision was not the lists as traced.
+    assert w0["ran"] == w1["ran"] and len(set(w0["ran"])) in (1, 2)
     assert sorted(map(json.dumps, w0["functions"].values())) == sorted(map(json.dumps, w1["functions"].values()))
-    steps = [f for f in w0["functions"].values() if f["bfloat16"]]
-    assert steps and not any(f["assignment"] or f["fused"] for f in steps)
     assert w0["losses"] == w1["losses"] and w0["weights"] == w1["weights"]
+    assert all(np.isfinite(w0["losses"])) and np.isfinite(flat(w0["weights"])).all()  # NaN would compare unequal
+
+
+def test_the_leaders_cached_decision_is_shared_before_the_first_call(default_runs):
+    cold, warm = default_runs["cold"]["worker0"], default_runs["warm"]
+    assert warm["worker0"]["pending"] == warm["worker1"]["pending"] == []
+    # From the first call on, both run the graph the first job ended with: the leader's cached decision.
+    assert warm["worker0"]["ran"] == warm["worker1"]["ran"] == [cold["ran"][-1]] * 5
+    assert not profiles(default_runs["cache1"])
