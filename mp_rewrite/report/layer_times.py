@@ -40,7 +40,7 @@ class LayerTime:
         kernels: (kernel, count) of the fused kernels TF ran for its ops, as converted ("_MklNativeFusedConv2D:
             BiasAdd+Relu6"), most frequent first; a kernel is the box's where the op it starts from is (fused_homes).
         fused_into: the label of the box whose fused kernel ran this box's ops, when that is one other box (a
-            Relu6 layer after a convolution), else "".
+            Relu6 layer after a convolution, a frozen BatchNorm's bias add), else "".
     """
 
     fp32: float
@@ -193,10 +193,11 @@ def _ops_of(graph, tables: dict, calls: dict, key: str) -> list:
     return out
 
 
-def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel, ran: dict, homes: dict) -> tuple:
+def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel, ran: dict, homes: dict,
+                within: dict) -> tuple:
     """(LayerTime, the (graph, node) pairs it counted); `kernel(row)` names the fused kernel a row ran, or "",
-    written into `ran` by (graph, node); `homes` (fused_homes) moves a fused kernel's time and name from the box
-    of the node TF named it after to the box of the op it starts from."""
+    written into `ran` by (graph, node); `homes` and `within` (fused_homes) move a fused kernel's time and name
+    from the box of the node TF named it after to the box of the op it starts from."""
     ops = _ops_of(graph, tables, calls, key)
     rows, name = graph.table.rows, graph.table.name
     away = {(name, n) for n, home in homes.items() if home != key and graph.box_of[n] == key}
@@ -209,6 +210,7 @@ def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel,
     ms += sum(own.get(c, (0.0, 0.0))[1] for c in graph.layers[key].cast_nodes)
     counted |= {(name, c) for c in graph.layers[key].cast_nodes}
     into = {graph.layers[homes[n]].label for _, n in away}
+    into |= {graph.layers[within[n]].label for n in graph.layers[key].members if within.get(n, key) != key}
     low = sum(row.node_class == "allow" for row in ops)
     return LayerTime(fp32, ms, timed, untimed, low, len(ops), tuple(kernels.most_common()),
                      into.pop() if len(into) == 1 else ""), counted
@@ -247,40 +249,47 @@ def kernel_op(kernel: str) -> str:
     return head[len("Fused"):] if head.startswith("Fused") else head
 
 
-def fused_homes(graph, times: dict, kernel) -> dict:
-    """{node: box} of the drawn nodes TF named a fused kernel after whose kernel starts from an op in another box.
-    TF names a fused kernel after the last op it fuses (the Relu6 after a convolution and its bias), and a Keras
-    activation is a layer of its own: each convolution's time would show in its activation's box, and a frozen
-    MobileNetV2's slowest layers would read "block_16_expand_relu". The kernel is the convolution's: its time and
-    name go to the box of the op it starts from, found back along the data inputs over the ops it fused."""
+def fused_homes(graph, times: dict, kernel) -> tuple:
+    """({node: box}, {node: box}): the drawn nodes TF named a fused kernel after whose kernel starts from an op in
+    another box, and the ops fused into such a kernel on the way there (a BatchNorm's bias add), each with the box
+    the kernel's time goes to. TF names a fused kernel after the last op it fuses (the Relu6 after a convolution
+    and its bias), and a Keras activation is a layer of its own: each convolution's time would show in its
+    activation's box, and a frozen MobileNetV2's slowest layers would read "block_16_expand_relu". The kernel is
+    the convolution's: its time and name go to the box of the op it starts from, found back along the data inputs
+    over the ops it fused."""
     rows, own = graph.table.rows, times.get(graph.table.name, {})
-    homes = {}
+    homes, within = {}, {}
     for name, box in graph.box_of.items():
         fused = kernel(rows[name])
         if not fused or not kernel_op(fused):
             continue
-        root = _fused_root(rows, own, name, kernel_op(fused), fused.count("+") + 1)
-        if root is not None and graph.box_of.get(root, box) != box:
-            homes[name] = graph.box_of[root]
-    return homes
+        path = _fused_path(rows, own, name, kernel_op(fused), fused.count("+") + 1)
+        if path and graph.box_of.get(path[-1], box) != box:
+            homes[name] = graph.box_of[path[-1]]
+            within.update((n, homes[name]) for n in path[:-1] if n in graph.box_of)
+    return homes, within
 
 
-def _fused_root(rows: dict, own: dict, carrier: str, op: str, fused: int) -> str | None:
-    """The node of op `op` a kernel named after `carrier` starts from: up its data inputs, over at most `fused`
-    ops (and as many identities) that ran no kernel of their own; None when there is none."""
-    frontier, seen = [carrier], {carrier}
+def _fused_path(rows: dict, own: dict, carrier: str, op: str, fused: int) -> list:
+    """The nodes from the one a kernel is named after (`carrier`, left out) up its data inputs to the node of op
+    `op` it starts from, over at most `fused` ops (and as many identities) that ran no kernel of their own; []
+    when there is none."""
+    frontier, parent = [carrier], {carrier: None}
     for _ in range(2 * fused):
         found = []
         for name in frontier:
             for src, _ in rows[name].drawn_inputs:
-                if src in seen or src not in rows or own.get(src, (0.0, 0.0))[1] > 0:
+                if src in parent or src not in rows or own.get(src, (0.0, 0.0))[1] > 0:
                     continue  # a node that ran a kernel of its own is not inside this one
-                seen.add(src)
+                parent[src] = name
                 if rows[src].op == op:
-                    return src
+                    path = [src]
+                    while parent[path[-1]] != carrier:
+                        path.append(parent[path[-1]])
+                    return path[::-1]
                 found.append(src)
         frontier = found
-    return None
+    return []
 
 
 def time_view(graph, tables, costs, result) -> TimeView:
@@ -301,7 +310,7 @@ def time_view(graph, tables, costs, result) -> TimeView:
     homes = fused_homes(graph, times, kernel)
     layers, counted, ran = {}, set(), {}
     for key in graph.layers:
-        layers[key], pairs = _layer_time(graph, by_name, calls, times, key, kernel, ran, homes)
+        layers[key], pairs = _layer_time(graph, by_name, calls, times, key, kernel, ran, *homes)
         counted |= pairs
     own = times.get(graph.table.name, {})
     inside = set().union(*(layer.cast_nodes for layer in graph.layers.values()))
@@ -354,7 +363,7 @@ def _elsewhere(times: dict, runs, variant: str, counted: set) -> tuple:
 def measured_totals(costs, result, graph_name: str = "") -> dict:
     """The whole model's measured time per call, float32 and as converted, when the table was profiled in the model
     ({} otherwise): the untraced runs made beside the traced ones the nodes' times come from, and for the cut's
-    coloring the runs that raced it. "As converted" is the variant the result is (converted_variant). A run that
+    coloring its ratio to float32 in the runs that raced it. "As converted" is the variant the result is (converted_variant). A run that
     called the drawn graph n times (every signature of a Keras export calls the model) counts as n calls."""
     from ..analysis.graph_costs import MAIN
     from ..analysis.graph_profile import measured_runs
@@ -365,9 +374,14 @@ def measured_totals(costs, result, graph_name: str = "") -> dict:
     if "untraced" not in runs:
         return {}
     fp32, lists = (ms / calls for ms in runs["untraced"])
-    if variant == "cut" and "raced" in runs:  # the cut's graph ran only in the race
-        return {"float32": fp32, "converted": runs["raced"][2] / calls,
-                "how": f"fastest whole runs untraced; as converted, the median of the race against the cut's{per}"}
+    raced_fp32, _, raced_cut = runs.get("raced", (0.0, 0.0, 0.0))
+    if variant == "cut" and 0 < raced_fp32 < float("inf"):
+        # The cut's graph ran only in the race, whose medians a busy machine puts far above the fastest runs the
+        # layers add up to (MobileNetV2 at load 4: float32 31.5 ms raced, 12.7 ms at its fastest): the cut's time
+        # is its ratio to float32 there, measured side by side, times float32's fastest run.
+        return {"float32": fp32, "converted": fp32 * raced_cut / raced_fp32,
+                "how": f"fastest whole runs untraced; as converted, float32's times the cut's ratio to it in the race "
+                       f"({raced_cut / raced_fp32:.2f}, medians of alternated runs){per}"}
     return {"float32": fp32, "converted": fp32 if variant == "float32" else lists,
             "how": f"fastest whole runs, untraced{per}"}
 

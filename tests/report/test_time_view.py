@@ -135,6 +135,25 @@ def test_with_runs_every_op_counts_and_the_total_is_the_whole_run(timed):
     assert "ran _MklNativeFusedConv2D: BiasAdd+Relu" in svg and "what ran outside the layers" in svg
 
 
+def test_the_cuts_measured_time_is_its_ratio_to_float32_in_the_race(timed):
+    from mp_rewrite.core.options import make_options
+    from mp_rewrite.model.loaded import load_model, rewrite_model
+    path, result, *_ = timed
+    table = made_up_table(result)
+    # one candidate made slower in bfloat16: the cut keeps it float32, so the result is the cut's
+    label, nodes = next((label, nodes) for label, nodes in table.nodes.items() if nodes)
+    slow = dict(nodes, **{sorted(nodes)[0]: (0.1, 10.0)})
+    table = dataclasses.replace(table, nodes={**table.nodes, label: slow})
+    cut = rewrite_model(load_model(path), "bfloat16", options=make_options("bfloat16", assign="cost", costs=table))
+    runs = dataclasses.replace(_runs(cut, table), raced=(30.0, 33.0, 24.0))  # medians, on a busier machine
+    tables = build_tables(cut, with_flops=False)
+    graph, _, _ = layer_picture(cut, None, 150, tables)
+    view = picture_times(graph, tables, dataclasses.replace(table, runs=runs), cut)
+    # float32's fastest untraced run is 25 ms; the cut ran at 0.8 of float32 in the race: 20 ms, not the 24 ms median
+    assert view.measured["float32"] == 25.0 and view.measured["converted"] == pytest.approx(20.0)
+    assert "ratio to it in the race (0.80" in view.measured["how"]
+
+
 def test_counted_once_gives_each_instant_to_the_oldest_running_kernel():
     from tensorflow.core.framework import step_stats_pb2
     stats = step_stats_pb2.StepStats()
