@@ -3,6 +3,7 @@ TensorBoard log or a Model Explorer overlay."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -88,10 +89,18 @@ def rewrite_with_costs(args):
     """As load_and_rewrite, and the costs the rewrite read: a CostTable, a machine or file table (the rewrite
     made the graph's table from it), or None for Grappler's lists. Returns (LoadedModel, result, costs)."""
     from ..model.loaded import load_model, rewrite_model
+    from ..savedmodel.in_place import rules_after_pass, rules_before_pass
     model = load_model(args.model, args.tag_set, say)
     say_opaque(model, args.precision)
-    options = _measured_in_model(args, model, options_from_args(args, **assign_from_args(args)))
+    options = options_from_args(args, **assign_from_args(args))
+    records = {}
+    if model.meta_graph is not None:  # what convert rewrites in place: with the cost assignment, after the rules
+        meta_graph, records = rules_before_pass(model.meta_graph, options)
+        model = dataclasses.replace(model, meta_graph=meta_graph, graph_def=meta_graph.graph_def)
+    options = _measured_in_model(args, model, options)
     result = rewrite_model(model, fetches=args.fetch, options=options)
+    if model.meta_graph is not None:
+        rules_after_pass(result, records, options)
     say_assignment(result)
     return model, result, options.costs
 

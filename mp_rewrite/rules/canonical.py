@@ -13,6 +13,7 @@ import dataclasses
 from typing import Callable
 
 from .batchnorm import fold_batch_norms_recorded
+from .cast_placement import match_cast_after_gather, rewrite_cast_after_gather
 from .bias import match_bias_add, rewrite_bias_add
 from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activation, rewrite_dense_bias
 from .gelu import match_gelu, rewrite_gelu
@@ -79,6 +80,9 @@ RULES = (
     Rule("residual_bias", ("Add", "AddV2", "AddN"), match_residual_bias, rewrite_residual_bias,
          lambda m: f"{m.nodes['contraction'].op} + BiasAdd" + (" + Add" if m.values["residual"] else "")),
 )
+
+# After the precision pass: where its Casts run (a graph in which weights stay variables).
+PLACEMENT_RULES = (Rule("cast_after_gather", ("Cast",), match_cast_after_gather, rewrite_cast_after_gather),)
 
 
 def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = True,

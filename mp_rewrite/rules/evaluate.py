@@ -27,10 +27,13 @@ BINARY = {"Mul": np.multiply, "AddV2": np.add, "Add": np.add, "Sub": np.subtract
 REDUCTIONS = {"Mean": np.mean}
 
 
-def evaluate(graph: EditableGraph, start, region: list, exit_node, x: np.ndarray) -> np.ndarray | None:
-    """The region's output when `start`'s output is `x` (float64), or None if it uses an op this evaluator does not
-    know or a non-constant input from outside the region."""
-    values = {start.name: x.astype(np.float64)}
+def evaluate(graph: EditableGraph, start, region: list, exit_node, x: np.ndarray,
+             given: dict | None = None) -> np.ndarray | None:
+    """The region's output when `start`'s output is `x` (float64) and the nodes named in `given` output the values
+    it maps them to (weights that are variables), or None if it uses an op this evaluator does not know or another
+    non-constant input from outside the region."""
+    values = {name: np.asarray(value, np.float64) for name, value in (given or {}).items()}
+    values[start.name] = x.astype(np.float64)
     pending = list(region)
     while pending:
         ready = [n for n in pending if all(_value(graph, t, values) is not None for t in graph.data_inputs(n))]

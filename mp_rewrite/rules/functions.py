@@ -19,16 +19,17 @@ from ..core.functions import function_to_graph, graph_to_function, is_polymorphi
 from ..core.library import skipped_functions
 from ..core.meta_graph import functions_to_rewrite
 from ..core.op_support import Signatures
-from .canonical import canonicalize
+from .canonical import RULES, canonicalize
 
 
-def canonicalize_library(meta_graph, keys=None) -> tuple[object, dict]:
+def canonicalize_library(meta_graph, keys=None, rules=RULES) -> tuple[object, dict]:
     """Canonicalize every function body the rewrite of `meta_graph` reaches (core.meta_graph.functions_to_rewrite).
 
     Args:
         meta_graph: a MetaGraphDef (never modified).
         keys: signature keys whose functions to canonicalize; None: every signature and the object graph's
             functions, as the rewrite takes them.
+        rules: the rules to run (canonical.RULES before the precision pass, PLACEMENT_RULES after it).
 
     Returns:
         (a new MetaGraphDef, {function name: [Record]} for each body where a rule applied or declined).
@@ -45,7 +46,7 @@ def canonicalize_library(meta_graph, keys=None) -> tuple[object, dict]:
         if fdef is None or name in skipped or is_polymorphic(fdef):
             continue
         body = function_to_graph(fdef, signatures)
-        graph_def, done = canonicalize(body.graph_def, (*body.retvals, *body.control_outputs),
+        graph_def, done = canonicalize(body.graph_def, (*body.retvals, *body.control_outputs), rules,
                                        fold_batch_norms=False, shapes=body_shapes(meta_graph, fdef))
         if any(record.applied for record in done):
             library.function[index[name]].CopyFrom(graph_to_function(graph_def, fdef, signatures))

@@ -20,6 +20,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from ..core.rewrite import rewrite_meta_graph_def
 from ..model.signatures import signature_keys
 from ..model.tags import select_meta_graphs, tag_text
+from ..rules import PLACEMENT_RULES
 from ..rules.functions import canonicalize_library
 from .keras_metadata import METADATA_FILE, has_keras_metadata, metadata_note
 from .measured_costs import in_place_costs
@@ -52,14 +53,10 @@ def rewrite_in_place(source_dir: Path, saved_model, options, keys=None, tag_set=
         if index not in chosen:
             new.meta_graphs.add().CopyFrom(meta_graph)
             continue
-        fusions = {}
-        if options.assign == "cost":  # the lists stay node for node Grappler's
-            meta_graph, fusions = canonicalize_library(meta_graph, keys)
+        meta_graph, records = rules_before_pass(meta_graph, options, keys)
         result = rewrite_meta_graph_def(meta_graph, options=in_place_costs(options, source_dir, meta_graph, keys),
                                         signatures=keys, progress=progress)
-        for name, records in fusions.items():
-            if name in result.functions:
-                result.functions[name].rules = records
+        rules_after_pass(result, records, options, keys)
         new.meta_graphs.add().CopyFrom(result.meta_graph_def)
         label = tag_text(meta_graph) if meta_graph.meta_info_def.tags else f"metagraph {index}"
         graphs[label if label not in graphs else f"{label} ({index})"] = result
@@ -69,3 +66,21 @@ def rewrite_in_place(source_dir: Path, saved_model, options, keys=None, tag_set=
     drop = (METADATA_FILE,) if keras_metadata == "drop" else ()
     return Rewritten(new, source_dir, graphs, skipped, names,
                      keys or tuple(signature_keys(m for _, m in chosen.items())), drop, notes)
+
+
+def rules_before_pass(meta_graph, options, keys=None) -> tuple[object, dict]:
+    """With the cost assignment, the MetaGraph whose functions the rules have canonicalized (rules.functions), and
+    {function name: [Record]}; with Grappler's lists, the MetaGraph as it is (node for node Grappler's rewrite)."""
+    if options.assign != "cost":
+        return meta_graph, {}
+    return canonicalize_library(meta_graph, keys)
+
+
+def rules_after_pass(result, records: dict, options, keys=None) -> None:
+    """With the cost assignment, move the Casts the pass inserted where they cost less (rules.PLACEMENT_RULES) in
+    `result.meta_graph_def`, and give each function's RewriteResult its rules' records (what convert prints)."""
+    if options.assign != "cost":
+        return
+    result.meta_graph_def, placed = canonicalize_library(result.meta_graph_def, keys, PLACEMENT_RULES)
+    for name, body in result.functions.items():
+        body.rules = records.get(name, []) + placed.get(name, [])

@@ -2,7 +2,8 @@
 the default in-place conversion runs): Keras 3's Dense on 3-D inputs, MultiHeadAttention's projections (a variable
 weight reshaped for tf.einsum's BatchMatMulV2, a [heads, size] variable bias) and the GELU feed-forward become the
 MatMul + BiasAdd (+ Gelu) kernels TF fuses when the SavedModel is called; the outputs stay equal in float32, the
-variables and the object graph stay as they were, and `--assign lists` stays Grappler's."""
+variables and the object graph stay as they were, and `--assign lists` stays Grappler's. After the precision pass,
+the Cast of the Embedding's table moves after its gather."""
 
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ def _proto(path):
     return proto
 
 
-def _fused_matmuls(path, tokens) -> collections.Counter:
+def _kernels(path, tokens) -> collections.Counter:
+    """{(op, fused ops)} of what one call of the SavedModel's serving signature executes."""
     signature = tf.saved_model.load(str(path)).signatures["serving_default"]
-    nodes = executed_nodes(signature, tokens=tokens)
-    return collections.Counter(tuple(s.decode() for s in n.attr["fused_ops"].list.s) for n in nodes
-                               if "FusedMatMul" in n.op)
+    return collections.Counter((n.op, tuple(s.decode() for s in n.attr["fused_ops"].list.s))
+                               for n in executed_nodes(signature, tokens=tokens))
 
 
 def test_dense_attention_and_gelu_fuse_with_variable_weights_and_outputs_stay_equal(transformer, tmp_path):
@@ -49,8 +50,10 @@ def test_dense_attention_and_gelu_fuse_with_variable_weights_and_outputs_stay_eq
     meta_graph, records = canonicalize_library(source.meta_graphs[0])
     assert source.SerializeToString(deterministic=True) == snapshot  # the input is never modified
     applied = collections.Counter(r.rule for body in records.values() for r in body if r.applied)
-    # 4 attention projections (einsum spelt BatchMatMulV2 of a reshaped variable), 2 feed-forward Dense, 1 GELU
+    # 4 attention projections (einsum spelt BatchMatMulV2 of a reshaped variable), 2 feed-forward Dense, 1 GELU,
+    # 1 LayerNorm (tf_keras's spelling, which takes variables)
     assert applied["batch_matmul"] == 4 and applied["dense_bias"] >= 5 and applied["gelu"] == 1, applied
+    assert applied["layer_norm"] == 1, applied
     assert meta_graph.object_graph_def == source.meta_graphs[0].object_graph_def
 
     copy = tmp_path / "canonical"
@@ -67,9 +70,13 @@ def test_dense_attention_and_gelu_fuse_with_variable_weights_and_outputs_stay_eq
         assert np.abs(value.numpy()).max() > 0.1
         np.testing.assert_allclose(after[key].numpy(), value.numpy(), rtol=1e-5, atol=1e-5 * np.abs(value).max())
 
-    fused = _fused_matmuls(copy, tokens)
+    kernels, source = _kernels(copy, tokens), _kernels(transformer, tokens)
+    fused = {ops: n for (op, ops), n in kernels.items() if "FusedMatMul" in op}
     assert fused[("BiasAdd",)] >= 5 and sum(n for ops, n in fused.items() if ops[1:2] and "Gelu" in ops[1]) == 1
-    assert sum(_fused_matmuls(transformer, tokens).values()) < sum(fused.values())
+    assert sum(n for (op, _), n in source.items() if "FusedMatMul" in op) < sum(fused.values())
+    # the LayerNorm after attention, its gamma and beta variables (the last one feeds the pooling's Mean and is
+    # not recognized as a LayerNorm region)
+    assert kernels[("_MklLayerNorm", ())] == 1 and source[("_MklLayerNorm", ())] == 0
 
 
 def test_the_default_conversion_applies_them_and_the_lists_do_not(transformer, tmp_path, capsys, monkeypatch):
@@ -85,3 +92,53 @@ def test_the_default_conversion_applies_them_and_the_lists_do_not(transformer, t
                                    for n in f.node_def)
     assert ops(tmp_path / "lists")["BatchMatMulV2"] == ops(transformer)["BatchMatMulV2"]
     assert ops(tmp_path / "cost")["BatchMatMulV2"] < ops(transformer)["BatchMatMulV2"]
+
+    def embedding_tables(path):
+        """The dtypes the Embedding's gathers read their table in."""
+        return {tf.dtypes.as_dtype(n.attr["Tparams"].type).name
+                for f in _proto(path).meta_graphs[0].graph_def.library.function for n in f.node_def
+                if n.op == "GatherV2" and "embedding" in n.name}
+    # Grappler's lists cast the whole table at every call; the cost assignment's output gathers the float32 table
+    # and casts the rows it gathered (rules/cast_placement.py)
+    assert embedding_tables(tmp_path / "lists") == {"bfloat16"}
+    assert embedding_tables(tmp_path / "cost") == {"float32"}
+
+
+def _canonical_copy(source_path, tmp_path):
+    """A copy of the SavedModel whose functions canonicalize_library rewrote, and the rules' records."""
+    proto = _proto(source_path)
+    meta_graph, records = canonicalize_library(proto.meta_graphs[0])
+    proto.meta_graphs[0].CopyFrom(meta_graph)
+    copy = tmp_path / "canonical"
+    shutil.copytree(source_path, copy)
+    (copy / "saved_model.pb").write_bytes(proto.SerializeToString())
+    return copy, [r for body in records.values() for r in body]
+
+
+@pytest.mark.parametrize("center, scale, epsilon", [(True, True, 1e-12), (False, True, 1e-3), (True, False, 1e-5)])
+def test_a_layer_norm_with_variable_parameters_is_one_fused_kernel(center, scale, epsilon, tmp_path):
+    """Fused, or (a variable shift and no scale: Grappler folds the Mul by ones the pattern needs) declined."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 24), name="x")
+    norm = keras.layers.LayerNormalization(center=center, scale=scale, epsilon=epsilon)
+    model = with_nonzero_biases(keras.Model(inputs, keras.layers.Dense(8)(norm(keras.layers.Dense(24)(inputs)))))
+    for weight in norm.weights:  # trained-looking gamma and beta
+        weight.assign(np.random.default_rng(1).normal(1.0, 0.3, weight.shape))
+    model.export(str(tmp_path / "source"), verbose=False)
+    copy, records = _canonical_copy(tmp_path / "source", tmp_path)
+    if not scale:
+        assert [r.reason for r in records if r.rule == "layer_norm"] == [
+            "its shift is a variable and it has no scale: TF's pattern for variable parameters needs a Mul by gamma, "
+            "and Grappler removes a Mul by ones"]
+        return
+    assert [r.reason for r in records if r.rule == "layer_norm" and r.applied]
+    x = tf.constant(np.random.default_rng(0).normal(size=(3, 16, 24)) * 1e-2, tf.float32)  # small variances
+
+    def call(path):
+        return tf.saved_model.load(str(path)).signatures["serving_default"]
+    fused = collections.Counter(n.op for n in executed_nodes(call(copy), x=x))
+    assert fused["_MklLayerNorm"] == 1 and fused["FusedBatchNormV3"] == 0
+    before, after = call(tmp_path / "source")(x=x), call(copy)(x=x)
+    for key, value in before.items():
+        scale_of = np.abs(value.numpy()).max()
+        assert scale_of > 0.1 and np.abs(after[key].numpy() - value.numpy()).max() <= 1e-5 * scale_of
