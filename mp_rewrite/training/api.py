@@ -100,9 +100,9 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
             overrides that) and to Grappler's "lists" on a GPU and for float16. With assign="cost", Keras 3's
             training BatchNormalization layers are fused into FusedBatchNormV3 and its gradient
             (rules.batchnorm_training), and without `costs` each traced step is measured on this machine across
-            its first calls, running the lists meanwhile (cached per machine: `cost_hook`, `deferred`); a step
-            with collective ops (tf.distribute across workers) is not measured, so every worker runs the same
-            graph. On a CPU without bfloat16 units the steps stay float32 (a warning says so once).
+            its first calls, running the lists meanwhile (cached per machine: `cost_hook`, `deferred`); under
+            tf.distribute the step is measured once for the job (one process: for every replica; several workers:
+            by the leader, whose decision every worker swaps in before the same call, `job_decision`). On a CPU without bfloat16 units the steps stay float32 (a warning says so once).
 
     Returns:
         The wrapped optimizer (a `mp_rewrite.LossScaleOptimizer`; TF's own wrapper for a v1 optimizer).
