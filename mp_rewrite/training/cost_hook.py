@@ -6,8 +6,9 @@ its own whose variables are copies of the step's (read from the captured variabl
 stats give each node's time in context, fusions included; the cut is then raced against both as the step will run,
 each variant called as a function in the eager runtime with variables of its own (analysis.graph_runs.
 FunctionRunner). `plan` decides when: at once from the cache of an earlier measuring, else across the step's first
-calls (analysis.step_profile, training.deferred) while it runs the lists. A distributed step is not measured (the
-lists, the same on every worker); a body that cannot run alone (an argument that is neither a number nor a
+calls (analysis.step_profile, training.deferred) while it runs the lists. A distributed step is measured once for
+the job, as a copy one process can run (training.job_decision: in a job of several processes, by the leader, whose
+decision every worker runs); a body that cannot run alone (an argument that is neither a number nor a
 variable, such as an iterator; a call into other functions) is priced from the op table (each op timed alone), and
 the log says why. Either way the hook must leave the functions registered while measuring alone, work eagerly,
 and hand the cost model the shapes the FuncGraph knows (a FunctionDef keeps its arguments' shapes, not its
@@ -236,9 +237,24 @@ def fused_batch_norms(body, options, name: str):
         return body, []
     from ..rules import fuse_training_batch_norms
     graph_def, fused = fuse_training_batch_norms(body.graph_def, keep=(*body.retvals, *body.control_outputs))
+    broken = _dangling_input(graph_def) if fused else ""
+    if broken:  # e.g. a dead Shape node of a step traced with an unknown batch size, left reading a removed node
+        logger.warning("mp_rewrite: %s: fusing its BatchNormalization layers left %s; the step is rewritten "
+                       "without the fusion", name, broken)
+        return body, []
     if fused:
         logger.info("mp_rewrite: %s: %d BatchNormalization layers fused (forward and gradient)", name, len(fused))
     return dataclasses.replace(body, graph_def=graph_def), fused
+
+
+def _dangling_input(graph_def) -> str:
+    """"" when every input of every node names a node of the graph, else the first that does not (one phrase)."""
+    names = {node.name for node in graph_def.node}
+    for node in graph_def.node:
+        for text in node.input:
+            if text.lstrip("^").split(":")[0] not in names:
+                return f"node '{node.name}' reading '{text}', which is gone"
+    return ""
 
 
 def _annotated(graph_def, shapes: dict):
