@@ -13,6 +13,7 @@ import dataclasses
 from typing import Callable
 
 from .batchnorm import fold_batch_norms_recorded
+from .batchnorm_variables import match_batchnorm_into_filter, rewrite_batchnorm_into_filter
 from .cast_placement import match_cast_after_gather, rewrite_cast_after_gather
 from .bias import match_bias_add, rewrite_bias_add
 from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activation, rewrite_dense_bias
@@ -77,6 +78,8 @@ RULES = (
     Rule("identity_n", ("IdentityN",), match_identity_n, rewrite_identity_n),
     Rule("swish", ("Mul",), match_swish, rewrite_swish, lambda m: m.values["fusion"]),
     Rule("scale_into_weights", ("Mul",), match_scale_into_weights, rewrite_scale_into_weights),
+    Rule("batchnorm_into_filter", ("Add", "AddV2"), match_batchnorm_into_filter, rewrite_batchnorm_into_filter,
+         lambda m: f"{m.nodes['contraction'].op} + BiasAdd"),
     Rule("residual_bias", ("Add", "AddV2", "AddN"), match_residual_bias, rewrite_residual_bias,
          lambda m: f"{m.nodes['contraction'].op} + BiasAdd" + (" + Add" if m.values["residual"] else "")),
 )

@@ -142,3 +142,39 @@ def test_a_layer_norm_with_variable_parameters_is_one_fused_kernel(center, scale
     for key, value in before.items():
         scale_of = np.abs(value.numpy()).max()
         assert scale_of > 0.1 and np.abs(after[key].numpy() - value.numpy()).max() <= 1e-5 * scale_of
+
+
+def test_batch_norms_fold_into_variable_filters_at_each_call(tmp_path):
+    """Keras 3's inference BatchNormalization after a Conv2D with a bias, a depthwise convolution, a Conv2D before a
+    residual add and a Dense: each becomes the contraction's BiasAdd (its filter scaled per call), which TF fuses
+    with the activation or the residual add; the outputs stay equal."""
+    keras.utils.set_random_seed(0)
+    bn = keras.layers.BatchNormalization
+    inputs = keras.Input((12, 12, 8), name="x")
+    a = keras.layers.ReLU()(bn()(keras.layers.Conv2D(8, 3, padding="same")(inputs)))
+    b = keras.layers.ReLU(6.0)(bn()(keras.layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2,
+                                                                 use_bias=False)(a)))
+    c = keras.layers.Add()([bn()(keras.layers.Conv2D(8, 1, use_bias=False)(b)), a])
+    out = bn()(keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(c)))
+    model = with_nonzero_biases(keras.Model(inputs, out))
+    rng = np.random.default_rng(1)
+    for weight in model.weights:  # trained-looking statistics, scales and shifts
+        if "variance" in weight.path or "gamma" in weight.path:
+            weight.assign(rng.uniform(0.5, 1.5, weight.shape))
+        elif "beta" in weight.path or "mean" in weight.path:
+            weight.assign(rng.normal(0.0, 0.5, weight.shape))
+    model.export(str(tmp_path / "source"), verbose=False)
+    copy, records = _canonical_copy(tmp_path / "source", tmp_path)
+    assert sum(r.rule == "batchnorm_into_filter" and r.applied for r in records) == 4
+
+    x = tf.constant(np.random.default_rng(0).normal(size=(2, 12, 12, 8)), tf.float32)
+    signature = tf.saved_model.load(str(copy)).signatures["serving_default"]
+    kernels = collections.Counter((n.op, tuple(s.decode() for s in n.attr["fused_ops"].list.s))
+                                  for n in executed_nodes(signature, x=x))
+    fused = {(op.replace("_MklNative", "_"), ops) for (op, ops) in kernels}
+    assert {("_FusedConv2D", ("BiasAdd", "Relu")), ("_FusedDepthwiseConv2dNative", ("BiasAdd", "Relu6")),
+            ("_FusedConv2D", ("BiasAdd", "Add")), ("_FusedMatMul", ("BiasAdd",))} <= fused, kernels
+    before = tf.saved_model.load(str(tmp_path / "source")).signatures["serving_default"](x=x)
+    for key, value in before.items():
+        scale = np.abs(value.numpy()).max()
+        assert scale > 0.1 and np.abs(signature(x=x)[key].numpy() - value.numpy()).max() <= 1e-5 * scale

@@ -1,0 +1,141 @@
+"""`batchnorm_into_filter`: an inference BatchNormalization after a convolution or matmul whose weights are
+variables (the in-place conversion), folded into the filter at each call.
+
+Keras 3 writes it `y = conv(x, W) [+ b] * s + t`, with `s = rsqrt(variance + epsilon) * gamma` and `t = beta -
+mean * s` computed from the layer's variables. That is `BiasAdd(conv(x, W * s), b * s + t)`: the two elementwise
+passes over every activation become one multiply of the filter (and a few of per-channel vectors) per call, and
+TensorFlow's remapper fuses the convolution with the BiasAdd, the activation and a residual add after it. The
+variables stay as they are, so the model still trains and restores; batchnorm.py folds the same in a frozen graph,
+where the filter is a constant and the fold is done once, offline.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.dtypes import FLOAT
+from .graph import EditableGraph, is_first_output, node_name
+from .record import Match
+
+CONTRACTIONS = ("Conv2D", "DepthwiseConv2dNative", "MatMul")
+RESOURCE = 20  # types_pb2.DT_RESOURCE
+
+
+def match_batchnorm_into_filter(graph: EditableGraph, add) -> Match | None:
+    """`Add(Mul(contraction [-> BiasAdd], s), t)` with `s` and `t` per output channel and computed from variables
+    and constants only; None when the pattern is not there."""
+    inputs = graph.data_inputs(add)
+    if len(inputs) != 2 or graph.is_kept(add):
+        return None
+    for data, shift in ((inputs[0], inputs[1]), (inputs[1], inputs[0])):
+        mul = graph.producer(data)
+        if mul is None or mul.op != "Mul" or not is_first_output(data) or len(graph.data_inputs(mul)) != 2:
+            continue
+        for chain, scale in (graph.data_inputs(mul), graph.data_inputs(mul)[::-1]):
+            found = _contraction(graph, chain)
+            if found is not None:
+                return _checked(graph, add, mul, *found, scale, shift)
+    return None
+
+
+def _contraction(graph: EditableGraph, tensor: str):
+    """(contraction, BiasAdd or None) when `tensor` is a float32 contraction's output, or its BiasAdd's."""
+    node = graph.producer(tensor) if is_first_output(tensor) else None
+    bias = node if node is not None and node.op == "BiasAdd" else None
+    if bias is not None:
+        node = graph.producer(bias.input[0]) if is_first_output(bias.input[0]) else None
+    if node is None or node.op not in CONTRACTIONS or node.attr["T"].type != FLOAT:
+        return None
+    return node, bias
+
+
+def _checked(graph: EditableGraph, add, mul, contraction, bias, scale: str, shift: str) -> Match | None:
+    weights = graph.weight_shape(contraction.input[1])
+    if weights is None or graph.constant(contraction.input[1]) is not None:
+        return None  # a constant filter is batchnorm.py's (a frozen graph)
+    if not (_from_weights(graph, scale) and _from_weights(graph, shift)):
+        return None  # a product with activations, not a per-channel scale
+    channels = _output_channels(contraction, weights)
+    if channels is None:
+        return Match().fail(f"{contraction.op} '{contraction.name}' is not NHWC, or its filter's shape is unknown")
+    chain = [contraction] + ([bias] if bias is not None else []) + [mul]
+    if any(graph.is_kept(n) or len(graph.readers(n.name)) != 1 for n in chain):
+        return Match().fail(f"a node between {contraction.op} '{contraction.name}' and '{add.name}' is read "
+                            "elsewhere or fetched (it would see the scaled filter)")
+    for role, tensor in (("scale", scale), ("shift", shift)):
+        shape = graph.inferred_shape(tensor)
+        if shape is None or None in shape or int(np.prod(shape)) != channels or (shape and shape[-1] != channels):
+            return Match().fail(f"the {role} '{tensor}' is not one value per output channel of the {channels} "
+                                f"(shape {shape})")
+    return Match(nodes={"contraction": contraction, "mul": mul, "add": add, **({"bias": bias} if bias else {})},
+                 values={"scale": scale, "shift": shift, "channels": channels, "filter": tuple(weights)})
+
+
+def _from_weights(graph: EditableGraph, tensor: str) -> bool:
+    """Whether `tensor` is computed from variables and constants only (no input of the function or graph)."""
+    seen, stack = set(), [node_name(tensor)]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = graph.nodes.get(name)
+        if node is None or node.op == "Placeholder" and node.attr["dtype"].type != RESOURCE \
+                or node.op == "_Arg" and node.attr["T"].type != RESOURCE:
+            return False
+        if node.op not in ("ReadVariableOp", "Const"):
+            stack.extend(node_name(t) for t in graph.data_inputs(node))
+        if len(seen) > 64:
+            return False
+    return True
+
+
+def _output_channels(contraction, weights: tuple) -> int | None:
+    if None in weights:
+        return None
+    if contraction.op == "MatMul":
+        return weights[0] if contraction.attr["transpose_b"].b else weights[1]
+    if contraction.attr["data_format"].s not in (b"", b"NHWC") or len(weights) != 4:
+        return None
+    return weights[2] * weights[3] if contraction.op == "DepthwiseConv2dNative" else weights[3]
+
+
+def rewrite_batchnorm_into_filter(graph: EditableGraph, match: Match) -> str:
+    """The filter is multiplied by the scale (shaped to its output channels); the Add becomes the BiasAdd of
+    `b * s + t` (it keeps its name); the Mul (and the old BiasAdd) go."""
+    contraction, mul, add = match.nodes["contraction"], match.nodes["mul"], match.nodes["add"]
+    bias, device, channels = match.nodes.get("bias"), contraction.device, match.values["channels"]
+    filter_shape = match.values["filter"]
+
+    def node(suffix: str, op: str, inputs, **types):
+        made = graph.add_node(f"{contraction.name}/{suffix}", op, inputs, device)
+        made.attr["T"].type = FLOAT
+        for key, value in types.items():
+            made.attr[key].type = value
+        return made.name
+
+    def shaped(tensor: str, shape, suffix: str) -> str:
+        target = graph.add_constant(f"{contraction.name}/{suffix}_shape", np.array(shape, np.int32), device)
+        return node(suffix, "Reshape", [tensor, target.name], Tshape=3)
+
+    if contraction.op == "DepthwiseConv2dNative":
+        per_filter = list(filter_shape[2:])  # output channel = input channel * multiplier + m
+    elif contraction.op == "MatMul" and contraction.attr["transpose_b"].b:
+        per_filter = [channels, 1]
+    else:
+        per_filter = [channels]
+    scale = shaped(match.values["scale"], [channels], "bn_scale")
+    scaled = node("scaled_filter", "Mul", [contraction.input[1], shaped(scale, per_filter, "bn_filter_scale")
+                                           if per_filter != [channels] else scale])
+    graph.set_inputs(contraction, [graph.data_inputs(contraction)[0], scaled])
+    shift = shaped(match.values["shift"], [channels], "bn_shift")
+    if bias is not None:
+        shift = node("bn_bias", "AddV2", [node("bn_bias_scaled", "Mul", [bias.input[1], scale]), shift])
+    add.op = "BiasAdd"
+    add.attr.clear()
+    add.attr["T"].type = FLOAT
+    add.attr["data_format"].s = b"NHWC"
+    graph.set_inputs(add, [contraction.name, shift])
+    graph.remove([mul.name] + ([bias.name] if bias is not None else []))
+    return (f"the per-channel scale and shift after {contraction.op} '{contraction.name}' fold into its filter and "
+            f"a BiasAdd, at each call (the weights stay variables)")
