@@ -35,6 +35,24 @@ MACHINE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "a
 
 
 ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")  # oneDNN reads either name
+# oneDNN's ISA levels as the bit masks of its dnnl_cpu_isa_t: a cap allows the levels whose bits it holds. Its low
+# precision kernels need a level with the instructions (bfloat16: AVX512_CORE_BF16; float16: AVX512_CORE_FP16, which
+# oneDNN 3.3 renamed AVX10_1_512); AVX2_VNNI_2 only converts. A name not here (a newer level, ALL) caps nothing we
+# know of.
+ONEDNN_ISA_MASKS = {"SSE41": 0x1, "AVX": 0x3, "AVX2": 0x7, "AVX2_VNNI": 0xf, "AVX2_VNNI_2": 0x1f,
+                    "AVX512_CORE": 0x27, "AVX512_CORE_VNNI": 0x67, "AVX512_CORE_BF16": 0xe7,
+                    "AVX512_CORE_FP16": 0x1ef, "AVX10_1_512": 0x1ef, "AVX512_CORE_AMX": 0xfef,
+                    "AVX10_1_512_AMX": 0xfef, "AVX512_CORE_AMX_FP16": 0x1fef, "AVX10_1_512_AMX_FP16": 0x1fef}
+NATIVE_ISA = {"bfloat16": "AVX512_CORE_BF16", "float16": "AVX512_CORE_FP16"}
+
+
+def isa_cap_allows(precision: str, cap: str) -> bool:
+    """Whether oneDNN held to `cap` (ONEDNN_MAX_CPU_ISA's value, "default" when unset) may use the instructions that
+    compute `precision` natively: False under AVX2 or AVX512_CORE for bfloat16 (no bfloat16 kernels then, not even
+    on a CPU that has the units), True for no cap or one this table does not know."""
+    need = ONEDNN_ISA_MASKS.get(NATIVE_ISA.get(precision, ""))
+    held = ONEDNN_ISA_MASKS.get(str(cap).strip().upper())
+    return need is None or held is None or held & need == need
 
 
 def onednn_settings() -> dict:
@@ -94,13 +112,22 @@ class MachineCosts:
 
     @property
     def low_units(self) -> bool:
-        """Whether the measured machine computes the precision natively."""
+        """Whether the measured machine computes the precision natively: its CPU has the instructions, and oneDNN
+        was not held below them (ONEDNN_MAX_CPU_ISA=AVX2 on an AVX512-BF16 CPU: no bfloat16 kernels)."""
+        return self._cpu_units() and isa_cap_allows(self.precision, self.machine.get("onednn_max_cpu_isa", "default"))
+
+    def _cpu_units(self) -> bool:
         return bool(set(NATIVE_FLAGS.get(self.precision, ())) & set(self.machine.get("cpu_flags", ())))
 
     def no_units_note(self) -> str:
         """The one line saying why everything stays float32 ("" when the machine has the units)."""
         if self.low_units:
             return ""
+        if self._cpu_units():
+            cap = self.machine.get("onednn_max_cpu_isa")
+            return (f"oneDNN is held to {cap} (ONEDNN_MAX_CPU_ISA) on the machine the costs are for: no "
+                    f"{self.precision} kernels below {NATIVE_ISA[self.precision]}, so every op stays float32 (unset "
+                    f"it, or set it to {NATIVE_ISA[self.precision]} or above, to compute in {self.precision})")
         flags = " or ".join(NATIVE_FLAGS.get(self.precision, ()))
         return (f"the CPU the costs are for ({self.machine.get('cpu', '?')}) has no {flags}: {self.precision} is "
                 "slower than float32 there, so every op stays float32")
