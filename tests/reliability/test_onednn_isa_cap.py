@@ -123,3 +123,44 @@ def test_a_variant_that_fails_while_timed_still_leaves_float32(tmp_path):
     assert "converted 0 ran ('serve', 'serving_default')" in done.stdout, done.stdout
     assert "bfloat16 cannot run here: " in done.stdout and "could not create a primitive descriptor" in done.stdout
     assert "oneDNN held to AVX2 by ONEDNN_MAX_CPU_ISA" in done.stdout
+
+
+TRAIN = """
+import logging, sys
+import keras, numpy as np, tensorflow as tf
+sys.path.insert(0, sys.argv[1])
+import parity_training
+from mp_rewrite.training import api as training
+
+logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
+keras.utils.set_random_seed(0)
+model = parity_training.build_model()
+opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), precision="bfloat16", assign="cost")
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+@tf.function
+def step(x, y):
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+
+x, y = parity_training.synthetic_digits(64, seed=0)
+losses = [float(step(x, y)) for _ in range(3)]
+training.finish_measuring()
+losses += [float(step(x, y)) for _ in range(3)]
+print("losses", losses, "failures", sorted(training.rewrite_failures()))
+"""
+
+
+@needs_bf16_cpu
+def test_training_with_the_cost_assignment_goes_on_in_float32_under_avx2(tmp_path):
+    """It stopped at the first step before ("could not create a primitive descriptor for the convolution"): the
+    hook ran Grappler's bfloat16 lists while it measured."""
+    tools = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools")
+    done = _run(TRAIN, "AVX2", tmp_path, tools)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "oneDNN is held to AVX2 (ONEDNN_MAX_CPU_ISA)" in done.stderr and "training steps run float32" in done.stderr
+    words = done.stdout.split("losses ")[-1]
+    losses = [float(v) for v in words.split("]")[0].strip("[").split(",")]
+    assert words.endswith("failures []\n") and losses[-1] < losses[0], done.stdout
