@@ -135,9 +135,12 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
     tags = list(meta_graph.meta_info_def.tags)
     with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as work:
         def run(result):
-            where = saved_model_copy(export_dir, result.meta_graph_def, tempfile.mkdtemp(dir=work)) if result \
-                else export_dir
-            return Runner.of_saved_model(where, tags, feeds, fetches)
+            # float32 is `meta_graph` as given, which need not be the directory's own: in place, the rules
+            # canonicalize the functions first (savedmodel.in_place.rules_before_pass), and the directory's graph
+            # would be timed under names (and function names) the rewritten graph does not have.
+            graph = result.meta_graph_def if result else meta_graph
+            return Runner.of_saved_model(saved_model_copy(export_dir, graph, tempfile.mkdtemp(dir=work)), tags,
+                                         feeds, fetches)
         return _profile(meta_graph.graph_def, lambda opts: rewrite_meta_graph_def(meta_graph, options=opts), run,
                         [inputs, fetches], _inlined_prefixes(meta_graph.graph_def), options, machine, batch, runs,
                         progress, False, fetches)
