@@ -89,7 +89,7 @@ PLACEMENT_RULES = (Rule("cast_after_gather", ("Cast",), match_cast_after_gather,
 
 
 def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = True,
-                 shapes=None) -> tuple[object, list]:
+                 shapes=None, alive=()) -> tuple[object, list]:
     """Rewrite a graph so that TensorFlow's remapper can fuse its contractions with their bias and activation.
 
     Args:
@@ -100,6 +100,8 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
             before them (batchnorm.py); this needs a frozen, constant-folded graph.
         shapes: {node name: shape} of weights that are not constants (a traced training step's variables, keyed
             by their resource placeholder or ReadVariableOp), for the rules that need a channel count.
+        alive: tensor or node names that must still name a node afterwards (not removed as unread), though rules
+            may change what computes them (tensors a SavedModel's object graph restores by name).
 
     Returns:
         (a new GraphDef, [Record]): every rule applied and every rule declined where its pattern was found, with
@@ -118,7 +120,7 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
     records += [r for r in declined.values() if r.node in graph.nodes]
     # What a rewrite left unread (the chain a BatchNorm was folded out of) would keep the contraction "read by 2
     # nodes" for whoever looks next; what was dead before is not ours to remove.
-    graph.remove(needed - reachable(graph.graph_def, fetches))
+    graph.remove(needed - reachable(graph.graph_def, (*fetches, *alive)))
     drop_unset_attrs(graph.graph_def)
     return graph.graph_def, records
 

@@ -20,6 +20,7 @@ from ..core.library import skipped_functions
 from ..core.meta_graph import functions_to_rewrite
 from ..core.op_support import Signatures
 from .canonical import RULES, canonicalize
+from .record import DECLINED, Record
 
 
 def canonicalize_library(meta_graph, keys=None, rules=RULES) -> tuple[object, dict]:
@@ -41,14 +42,23 @@ def canonicalize_library(meta_graph, keys=None, rules=RULES) -> tuple[object, di
     index = {f.signature.name: i for i, f in enumerate(library.function)}
     signatures = Signatures(library)
     records = {}
+    captured = {}  # tensors of a function the object graph names (restored as captured tensors): their names stay
+    for node in meta_graph.object_graph_def.nodes:
+        if node.WhichOneof("kind") == "captured_tensor":
+            captured.setdefault(node.captured_tensor.concrete_function, []).append(node.captured_tensor.name)
     for name in functions_to_rewrite(meta_graph, keys):
         fdef = library.function[index[name]] if name in index else None
         if fdef is None or name in skipped or is_polymorphic(fdef):
             continue
         body = function_to_graph(fdef, signatures)
+        named = captured.get(name, ())
         graph_def, done = canonicalize(body.graph_def, (*body.retvals, *body.control_outputs), rules,
-                                       fold_batch_norms=False, shapes=body_shapes(meta_graph, fdef))
-        if any(record.applied for record in done):
+                                       fold_batch_norms=False, shapes=body_shapes(meta_graph, fdef), alive=named)
+        lost = sorted({t.split(":")[0] for t in named} - {n.name for n in graph_def.node})
+        if lost and any(record.applied for record in done):  # the object graph could not restore the function
+            done = [Record("functions", name, DECLINED, f"the rules removed '{lost[0]}', a tensor the object graph "
+                           "restores by name; the function is left as it was")]
+        elif any(record.applied for record in done):
             library.function[index[name]].CopyFrom(graph_to_function(graph_def, fdef, signatures))
         if done:
             records[name] = done
@@ -60,7 +70,9 @@ def body_shapes(meta_graph, fdef) -> dict:
     shapes = {}
     args = fdef.signature.input_arg
     for i, arg in enumerate(args):
-        stated = fdef.arg_attr[i].attr["_output_shapes"].list.shape if i in fdef.arg_attr else ()
+        attrs = fdef.arg_attr[i].attr if i in fdef.arg_attr else {}
+        # `in` first: reading an absent key of a protobuf map inserts an empty value, which TF refuses to run
+        stated = attrs["_output_shapes"].list.shape if "_output_shapes" in attrs else ()
         if arg.type != types_pb2.DT_RESOURCE and len(stated) == 1 and not stated[0].unknown_rank:
             shapes[arg.name] = [d.size if d.size >= 0 else None for d in stated[0].dim]
     saved = meta_graph.object_graph_def.concrete_functions.get(fdef.signature.name)
