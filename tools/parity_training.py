@@ -25,6 +25,7 @@ Usage::
 
     python3 tools/parity_training.py                        # 3 seeds each, 10 epochs
     python3 tools/parity_training.py --seeds 1 --epochs 3   # quick
+    python3 tools/parity_training.py --assign lists         # Grappler's lists: every conv and matmul bfloat16
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def executed_step(training) -> dict:
 def worker(args):
     import logging
     logging.getLogger("mp_rewrite").setLevel(logging.ERROR)
-    result = train_once(args.worker, args.seed, args.epochs, args.train, args.test)
+    enable = {"assign": args.assign} if args.assign and args.worker != "float32" else {}
+    result = train_once(args.worker, args.seed, args.epochs, args.train, args.test, **enable)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -195,7 +197,8 @@ def run(variant, seed, args, cache) -> dict:
                TF_CPP_MIN_LOG_LEVEL="2", XDG_CACHE_HOME=cache)
     env.pop("MP_REWRITE_ASSIGN", None)  # the default, whatever the shell says
     argv = [sys.executable, os.path.abspath(__file__), "--worker", variant, "--seed", str(seed),
-            f"--epochs={args.epochs}", f"--train={args.train}", f"--test={args.test}"]
+            f"--epochs={args.epochs}", f"--train={args.train}", f"--test={args.test}",
+            *([f"--assign={args.assign}"] if args.assign else [])]
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -207,7 +210,7 @@ def verdict(runs, floor: float, learned: float) -> tuple[bool, str]:
     """(passed, one line): the rewrite's mean test accuracy within float32's seed spread of float32's mean."""
     acc = {v: [r["test_accuracy"] for r in runs if r["variant"] == v] for v in VARIANTS}
     spread = max(max(acc["float32"]) - min(acc["float32"]), floor)
-    gap = statistics.mean(acc["rewrite bfloat16"]) - statistics.mean(acc["float32"])
+    gap = statistics.mean(acc[VARIANTS[1]]) - statistics.mean(acc["float32"])
     low = min(min(a) for a in acc.values())
     ok = abs(gap) <= spread and low >= learned
     return ok, (f"{'PASS' if ok else 'FAIL'}: mean test accuracy, rewrite - float32 = {gap * 100:+.2f} points; "
@@ -218,11 +221,13 @@ def verdict(runs, floor: float, learned: float) -> tuple[bool, str]:
 def render(runs, args, ok_line, load) -> str:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_training import machine_facts
+    assign = f', assign="{args.assign}")`' if args.assign else ")`, the default"
     lines = ["# Accuracy parity: float32 against the default graph rewrite", "",
              f"Command: `{shlex.join(['python3', 'tools/parity_training.py', *sys.argv[1:]])}`", "",
              f"Machine: {machine_facts()}. Load average {load[0]:.1f} before, {load[1]:.1f} at the end.", "",
              f"Synthetic digits, 16x16 ({args.train} train / {args.test} test samples, the same for every run); small "
-             f"CNN with BatchNorm; `model.fit`, Adam (1e-3, cosine decay to 0), batch 64, {args.epochs} epochs.", "",
+             f"CNN with BatchNorm; `model.fit`, Adam (1e-3, cosine decay to 0), batch 64, {args.epochs} epochs. The "
+             f'rewrite: `enable_mixed_precision_graph_rewrite(opt, precision="bfloat16"{assign}.', "",
              "| variant | seed | test accuracy | same weights, float32 eval | test loss | train loss | train s (CPU s) "
              "| step ran | bfloat16 matmul/conv | fused BatchNorms | Casts |",
              "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
@@ -246,6 +251,8 @@ def main(argv=None):
     parser.add_argument("--test", type=int, default=4000, help="test samples")
     parser.add_argument("--floor", type=float, default=0.005, help="the least spread the check allows")
     parser.add_argument("--learned", type=float, default=0.8, help="the least test accuracy of any run")
+    parser.add_argument("--assign", choices=("lists", "cost"),
+                        help="the rewrite's assignment (default: the default's, the cost assignment on such a CPU)")
     parser.add_argument("--cache", help="XDG_CACHE_HOME of the rewrite's runs (default: a new empty folder)")
     parser.add_argument("--out", help="also write the page here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
