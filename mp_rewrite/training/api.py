@@ -102,7 +102,8 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
             (rules.batchnorm_training), and without `costs` each traced step is measured on this machine across
             its first calls, running the lists meanwhile (cached per machine: `cost_hook`, `deferred`); under
             tf.distribute the step is measured once for the job (one process: for every replica; several workers:
-            by the leader, whose decision every worker swaps in before the same call, `job_decision`). On a CPU without bfloat16 units the steps stay float32 (a warning says so once).
+            by the leader, whose decision every worker swaps in before the same call, `job_decision`). On a CPU
+            without bfloat16 units the steps stay float32 (a warning says so once).
 
     Returns:
         The wrapped optimizer (a `mp_rewrite.LossScaleOptimizer`; TF's own wrapper for a v1 optimizer).

@@ -46,7 +46,8 @@ def standalone(graph_def):
     """(copy, "") of a distributed step that this process can run alone for measuring -- every node's device
     cleared, every all-reduce (CollectiveReduceV2) an Identity of its input -- or (None, why) when it has collective
     ops of another kind (a gather or broadcast changes shapes or needs its peers)."""
-    others = sorted({n.op for n in graph_def.node if n.op.startswith(("Collective", "Nccl")) and n.op not in REDUCE_OPS})
+    others = sorted({n.op for n in graph_def.node
+                     if n.op.startswith(("Collective", "Nccl")) and n.op not in REDUCE_OPS})
     if others:
         return None, f"the step has {', '.join(others)} ops, which need the other workers to run"
     copy = type(graph_def)()

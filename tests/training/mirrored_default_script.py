@@ -63,7 +63,8 @@ def main():
         ran.append(digest(context.context().get_function_def(step_name(step, xs, ys))))
     fdef = context.context().get_function_def(step_name(step, xs, ys))
     print("RESULT" + json.dumps({
-        "pending": deferred.pending(), "losses": losses, "failures": training.rewrite_failures(), "graphs": len(set(ran)),
+        "pending": deferred.pending(), "losses": losses, "failures": training.rewrite_failures(),
+        "graphs": len(set(ran)),
         "devices": sorted({n.device.split("device:")[-1] for n in fdef.node_def if n.device}),
         "bfloat16": sum(n.attr["T"].type == tf.bfloat16.as_datatype_enum for n in fdef.node_def),
         "replicas": [[v.numpy().tolist() for v in strategy.experimental_local_results(var.value)]

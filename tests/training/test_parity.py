@@ -22,7 +22,7 @@ def test_the_default_rewrite_trains_to_float32s_accuracy(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # measured from scratch, as a first run on a machine is
     monkeypatch.delenv("MP_REWRITE_ASSIGN", raising=False)
     # Whole batches only, as in the full run: the step is traced with a known batch size (a partial last batch
-    # makes Keras trace it with an unknown one, whose BatchNorms the fusion leaves alone: test_a_step_traced_with_an_unknown_batch_size_is_still_rewritten).
+    # makes Keras trace it with an unknown one, whose BatchNorms the fusion leaves alone: test_cost_default.py).
     size = {"epochs": 4, "train": 40 * 64, "test": 1000, "rate": 3e-3}
     float32 = parity_training.train_once("float32", 1, **size)
     rewrite = parity_training.train_once("rewrite bfloat16", 1, **size)
