@@ -9,7 +9,8 @@ decided through TensorFlow's coordination service (the key-value store every Mul
 
 - when it plans a step: `{"plan": "decided", "profile": ...}` (its cache had the step), `{"plan": "measuring"}`
   or `{"plan": "lists"}` (it cannot measure the step: Grappler's lists as traced); the other workers wait for this
-  when they plan the same step (the same graph, so the same key) and do as it says;
+  when they plan the same step (the n-th step with collective ops: every worker runs those in the same order)
+  and do as it says;
 - after each piece of its measuring, spread over the step's first calls (training.deferred; piece k runs before
   call k + 1): `{}` while it measures, `{"at": k + 1, "profile": ...}` when piece k ended it. Before each call,
   every other worker reads what the leader said after the piece before the previous call -- which is there: the
@@ -35,7 +36,7 @@ logger = logging.getLogger("mp_rewrite")
 KEY_PREFIX = "mp_rewrite/cost_assignment"
 PLAN_WAIT_MS = 300_000  # a worker waits this long for the leader to plan the same step, then runs the lists
 REDUCE_OPS = ("CollectiveReduceV2", "CollectiveReduce")  # input 0 is the tensor reduced, the output has its shape
-_SEEN: dict[str, int] = {}  # step digest -> how many times this process planned it (a retrace plans it again)
+_PLANNED = [0]  # steps with collective ops this process planned in a job of several processes
 
 
 class LeaderFailed(RuntimeError):
@@ -73,37 +74,50 @@ def standalone(graph_def):
 
 @dataclasses.dataclass(frozen=True)
 class Share:
-    """This process's part in deciding a distributed step: `leader` (it measures and publishes) and the step's key
-    in the coordination service."""
+    """This process's part in deciding a distributed step: `leader` (it measures and publishes), the step's key in
+    the coordination service, and the digest of its graph."""
 
     leader: bool
     key: str
+    digest: str
 
     def publish_plan(self, plan: str, profile=None) -> None:
-        _put(f"{self.key}/plan", {"plan": plan, "profile": _text(profile)})
+        _put(f"{self.key}/plan", {"plan": plan, "profile": _text(profile), "digest": self.digest})
 
     def wait_plan(self) -> dict:
-        """The leader's plan for this step; {"plan": "lists"} (and a warning) if it does not come in time."""
+        """The leader's plan for this step; {"plan": "lists"} (and a warning) if it does not come in time. A plan
+        for a step that differs from this worker's (layers named otherwise?) is followed, with a warning: its
+        table may then choose otherwise here."""
         try:
-            return _get(f"{self.key}/plan", PLAN_WAIT_MS)
+            said = _get(f"{self.key}/plan", PLAN_WAIT_MS)
         except Exception as error:  # noqa: BLE001 -- no plan: the leader did not trace this step; run the lists
             logger.warning("mp_rewrite: no cost-assignment plan from the leader for %s within %d s (%s); this worker "
                            "runs Grappler's lists", self.key, PLAN_WAIT_MS // 1000, type(error).__name__)
             return {"plan": "lists"}
+        if said.get("digest") != self.digest:
+            logger.warning("mp_rewrite: %s: the leader's step is not this worker's step (the same collective ops in "
+                           "the same order, but other nodes: layers named otherwise?); its measured table may "
+                           "choose other precisions here than on the leader", self.key)
+        return said
 
 
 def share_for(graph_def) -> Share | None:
-    """The Share of a distributed step in a job of several processes, or None in one process (one decision)."""
+    """The Share of a step with collective ops in a job of several processes, or None in one process (one decision).
+
+    The key is the step's place among the steps with collective ops this process planned: every worker runs those
+    in the same order (each call waits for its peers'), so the n-th one is the same step on every worker, whatever
+    its nodes are named here."""
     from tensorflow.python.eager import context
     ctx = context.context()
     server = getattr(ctx, "_collective_ops_server_def", None) or ctx.get_server_def()
     leader = getattr(ctx, "_collective_leader", None)
     if ctx.coordination_service is None or server is None or not leader:
         return None
-    digest = _digest(graph_def)
-    _SEEN[digest] = _SEEN.get(digest, 0) + 1
+    if not any(n.op.startswith(("Collective", "Nccl")) for n in graph_def.node):
+        return None  # placed on several devices, exchanging nothing with other workers: this process decides
+    _PLANNED[0] += 1
     me = f"/job:{server.job_name}/replica:0/task:{server.task_index}"
-    return Share(leader=leader == me, key=f"{KEY_PREFIX}/{digest}/{_SEEN[digest]}")
+    return Share(leader=leader == me, key=f"{KEY_PREFIX}/step{_PLANNED[0]}", digest=_digest(graph_def))
 
 
 class LeaderMeasure:

@@ -68,7 +68,7 @@ def test_the_decision_travels_as_text_and_back():
     assert back.table.nodes == table.nodes and back.table.casts == table.casts and back.table.keep == "lists"
 
 
-def test_step_keys_ignore_the_task_and_count_retraces():
+def test_step_digests_ignore_the_task():
     one, other = distributed_step(), distributed_step()
     for node in other.node:
         node.device = node.device.replace("task:1", "task:0")
