@@ -334,7 +334,8 @@ def _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetch
         for label in untimed:
             nodes[label], fusions[label] = dict(alone.nodes.get(label, {})), dict(alone.fusions.get(label, {}))
     fp32_ms, lists_ms = _medians(walls)
-    note = (f"costs measured in this graph on this machine ({runs} traced runs of each: float32 {fp32_ms:.1f} ms, "
+    at = f" at batch {batch}" if batch is not None else ""
+    note = (f"costs measured in this graph on this machine{at} ({runs} traced runs of each: float32 {fp32_ms:.1f} ms, "
             f"Grappler's lists {lists_ms:.1f} ms per run"
             + (f"; {len(untimed)} loop or branch bodies from the op table)" if untimed else ")"))
     return CostTable(machine.precision, nodes, casts, fusions, machine.low_units,

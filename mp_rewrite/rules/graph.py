@@ -119,7 +119,7 @@ class EditableGraph:
                 return None
             return tuple(int(d) if d >= 0 else size // known for d in target)
         if node.name not in self.shapes and node.op == "ReadVariableOp":
-            return self.shapes.get(node_name(node.input[0]))
+            return self.shapes.get(_resource(self.nodes, node.input[0]))
         return self.shapes.get(node.name)
 
     def data_inputs(self, node) -> list:
@@ -219,14 +219,15 @@ def _inferred_shapes(graph_def, stated: dict) -> dict:
         light.node[-1].attr["dtype"].type = dtype
         light.node[-1].attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
 
+    nodes = {node.name: node for node in graph_def.node}
     for node in graph_def.node:
         tensor = node.attr["value"].tensor if node.op == "Const" and "value" in node.attr else None
         if tensor is not None and len(tensor.tensor_content) + len(tensor.float_val) * 4 > 1 << 16:
             placeholder(node, tensor.dtype, tensor.tensor_shape)
         elif node.op == "_Arg":
             placeholder(node, node.attr["T"].type, stated.get(node.name))
-        elif node.op == "ReadVariableOp" and node_name(node.input[0]) in stated:
-            placeholder(node, node.attr["dtype"].type, stated[node_name(node.input[0])])
+        elif node.op == "ReadVariableOp" and _resource(nodes, node.input[0]) in stated:
+            placeholder(node, node.attr["dtype"].type, stated[_resource(nodes, node.input[0])])
         elif node.op != "_Retval":
             light.node.add().CopyFrom(node)
     try:
@@ -236,3 +237,12 @@ def _inferred_shapes(graph_def, stated: dict) -> dict:
         return {}
     return {op.name: tuple(op.outputs[0].shape.as_list()) for op in graph.get_operations()
             if op.outputs and op.outputs[0].shape.rank is not None}
+
+
+def _resource(nodes: dict, tensor: str) -> str:
+    """The node a resource input comes from through Identities (an inlined function's inputs are Identities of the
+    captured placeholders)."""
+    name = node_name(tensor)
+    while name in nodes and nodes[name].op == "Identity" and nodes[name].input:
+        name = node_name(nodes[name].input[0])
+    return name

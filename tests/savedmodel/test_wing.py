@@ -188,6 +188,28 @@ def test_weights_too_large_for_constants_stay_low_precision_variables(tmp_path, 
     assert size(tmp_path / "out") < 0.6 * size(tmp_path / "m")
 
 
+def test_the_variable_form_fuses_and_prices_what_reads_the_variables(tmp_path, monkeypatch):
+    """Kept variables reach their readers through an inlined function's input Identities: the rules still know the
+    weights' shapes (the Dense and its GELU fuse), and the cost assignment prices the matmuls instead of seeing
+    shapes unknown and a predicted time of zero (which kept every op float32)."""
+    import keras
+    from mp_rewrite.analysis.op_costs import this_machine
+    costs = this_machine("bfloat16")
+    if not costs.low_units:
+        pytest.skip("no bfloat16 units here: the cost assignment keeps float32 whatever it prices")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    inputs = keras.Input((8, 64))
+    hidden = keras.layers.Dense(256, activation="gelu", name="up")(inputs)
+    keras.Model(inputs, keras.layers.Dense(64, name="down")(hidden)).export(str(tmp_path / "m"), verbose=False)
+    result = convert_saved_model(tmp_path / "m", tmp_path / "out", "bfloat16", freeze=True,
+                                 freeze_weights="variables", assign="cost", costs=costs)
+    fusions = {r.fusion for graph in result.graphs.values() for r in graph.rules if r.applied}
+    assert "MatMul + BiasAdd + GeluExact" in fusions, fusions
+    from mp_rewrite.commands.list_options import predicted
+    prices = [predicted(graph) for graph in result.graphs.values()]
+    assert prices and all(p["fp32_cost"] > 0.01 and p["lists_cost"] > 0.01 for p in prices), prices
+
+
 def test_an_options_and_its_parts_together_are_refused_not_ignored(dense_model, tmp_path):
     import mp_rewrite
     source, _ = dense_model
