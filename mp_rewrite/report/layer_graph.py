@@ -40,6 +40,8 @@ class Layer:
         variables: the variables its ops read (through ReadVariableOps and weight-only arithmetic).
         casts: "float32→bfloat16" -> count of Casts inserted inside it or on its weights.
         cast_nodes: the names of those Casts (the time view prices each once).
+        weights: the parameter nodes its ops read (through Casts and identities): a variable's read, or what is
+            computed from weights alone (the time view counts that arithmetic, done every call, in the box).
     """
 
     key: str
@@ -51,6 +53,7 @@ class Layer:
     variables: set = dataclasses.field(default_factory=set)
     casts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     cast_nodes: set = dataclasses.field(default_factory=set)
+    weights: set = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass
@@ -249,6 +252,7 @@ def build_layer_graph(table, budget: int = 150, tables: dict | None = None) -> L
                 layers[key].variables |= variables.get(node, set())
                 layers[key].casts.update(casts)
                 layers[key].cast_nodes.update(cast_nodes)
+                layers[key].weights.add(node)
             elif node in box_of:
                 op_edges.append((node, name, casts, cast_nodes))
                 _add_edge(edges, layers, box_of[node], key, casts, cast_nodes)
@@ -291,6 +295,7 @@ def _merge(layers: dict, edges: dict, box_of: dict, key: str, into: str) -> None
     target.variables |= source.variables
     target.casts.update(source.casts)
     target.cast_nodes |= source.cast_nodes
+    target.weights |= source.weights
     for name in source.members:
         box_of[name] = into
     for (a, b) in [e for e in edges if key in e]:

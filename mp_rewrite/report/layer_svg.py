@@ -200,11 +200,15 @@ def legend_chips(graph, times=None) -> list:
 
 
 def time_line(times, key: str) -> str:
-    """A box's time line in the time view: "1.42 → 0.78 ms · 2.1%" (float32 → as converted, share of the total)."""
+    """A box's time line in the time view: "1.42 → 0.78 ms · 2.1%" (float32 → as converted, share of the total),
+    and " · weights 0.41" where the arithmetic on its weights done every call is a tenth of it or more."""
     from .layer_times import time_label
+    from .layer_times import ms_text
     t = times.layers[key]
     share = f" · {100 * t.ms / times.total:.1f}%" if t.timed and times.total else ""
-    return time_label(t, times.complete) + share
+    # arithmetic on the weights done at every call, when it is a good part of the layer's time
+    weights = f" · weights {ms_text(t.weights[1])}" if t.weights[1] >= max(0.1 * t.ms, 0.001) else ""
+    return time_label(t, times.complete) + share + weights
 
 
 def time_lines(times, key: str) -> list:

@@ -3,16 +3,17 @@
 Where the cost table was measured in the model (analysis.graph_profile) it carries what the runs measured
 (analysis.run_times.RunTimes): every executed node's time, counted once (each instant of a run goes to the kernel
 running longest then), in float32 and in Grappler's coloring, the kernels TF ran, and the whole runs untraced. A
-layer's time is its nodes' times; the total adds the Casts on edges, the nodes no box holds (weight arithmetic)
-and what ran elsewhere (other graphs, and TF's own nodes: function-call plumbing, Grappler's additions), so it
-accounts for the whole run and can be held against the measured one. Casts the result inserted are priced per
+layer's time is its nodes' times and the arithmetic on its weights done every call; the total adds the Casts on
+edges, the nodes no box holds or reads, and what ran elsewhere (other graphs, and TF's own nodes: function-call
+plumbing, Grappler's additions), so it accounts for the whole run and can be held against the measured one. Casts the result inserted are priced per
 tensor as the assignment prices them (this machine's cast times by size), unless the result is the lists'
 coloring, whose Casts ran in the measured runs.
 
 Rendered, never decided: a node counts in the precision its row says it computes in (the cut's or the lists'
 choice): its time in the lists' run if low, else in float32's (all of the lists' run for the lists' coloring). A
 node TF fused into another kernel, or folded away, ran no kernel of its own: the kernel that ran it has the time,
-in the box of the op the kernel starts from (a convolution's, not the activation's TF names it after).
+in the box of the op the kernel starts from (a convolution's, not the activation's TF names it after:
+time_owners).
 A table without runs (the op table, a cost file: ops timed alone) times the candidates only; the rest is counted
 as untimed, not guessed.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from .layer_graph import callee_ops, called_functions, computes_in_float
+from .time_owners import fused_homes, weight_owners
 from .palette import heat_fill, heat_steps
 
 TOP = 10  # the slowest layers listed above the picture
@@ -41,6 +43,8 @@ class LayerTime:
             BiasAdd+Relu6"), most frequent first; a kernel is the box's where the op it starts from is (fused_homes).
         fused_into: the label of the box whose fused kernel ran this box's ops, when that is one other box (a
             Relu6 layer after a convolution, a frozen BatchNorm's bias add), else "".
+        weights: (float32 ms, ms) of the arithmetic on its weights done every call (included in fp32 and ms): a
+            BatchNorm folded into a filter in place scales the filter at each call (weight_owners).
     """
 
     fp32: float
@@ -51,6 +55,7 @@ class LayerTime:
     ops: int
     kernels: tuple = ()
     fused_into: str = ""
+    weights: tuple = (0.0, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +67,8 @@ class TimeView:
         layers: box key -> LayerTime (boxes with nothing timed included, at 0 ms).
         edges: (box, box) -> ms of the Casts inserted on that edge (a Cast read by two boxes is on both).
         edge_casts: ms of the Casts on edges, each counted once (none of them is inside a box).
-        undrawn: (float32 ms, ms) of the timed nodes of the drawn graph no box holds: arithmetic on weights alone
-            (a BatchNorm's scale from its variables, computed every call), reads of variables, Casts no drawn edge
-            carries.
+        undrawn: (float32 ms, ms) of the timed nodes of the drawn graph no box holds or reads (arithmetic on
+            weights a box reads, done every call, is in that box: LayerTime.weights), Casts no drawn edge carries.
         elsewhere: (float32 ms, ms) of what ran outside the drawn graph: the other graphs' nodes no box counts, and
             TF's own nodes (run_times.RunTimes.elsewhere); (0, 0) without runs.
         total_fp32, total: per call, float32 and as converted: the sum of the layers, edge_casts, undrawn and
@@ -193,11 +197,12 @@ def _ops_of(graph, tables: dict, calls: dict, key: str) -> list:
     return out
 
 
-def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel, ran: dict, homes: dict,
-                within: dict) -> tuple:
+def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel, ran: dict, owners: dict,
+                homes: dict, within: dict) -> tuple:
     """(LayerTime, the (graph, node) pairs it counted); `kernel(row)` names the fused kernel a row ran, or "",
-    written into `ran` by (graph, node); `homes` and `within` (fused_homes) move a fused kernel's time and name
-    from the box of the node TF named it after to the box of the op it starts from."""
+    written into `ran` by (graph, node); `owners` (weight_owners) gives it the arithmetic on its weights; `homes`
+    and `within` (fused_homes) move a fused kernel's time and name from the box of the node TF named it after to
+    the box of the op it starts from."""
     ops = _ops_of(graph, tables, calls, key)
     rows, name = graph.table.rows, graph.table.name
     away = {(name, n) for n, home in homes.items() if home != key and graph.box_of[n] == key}
@@ -209,11 +214,15 @@ def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel,
     own = times.get(name, {})
     ms += sum(own.get(c, (0.0, 0.0))[1] for c in graph.layers[key].cast_nodes)
     counted |= {(name, c) for c in graph.layers[key].cast_nodes}
+    weights = [own[n] for n, box in owners.items() if box == key and n in own and (name, n) not in counted]
+    weights = (sum(t[0] for t in weights), sum(t[1] for t in weights))
+    fp32, ms = fp32 + weights[0], ms + weights[1]
+    counted |= {(name, n) for n, box in owners.items() if box == key}
     into = {graph.layers[homes[n]].label for _, n in away}
     into |= {graph.layers[within[n]].label for n in graph.layers[key].members if within.get(n, key) != key}
     low = sum(row.node_class == "allow" for row in ops)
     return LayerTime(fp32, ms, timed, untimed, low, len(ops), tuple(kernels.most_common()),
-                     into.pop() if len(into) == 1 else ""), counted
+                     into.pop() if len(into) == 1 else "", weights), counted
 
 
 def _tally(rows: list, times: dict, kernel, ran: dict, counted: set, away=frozenset()) -> tuple:
@@ -238,60 +247,6 @@ def _tally(rows: list, times: dict, kernel, ran: dict, counted: set, away=frozen
     return fp32, ms, timed, untimed, +kernels
 
 
-def kernel_op(kernel: str) -> str:
-    """The op a fused kernel starts from, as a graph spells it ("_MklNativeFusedConv2D: BiasAdd+Relu6" ->
-    "Conv2D", "_MklFusedMatMul: BiasAdd" -> "MatMul"); "" for a kernel that fuses nothing."""
-    from ..analysis.run_times import MKL_PREFIXES
-    if ":" not in kernel:
-        return ""
-    head = kernel.split(":")[0]
-    head = next((head[len(p):] for p in (*MKL_PREFIXES, "_") if head.startswith(p)), head)
-    return head[len("Fused"):] if head.startswith("Fused") else head
-
-
-def fused_homes(graph, times: dict, kernel) -> tuple:
-    """({node: box}, {node: box}): the drawn nodes TF named a fused kernel after whose kernel starts from an op in
-    another box, and the ops fused into such a kernel on the way there (a BatchNorm's bias add), each with the box
-    the kernel's time goes to. TF names a fused kernel after the last op it fuses (the Relu6 after a convolution
-    and its bias), and a Keras activation is a layer of its own: each convolution's time would show in its
-    activation's box, and a frozen MobileNetV2's slowest layers would read "block_16_expand_relu". The kernel is
-    the convolution's: its time and name go to the box of the op it starts from, found back along the data inputs
-    over the ops it fused."""
-    rows, own = graph.table.rows, times.get(graph.table.name, {})
-    homes, within = {}, {}
-    for name, box in graph.box_of.items():
-        fused = kernel(rows[name])
-        if not fused or not kernel_op(fused):
-            continue
-        path = _fused_path(rows, own, name, kernel_op(fused), fused.count("+") + 1)
-        if path and graph.box_of.get(path[-1], box) != box:
-            homes[name] = graph.box_of[path[-1]]
-            within.update((n, homes[name]) for n in path[:-1] if n in graph.box_of)
-    return homes, within
-
-
-def _fused_path(rows: dict, own: dict, carrier: str, op: str, fused: int) -> list:
-    """The nodes from the one a kernel is named after (`carrier`, left out) up its data inputs to the node of op
-    `op` it starts from, over at most `fused` ops (and as many identities) that ran no kernel of their own; []
-    when there is none."""
-    frontier, parent = [carrier], {carrier: None}
-    for _ in range(2 * fused):
-        found = []
-        for name in frontier:
-            for src, _ in rows[name].drawn_inputs:
-                if src in parent or src not in rows or own.get(src, (0.0, 0.0))[1] > 0:
-                    continue  # a node that ran a kernel of its own is not inside this one
-                parent[src] = name
-                if rows[src].op == op:
-                    path = [src]
-                    while parent[path[-1]] != carrier:
-                        path.append(parent[path[-1]])
-                    return path[::-1]
-                found.append(src)
-        frontier = found
-    return []
-
-
 def time_view(graph, tables, costs, result) -> TimeView:
     """The TimeView of a LayerGraph (whole_model.layer_picture).
 
@@ -307,10 +262,10 @@ def time_view(graph, tables, costs, result) -> TimeView:
     by_name = {t.name: t for t in tables}
     calls = {n.name: called_functions(n) for n in graph.table.result.graph_def.node if n.name in graph.box_of}
     kernel = _kernel_of(runs, variant)
-    homes = fused_homes(graph, times, kernel)
+    homes, owners = fused_homes(graph, times, kernel), weight_owners(graph)
     layers, counted, ran = {}, set(), {}
     for key in graph.layers:
-        layers[key], pairs = _layer_time(graph, by_name, calls, times, key, kernel, ran, *homes)
+        layers[key], pairs = _layer_time(graph, by_name, calls, times, key, kernel, ran, owners, *homes)
         counted |= pairs
     own = times.get(graph.table.name, {})
     inside = set().union(*(layer.cast_nodes for layer in graph.layers.values()))
@@ -321,7 +276,7 @@ def time_view(graph, tables, costs, result) -> TimeView:
         if names:
             edges[pair] = sum(own.get(c, (0.0, 0.0))[1] for c in names)
     edge_casts = sum(own.get(c, (0.0, 0.0))[1] for c in on_edges)
-    drawn = set(graph.box_of) | inside | on_edges
+    drawn = set(graph.box_of) | inside | on_edges | set(owners)
     undrawn = tuple(sum(t[i] for name, t in own.items() if name not in drawn) for i in (0, 1))
     counted |= {(graph.table.name, name) for name in own}
     elsewhere = _elsewhere(times, runs, variant, counted)

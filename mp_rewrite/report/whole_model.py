@@ -75,7 +75,7 @@ def total_line(times) -> str:
     from .layer_times import ms_text
     line = (f"Time per call: float32 {ms_text(times.total_fp32)} ms → as converted {ms_text(times.total)} ms, the "
             f"sum of the layers' times, the Casts on edges ({ms_text(times.edge_casts)} ms), the nodes not drawn "
-            f"(weight arithmetic, {ms_text(times.undrawn[0])} → {ms_text(times.undrawn[1])} ms)")
+            f"(no box reads them, {ms_text(times.undrawn[0])} → {ms_text(times.undrawn[1])} ms)")
     if times.complete:
         line += (f" and what ran outside the layers (TF's own nodes, other graphs: {ms_text(times.elsewhere[0])} → "
                  f"{ms_text(times.elsewhere[1])} ms)")

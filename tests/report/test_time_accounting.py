@@ -1,14 +1,21 @@
-"""The time view accounts for the whole run: on real models (MobileNetV2, ResNet-50, a keras-hub BERT) profiled in
-the model on this machine, every computing box has a time (or says TF fused or folded its ops), and the layers hold
-nearly all of the total (the Casts on edges, the nodes no box holds and what ran outside the layers are the rest).
+"""The time view accounts for the whole run: on real models (MobileNetV2, ResNet-50, a keras-hub BERT) drawn as
+`inspect --show time` draws them (the rules first, then profiled in the model on this machine), every computing box
+has a time or names the box whose fused kernel ran its ops, and the layers hold nearly all of the total (the Casts
+on edges, the nodes no box reads and what ran outside the layers are the rest).
 
-How close that total comes to the measured untraced whole run is printed (`pytest -s`), not asserted: it is a
-timing ratio, and on a shared machine other processes move it (ResNet-50 at -8.7% in one loaded run, -14.8% in
-another; MobileNetV2 at -14%, the executor's own time between its 1262 tiny kernels being in no node's time). The
-measured gaps are in docs/pictures.md. Skipped without bfloat16 units (nothing is measured there)."""
+The float32 total against the measured untraced whole run is asserted on MobileNetV2 only, within 40%. On this
+shared 2-core machine at load 5-7 its gap was +1.6%, +2.3%, +5.6%, +10.0%, +11.0% and -25.0% in six profiles
+(96x96, batch 1, rules first): the issue's 10% most of the time, not always. ResNet-50's swung from -16% to +126%
+and BERT's from -6% to +52% between profiles at load 3-8: the fastest of 5 untraced runs moves by 2x with the load
+(ResNet-50 64x64: 11 to 22 ms per call), and MobileNetV2's longer chain of kernels averages more of it out. 40%
+still fails what an accounting error does: the kernels' own intervals summed instead of counted once (1.7-1.9x the
+busy time), a per-run total taken as per-call (2 calls per run: 2x), a function body's times lost (half or more).
+The measured gaps and how they were measured: docs/pictures.md.
+Skipped without bfloat16 units (nothing is measured there)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -18,6 +25,7 @@ from mp_rewrite.core.options import make_options
 from mp_rewrite.model.loaded import load_model, rewrite_model
 from mp_rewrite.report.node_table import build_tables
 from mp_rewrite.report.whole_model import layer_picture, picture_times
+from mp_rewrite.savedmodel.in_place import rules_after_pass, rules_before_pass
 from mp_rewrite.savedmodel.measured_costs import in_place_costs
 
 def _has_bf16_units() -> bool:
@@ -48,11 +56,15 @@ def _export(which: str, path: str) -> str:
 
 
 def time_view_of(path: str):
-    """(TimeView, LayerGraph) of the SavedModel at `path`, profiled in the model at batch 1 (bfloat16)."""
-    costs = this_machine("bfloat16")
+    """(TimeView, LayerGraph) of the SavedModel at `path` as `inspect --show time` draws it: the rules first, as
+    convert rewrites in place, then profiled in the model at batch 1 (bfloat16)."""
     model = load_model(path)
-    options = in_place_costs(make_options("bfloat16", assign="cost", costs=costs), model.path, model.meta_graph)
+    options = make_options("bfloat16", assign="cost", costs=this_machine("bfloat16"))
+    meta_graph, records = rules_before_pass(model.meta_graph, options)
+    model = dataclasses.replace(model, meta_graph=meta_graph, graph_def=meta_graph.graph_def)
+    options = in_place_costs(options, model.path, meta_graph)
     result = rewrite_model(model, options=options)
+    rules_after_pass(result, records, options)
     tables = build_tables(result, with_flops=False)
     graph, _, _ = layer_picture(result, None, 150, tables)
     return picture_times(graph, tables, options.costs, result), graph
@@ -74,6 +86,10 @@ def test_every_layer_is_timed_and_the_layers_hold_the_time(which, tmp_path):
           f"{view.elsewhere[0]:.2f} = {view.total_fp32:.2f} ms against {measured['float32']:.2f} ms measured "
           f"({100 * gap:+.1f}%); as converted {view.total:.2f} against {measured['converted']:.2f} ms")
     assert layers_fp32 >= 0.8 * view.total_fp32  # the boxes hold the time, not the lines beside them
-    # Every box that computes something has a time, or says TF fused or folded its ops.
-    untimed = [k for k, t in view.layers.items() if not t.timed and graph.layers[k].kind in ("layer", "op")]
-    assert len(untimed) <= 0.1 * len(view.layers), untimed
+    # Every box that computes something has a time or names the box whose fused kernel ran its ops; the rest (ops
+    # TF folded away) are few.
+    unexplained = [k for k, t in view.layers.items()
+                   if not t.timed and not t.fused_into and graph.layers[k].kind in ("layer", "op")]
+    assert len(unexplained) <= 0.1 * len(view.layers), unexplained
+    if which == "mobilenet_v2":
+        assert abs(gap) <= 0.4, f"float32 layers and the rest sum to {100 * gap:+.1f}% of the measured run"
