@@ -116,7 +116,6 @@ def plan(atomic, traced, options, signatures, name: str) -> Plan:
     costs = options.costs
     if options.assign != "cost" or not isinstance(costs, HookSafeCosts) or not costs.table.low_units:
         return Plan(options, body, tuple(fused))
-    from . import job_decision
     shapes = _func_graph_shapes(atomic) if atomic is not None else {}
     graph_def = _annotated(body.graph_def, shapes)
     unfused = _annotated(traced.graph_def, shapes) if fused else None
@@ -127,10 +126,20 @@ def plan(atomic, traced, options, signatures, name: str) -> Plan:
             logger.info("mp_rewrite: %s: costs from the op table: %s", name, why)
             return Plan(options, body, tuple(fused))
         return _planned(measure, found, options, traced, body, fused)
-    share = job_decision.share_for(traced.graph_def)
-    if share is not None and not share.leader:
-        return _follow(share, options, traced, body, fused, name)
-    alone, why = job_decision.standalone(graph_def)
+    return _distributed_plan(atomic, traced, body, fused, graph_def, unfused, options, signatures, name, spread)
+
+
+def _distributed_plan(atomic, traced, body, fused, graph_def, unfused, options, signatures, name, spread) -> Plan:
+    """`plan` for a step of tf.distribute (`spread` says why it is one): measured once for the job (job_decision)."""
+    from . import job_decision
+    try:
+        share = job_decision.share_for(traced.graph_def)
+    except job_decision.NoSharing as error:
+        share, alone, why = None, None, str(error)
+    else:
+        if share is not None and not share.leader:
+            return _follow(share, options, traced, body, fused, name)
+        alone, why = job_decision.standalone(graph_def)
     if alone is not None and unfused is not None:
         unfused, why = job_decision.standalone(unfused)
     measure, found = None, None

@@ -39,6 +39,10 @@ REDUCE_OPS = ("CollectiveReduceV2", "CollectiveReduce")  # input 0 is the tensor
 _PLANNED = [0]  # steps with collective ops this process planned in a job of several processes
 
 
+class NoSharing(RuntimeError):
+    """A step of a job of several processes whose decision cannot be shared: every worker runs Grappler's lists."""
+
+
 class LeaderFailed(RuntimeError):
     """The leader's measuring failed or was dropped: every worker keeps Grappler's lists."""
 
@@ -103,6 +107,7 @@ class Share:
 
 def share_for(graph_def) -> Share | None:
     """The Share of a step with collective ops in a job of several processes, or None in one process (one decision).
+    Raises NoSharing in a job without a coordination service.
 
     The key is the step's place among the steps with collective ops this process planned: every worker runs those
     in the same order (each call waits for its peers'), so the n-th one is the same step on every worker, whatever
@@ -110,11 +115,12 @@ def share_for(graph_def) -> Share | None:
     from tensorflow.python.eager import context
     ctx = context.context()
     server = getattr(ctx, "_collective_ops_server_def", None) or ctx.get_server_def()
+    tasks = sum(len(job.tasks) for job in server.cluster.job) if server is not None else 0
+    if tasks < 2 or not any(n.op.startswith(("Collective", "Nccl")) for n in graph_def.node):
+        return None  # one process, or a step exchanging nothing with other workers: this process decides
     leader = getattr(ctx, "_collective_leader", None)
-    if ctx.coordination_service is None or server is None or not leader:
-        return None
-    if not any(n.op.startswith(("Collective", "Nccl")) for n in graph_def.node):
-        return None  # placed on several devices, exchanging nothing with other workers: this process decides
+    if ctx.coordination_service is None or not leader:
+        raise NoSharing("the job has no coordination service (or no collective leader) to share a decision through")
     _PLANNED[0] += 1
     me = f"/job:{server.job_name}/replica:0/task:{server.task_index}"
     return Share(leader=leader == me, key=f"{KEY_PREFIX}/step{_PLANNED[0]}", digest=_digest(graph_def))
