@@ -27,6 +27,8 @@ Usage::
     python3 tools/bench_training.py --models resnet50 --runs 5
     python3 tools/bench_training.py --models small_cnn --runs 3 --no-cold   # quick
 
+Accuracy (float32 against the default rewrite, several seeds) is tools/parity_training.py's.
+
 Models: small_cnn (4 conv + dense, no BatchNorm, 32x32, batch 32), res_cnn (a residual CNN with BatchNorm: stem +
 4 basic blocks, 64x64, batch 16), transformer (4 encoder layers, d=256, 8 heads, FFN 1024 with GELU, 128 tokens,
 batch `--transformer-batch`), resnet50 (Keras's, 128x128, batch `--batch`).
