@@ -132,7 +132,7 @@ def time_label(t: LayerTime, complete: bool = False) -> str:
         if not t.untimed:
             return "no time of its own"
         if complete and t.fused_into:
-            return f"no kernel of its own (ran in {t.fused_into}'s kernel)"
+            return f"ran in {t.fused_into}'s kernel"
         if complete:
             return f"no kernel of its own ({t.untimed} op{plural} fused or folded by TF)"
         return f"not timed ({t.untimed} f32 op{plural}, never a candidate)"

@@ -74,8 +74,10 @@ def total_line(times) -> str:
     """"Time per call: float32 73.5 ms → as converted 56.4 ms, the sum of the layers' ...; measured: ..."."""
     from .layer_times import ms_text
     line = (f"Time per call: float32 {ms_text(times.total_fp32)} ms → as converted {ms_text(times.total)} ms, the "
-            f"sum of the layers' times, the Casts on edges ({ms_text(times.edge_casts)} ms), the nodes not drawn "
-            f"(no box reads them, {ms_text(times.undrawn[0])} → {ms_text(times.undrawn[1])} ms)")
+            f"sum of the layers' times, the Casts on edges ({ms_text(times.edge_casts)} ms)")
+    if max(times.undrawn) >= 0.001:  # nothing to say where every node is in a box (or in what its box reads)
+        line += (f", the nodes no box holds or reads ({ms_text(times.undrawn[0])} → {ms_text(times.undrawn[1])} "
+                 "ms)")
     if times.complete:
         line += (f" and what ran outside the layers (TF's own nodes, other graphs: {ms_text(times.elsewhere[0])} → "
                  f"{ms_text(times.elsewhere[1])} ms)")
