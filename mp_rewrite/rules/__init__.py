@@ -12,10 +12,10 @@ TensorFlow is imported only when a rule reads a constant.
 
 from .batchnorm import fold_batch_norms, fold_batch_norms_recorded
 from .batchnorm_training import fuse_training_batch_norms
-from .canonical import PLACEMENT_RULES, RULES, Rule, canonicalize
+from .canonical import FLOAT32_RULES, PLACEMENT_RULES, RULES, Rule, canonicalize
 from .constants import check_weights_low, fold_constant_casts
 from .fusion import FusionGroup, fusion_groups
 from .record import Match, Record
 
-__all__ = ["canonicalize", "fusion_groups", "FusionGroup", "Record", "Match", "Rule", "RULES", "PLACEMENT_RULES", "fold_batch_norms",
+__all__ = ["canonicalize", "fusion_groups", "FusionGroup", "Record", "Match", "Rule", "RULES", "FLOAT32_RULES", "PLACEMENT_RULES", "fold_batch_norms",
            "fold_batch_norms_recorded", "fold_constant_casts", "check_weights_low", "fuse_training_batch_norms"]

@@ -13,7 +13,8 @@ import dataclasses
 from typing import Callable
 
 from .batchnorm import fold_batch_norms_recorded
-from .batchnorm_variables import match_batchnorm_into_filter, rewrite_batchnorm_into_filter
+from .batchnorm_variables import (batchnorm_fused_fusion, batchnorm_fusion, match_batchnorm_into_filter,
+                                  rewrite_batchnorm_fused, rewrite_batchnorm_into_filter)
 from .cast_placement import match_cast_after_gather, rewrite_cast_after_gather
 from .bias import match_bias_add, rewrite_bias_add
 from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activation, rewrite_dense_bias
@@ -79,10 +80,15 @@ RULES = (
     Rule("swish", ("Mul",), match_swish, rewrite_swish, lambda m: m.values["fusion"]),
     Rule("scale_into_weights", ("Mul",), match_scale_into_weights, rewrite_scale_into_weights),
     Rule("batchnorm_into_filter", ("Add", "AddV2"), match_batchnorm_into_filter, rewrite_batchnorm_into_filter,
-         lambda m: f"{m.nodes['contraction'].op} + BiasAdd"),
+         batchnorm_fusion),
     Rule("residual_bias", ("Add", "AddV2", "AddN"), match_residual_bias, rewrite_residual_bias,
          lambda m: f"{m.nodes['contraction'].op} + BiasAdd" + (" + Add" if m.values["residual"] else "")),
 )
+
+# For a graph that will compute in float32 (no low-precision units): a BatchNorm after a Conv2D as the
+# FusedBatchNorm TF fuses into a float32 convolution, the filter untouched.
+FLOAT32_RULES = tuple(Rule("batchnorm_fused", rule.anchors, rule.match, rewrite_batchnorm_fused, batchnorm_fused_fusion)
+                      if rule.name == "batchnorm_into_filter" else rule for rule in RULES)
 
 # After the precision pass: where its Casts run (a graph in which weights stay variables).
 PLACEMENT_RULES = (Rule("cast_after_gather", ("Cast",), match_cast_after_gather, rewrite_cast_after_gather),)

@@ -20,7 +20,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from ..core.rewrite import rewrite_meta_graph_def
 from ..model.signatures import signature_keys
 from ..model.tags import select_meta_graphs, tag_text
-from ..rules import PLACEMENT_RULES
+from ..rules import FLOAT32_RULES, PLACEMENT_RULES, RULES
 from ..rules.functions import canonicalize_library
 from .keras_metadata import METADATA_FILE, has_keras_metadata, metadata_note
 from .measured_costs import in_place_costs
@@ -70,10 +70,12 @@ def rewrite_in_place(source_dir: Path, saved_model, options, keys=None, tag_set=
 
 def rules_before_pass(meta_graph, options, keys=None) -> tuple[object, dict]:
     """With the cost assignment, the MetaGraph whose functions the rules have canonicalized (rules.functions), and
-    {function name: [Record]}; with Grappler's lists, the MetaGraph as it is (node for node Grappler's rewrite)."""
+    {function name: [Record]}; with Grappler's lists, the MetaGraph as it is (node for node Grappler's rewrite).
+    Where the costs say this machine has no low-precision units (the graph stays float32), a BatchNorm after a
+    Conv2D becomes the FusedBatchNorm TF fuses into a float32 convolution (rules.FLOAT32_RULES)."""
     if options.assign != "cost":
         return meta_graph, {}
-    return canonicalize_library(meta_graph, keys)
+    return canonicalize_library(meta_graph, keys, RULES if getattr(options.costs, "low_units", True) else FLOAT32_RULES)
 
 
 def rules_after_pass(result, records: dict, options, keys=None) -> None:

@@ -18,6 +18,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from rules_support import keras, with_nonzero_biases
 from mp_rewrite.analysis.execution import executed_nodes
 from mp_rewrite.commands import cli
+from mp_rewrite.rules import FLOAT32_RULES, RULES
 from mp_rewrite.rules.functions import canonicalize_library
 from mp_rewrite.testing.example_models import token_transformer
 
@@ -104,10 +105,10 @@ def test_the_default_conversion_applies_them_and_the_lists_do_not(transformer, t
     assert embedding_tables(tmp_path / "cost") == {"float32"}
 
 
-def _canonical_copy(source_path, tmp_path):
+def _canonical_copy(source_path, tmp_path, rules=RULES):
     """A copy of the SavedModel whose functions canonicalize_library rewrote, and the rules' records."""
     proto = _proto(source_path)
-    meta_graph, records = canonicalize_library(proto.meta_graphs[0])
+    meta_graph, records = canonicalize_library(proto.meta_graphs[0], rules=rules)
     proto.meta_graphs[0].CopyFrom(meta_graph)
     copy = tmp_path / "canonical"
     shutil.copytree(source_path, copy)
@@ -144,10 +145,20 @@ def test_a_layer_norm_with_variable_parameters_is_one_fused_kernel(center, scale
         assert scale_of > 0.1 and np.abs(after[key].numpy() - value.numpy()).max() <= 1e-5 * scale_of
 
 
-def test_batch_norms_fold_into_variable_filters_at_each_call(tmp_path):
+# for low precision (the filter scaled at each call, a BiasAdd) and for float32 (a FusedBatchNorm TF fuses into a
+# float32 Conv2D as a post-op; depthwise convolutions and MatMuls take the filter's scaling either way)
+BATCH_NORM_FORMS = {
+    "low": (RULES, "batchnorm_into_filter", {("_FusedConv2D", ("BiasAdd",)), ("_FusedConv2D", ("BiasAdd", "Add"))}),
+    "float32": (FLOAT32_RULES, "batchnorm_fused", {("_FusedConv2D", ("FusedBatchNorm",))}),
+}
+
+
+@pytest.mark.parametrize("form", sorted(BATCH_NORM_FORMS))
+def test_batch_norms_become_what_tf_fuses_into_the_contraction(form, tmp_path):
     """Keras 3's inference BatchNormalization after a Conv2D with a bias (then swish), a depthwise convolution, a
-    Conv2D before a residual add and a Dense: each becomes the contraction's BiasAdd (its filter scaled per call),
-    which TF fuses with the activation or the residual add; the copy loads and its outputs stay equal."""
+    Conv2D before a residual add and a Dense: each becomes what TF fuses into the contraction, with the activation
+    or the residual add where it can; the copy loads and its outputs stay equal."""
+    rules, rule, convolutions = BATCH_NORM_FORMS[form]
     keras.utils.set_random_seed(0)
     bn = keras.layers.BatchNormalization
     inputs = keras.Input((12, 12, 8), name="x")
@@ -165,16 +176,17 @@ def test_batch_norms_fold_into_variable_filters_at_each_call(tmp_path):
         elif "beta" in weight.path or "mean" in weight.path:
             weight.assign(rng.normal(0.0, 0.5, weight.shape))
     model.export(str(tmp_path / "source"), verbose=False)
-    copy, records = _canonical_copy(tmp_path / "source", tmp_path)
-    assert sum(r.rule == "batchnorm_into_filter" and r.applied for r in records) == 4
+    copy, records = _canonical_copy(tmp_path / "source", tmp_path, rules)
+    assert sum(r.rule == rule and r.applied for r in records) == 4
 
     x = tf.constant(np.random.default_rng(0).normal(size=(2, 12, 12, 8)), tf.float32)
     signature = tf.saved_model.load(str(copy)).signatures["serving_default"]
     kernels = collections.Counter((n.op, tuple(s.decode() for s in n.attr["fused_ops"].list.s))
                                   for n in executed_nodes(signature, x=x))
     fused = {(op.replace("_MklNative", "_"), ops) for (op, ops) in kernels}
-    assert {("_FusedConv2D", ("BiasAdd",)), ("_FusedDepthwiseConv2dNative", ("BiasAdd", "Relu6")),
-            ("_FusedConv2D", ("BiasAdd", "Add")), ("_FusedMatMul", ("BiasAdd",))} <= fused, kernels
+    assert {("_FusedDepthwiseConv2dNative", ("BiasAdd", "Relu6")), ("_FusedMatMul", ("BiasAdd",))} | convolutions \
+        <= fused, kernels
+    assert not {op for op, _ in kernels} & {"Conv2D", "_MklNativeConv2D", "_MklConv2D"}, kernels
     before = tf.saved_model.load(str(tmp_path / "source")).signatures["serving_default"](x=x)
     for key, value in before.items():
         scale = np.abs(value.numpy()).max()
