@@ -81,8 +81,22 @@ def fuse_training_batch_norms(graph_def, keep=()):
     _redirect(graph, redirects)
     # The layers' old nodes, forward and gradient, are what the fusion left unread; what was dead before stays.
     graph.remove(needed - reachable(graph.graph_def, keep))
+    _remove_broken_dead(graph, keep)
     drop_unset_attrs(graph.graph_def)  # what the matchers' reads of absent attrs inserted (TF would refuse them)
     return graph.graph_def, [layer.scope for layer in layers]
+
+
+def _remove_broken_dead(graph, keep) -> None:
+    """Remove what nothing alive reads and that reads a node the fusion removed: a step traced with an unknown batch
+    size has dead Shape nodes reading a layer's old ops, and TF refuses a graph with an input that names nothing."""
+    alive = reachable(graph.graph_def, keep)
+    while True:
+        names = {node.name for node in graph.graph_def.node}
+        broken = [node.name for node in graph.graph_def.node
+                  if node.name not in alive and any(node_name(t) not in names for t in node.input)]
+        if not broken:
+            return
+        graph.remove(broken)
 
 
 def _op(graph, tensor, *ops):
