@@ -11,9 +11,15 @@ about ten separate kernels per LayerNorm). Its "common norm" pattern is
 
 with Const gamma, beta and epsilon, `axis` the positive last axis, x of rank 2 or 3 whose shape Grappler can prove
 the output's (an input of any other rank, or reshaped by a computed shape, is normalized as rows, [-1, C], and
-reshaped back). The region is recognized by what it computes: the nodes after a last-axis Mean of x whose inputs are x, the region or constants are evaluated
-(float64) on rows of known mean and variance, which gives gamma, beta and epsilon; rows of random values must then
-agree with the layer normalization they define. So every spelling of the same function is found, and nothing else.
+reshaped back). The region is recognized by what it computes: the nodes after a last-axis Mean of x whose inputs
+are x, the region, constants or variables are evaluated (float64) on rows of known mean and variance, which gives
+gamma, beta and epsilon; rows of random values must then agree with the layer normalization they define. So every
+spelling of the same function is found, and nothing else. A variable's value is drawn at random, twice: gamma and
+beta are then the variables whose draws they equal.
+
+Where gamma or beta is a variable (a function rewritten in place), the common norm pattern, which wants constants,
+cannot match: the region is written in TF's tf_keras pattern instead (`_variable_form`), which takes any gamma and
+beta and keeps its own epsilon.
 
 Before the remapper, TF's arithmetic optimizer sorts the inputs of commutative ops by name (grappler's
 CanonicalizeNode), and the pattern is order-sensitive: the canonical nodes are named so that sorting keeps them in the
