@@ -119,7 +119,7 @@ class EditableGraph:
                 return None
             return tuple(int(d) if d >= 0 else size // known for d in target)
         if node.name not in self.shapes and node.op == "ReadVariableOp":
-            return self.shapes.get(_resource(self.nodes, node.input[0]))
+            return self.shapes.get(resource_source(self.nodes, node.input[0]))
         return self.shapes.get(node.name)
 
     def data_inputs(self, node) -> list:
@@ -226,8 +226,8 @@ def _inferred_shapes(graph_def, stated: dict) -> dict:
             placeholder(node, tensor.dtype, tensor.tensor_shape)
         elif node.op == "_Arg":
             placeholder(node, node.attr["T"].type, stated.get(node.name))
-        elif node.op == "ReadVariableOp" and _resource(nodes, node.input[0]) in stated:
-            placeholder(node, node.attr["dtype"].type, stated[_resource(nodes, node.input[0])])
+        elif node.op == "ReadVariableOp" and resource_source(nodes, node.input[0]) in stated:
+            placeholder(node, node.attr["dtype"].type, stated[resource_source(nodes, node.input[0])])
         elif node.op != "_Retval":
             light.node.add().CopyFrom(node)
     try:
@@ -239,7 +239,7 @@ def _inferred_shapes(graph_def, stated: dict) -> dict:
             if op.outputs and op.outputs[0].shape.rank is not None}
 
 
-def _resource(nodes: dict, tensor: str) -> str:
+def resource_source(nodes: dict, tensor: str) -> str:
     """The node a resource input comes from through Identities (an inlined function's inputs are Identities of the
     captured placeholders)."""
     name = node_name(tensor)

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..analysis.graph_profile import PROFILE_LIMIT  # weights (or a frozen graph) above it are not profiled
 from ..analysis.graph_runs import VariantError, onednn_cap, tf_reason
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
+from ..rules.graph import resource_source
 from .inputs import DEFAULT_DIM, unfeedable_inputs
 
 # An unknown batch dimension is measured at this size unless --batch-size says otherwise: a batch a server runs,
@@ -100,9 +101,7 @@ def _with_variable_shapes(graph_def, variables: dict):
     for node in out.node:
         if node.op != "ReadVariableOp" or not node.input:
             continue
-        source = node.input[0].split(":")[0]
-        while source in nodes and nodes[source].op == "Identity" and nodes[source].input:  # an inlined input
-            source = nodes[source].input[0].split(":")[0]
+        source = resource_source(nodes, node.input[0])
         if source in variables:
             shape = node.attr["_output_shapes"].list.shape
             del shape[:]
