@@ -79,9 +79,11 @@ class RunTimes:
                    {label: int(n) for label, n in data["calls"].items()})
 
     def kernel(self, label: str, name: str, low: bool) -> str:
-        """The kernel TF ran for a node, float32's or the lists' ("" when it ran the graph's op)."""
+        """The fused kernel TF ran under a node's name in the lists' run (`low`) or float32's; "" when it ran the
+        graph's op there, or nothing (its op ran inside another node's kernel: the two runs may fuse differently,
+        float32 a convolution with its BatchNorm and Relu, bfloat16 the BatchNorm with the Relu)."""
         pair = self.kernels.get(label, {}).get(name)
-        return (pair[1] or pair[0] if low else pair[0] or pair[1]) if pair else ""
+        return pair[1 if low else 0] if pair else ""
 
 
 def counted_once(step_stats) -> dict:

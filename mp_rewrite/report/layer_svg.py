@@ -207,7 +207,7 @@ def time_line(times, key: str) -> str:
     t = times.layers[key]
     share = f" · {100 * t.ms / times.total:.1f}%" if t.timed and times.total else ""
     # arithmetic on the weights done at every call, when it is a good part of the layer's time
-    weights = f" · weights {ms_text(t.weights[1])}" if t.weights[1] >= max(0.1 * t.ms, 0.001) else ""
+    weights = f" · weights {ms_text(t.weights[1])}" if t.timed and t.weights[1] >= max(0.1 * t.ms, 0.01) else ""
     return time_label(t, times.complete) + share + weights
 
 

@@ -198,53 +198,39 @@ def _ops_of(graph, tables: dict, calls: dict, key: str) -> list:
 
 
 def _layer_time(graph, tables: dict, calls: dict, times: dict, key: str, kernel, ran: dict, owners: dict,
-                homes: dict, within: dict) -> tuple:
-    """(LayerTime, the (graph, node) pairs it counted); `kernel(row)` names the fused kernel a row ran, or "",
-    written into `ran` by (graph, node); `owners` (weight_owners) gives it the arithmetic on its weights; `homes`
-    and `within` (fused_homes) move a fused kernel's time and name from the box of the node TF named it after to
-    the box of the op it starts from."""
-    ops = _ops_of(graph, tables, calls, key)
-    rows, name = graph.table.rows, graph.table.name
-    away = {(name, n) for n, home in homes.items() if home != key and graph.box_of[n] == key}
-    arrived = [rows[n] for n, home in homes.items() if home == key]
-    counted = set()
-    fp32, ms, timed, untimed, kernels = _tally(ops, times, kernel, ran, counted, away)
-    more = _tally(arrived, times, kernel, ran, counted)
-    fp32, ms, timed, kernels = fp32 + more[0], ms + more[1], timed + more[2], kernels + more[4]
-    own = times.get(name, {})
-    ms += sum(own.get(c, (0.0, 0.0))[1] for c in graph.layers[key].cast_nodes)
-    counted |= {(name, c) for c in graph.layers[key].cast_nodes}
-    weights = [own[n] for n, box in owners.items() if box == key and n in own and (name, n) not in counted]
-    weights = (sum(t[0] for t in weights), sum(t[1] for t in weights))
-    fp32, ms = fp32 + weights[0], ms + weights[1]
-    counted |= {(name, n) for n, box in owners.items() if box == key}
-    into = {graph.layers[homes[n]].label for _, n in away}
-    into |= {graph.layers[within[n]].label for n in graph.layers[key].members if within.get(n, key) != key}
-    low = sum(row.node_class == "allow" for row in ops)
-    return LayerTime(fp32, ms, timed, untimed, low, len(ops), tuple(kernels.most_common()),
-                     into.pop() if len(into) == 1 else "", weights), counted
-
-
-def _tally(rows: list, times: dict, kernel, ran: dict, counted: set, away=frozenset()) -> tuple:
-    """(float32 ms, ms, timed, untimed, Counter of fused kernels) of rows, each timed once (`counted` collects
-    them); a row in `away` ran in another box's kernel: untimed here, its kernel not this box's."""
+                homes: list) -> tuple:
+    """(LayerTime, the (graph, node) pairs it counted); `kernel(row)` names the fused kernel a row ran as
+    converted, or "", written into `ran` by (graph, node); `owners` (weight_owners) gives it the arithmetic on its
+    weights; `homes`, per column of the times (float32, as converted), fused_homes' (homes, within): a fused
+    kernel's time and name move from the box of the node TF named it after to the box of the op it starts from."""
     import collections
-    fp32 = ms = 0.0
-    timed = untimed = 0
-    kernels = collections.Counter()
-    for row in rows:
-        pair = (row.graph, row.name)
-        t = None if pair in away else times.get(row.graph, {}).get(row.name)
-        if t is not None and pair not in counted:
-            fp32, ms, timed = fp32 + t[0], ms + t[1], timed + 1
-            counted.add(pair)
-        elif t is None and row.node_class != "cast" and (row.node_class != "untouched" or computes_in_float(row)):
-            untimed += 1
-        fused = kernel(row)
-        if fused:
-            ran[pair] = fused
-            kernels[fused] += pair not in away
-    return fp32, ms, timed, untimed, +kernels
+    ops = _ops_of(graph, tables, calls, key)
+    rows, name, members = graph.table.rows, graph.table.name, graph.layers[key].members
+    unique = list({(row.graph, row.name): row for row in ops}.values())
+    total, into, timed, kernels = [0.0, 0.0], set(), set(), collections.Counter()
+    for column, (moved, within) in enumerate(homes):
+        away = {n for n in members if moved.get(n, key) != key}
+        arrived = [rows[n] for n, home in moved.items() if home == key and graph.box_of[n] != key]
+        for row in unique + arrived:
+            t = times.get(row.graph, {}).get(row.name)
+            if t is not None and not (row.graph == name and row.name in away):
+                total[column] += t[column]
+                timed.add((row.graph, row.name))
+                if column and kernel(row):
+                    kernels[kernel(row)] += 1
+        into |= {graph.layers[moved[n]].label for n in away}
+        into |= {graph.layers[within[n]].label for n in members if within.get(n, key) != key}
+    ran.update(((row.graph, row.name), kernel(row)) for row in unique if kernel(row))
+    untimed = sum(1 for row in unique if (row.graph, row.name) not in timed and row.node_class != "cast"
+                  and (row.node_class != "untouched" or computes_in_float(row)))
+    own = times.get(name, {})
+    total[1] += sum(own.get(c, (0.0, 0.0))[1] for c in graph.layers[key].cast_nodes)
+    mine = [n for n, box in owners.items() if box == key]
+    weights = tuple(sum(own.get(n, (0.0, 0.0))[i] for n in mine) for i in (0, 1))
+    counted = {(row.graph, row.name) for row in unique} | {(name, n) for n in [*graph.layers[key].cast_nodes, *mine]}
+    low = sum(row.node_class == "allow" for row in ops)
+    return LayerTime(total[0] + weights[0], total[1] + weights[1], len(timed), untimed, low, len(ops),
+                     tuple(kernels.most_common()), into.pop() if len(into) == 1 else "", weights), counted
 
 
 def time_view(graph, tables, costs, result) -> TimeView:
@@ -261,11 +247,12 @@ def time_view(graph, tables, costs, result) -> TimeView:
     times = node_times(tables, costs, variant)
     by_name = {t.name: t for t in tables}
     calls = {n.name: called_functions(n) for n in graph.table.result.graph_def.node if n.name in graph.box_of}
-    kernel = _kernel_of(runs, variant)
-    homes, owners = fused_homes(graph, times, kernel), weight_owners(graph)
+    kernel, float32_kernel = _kernel_of(runs, variant), _kernel_of(runs, "float32")
+    owners = weight_owners(graph)
+    homes = [fused_homes(graph, times, float32_kernel, 0), fused_homes(graph, times, kernel, 1)]
     layers, counted, ran = {}, set(), {}
     for key in graph.layers:
-        layers[key], pairs = _layer_time(graph, by_name, calls, times, key, kernel, ran, owners, *homes)
+        layers[key], pairs = _layer_time(graph, by_name, calls, times, key, kernel, ran, owners, homes)
         counted |= pairs
     own = times.get(graph.table.name, {})
     inside = set().union(*(layer.cast_nodes for layer in graph.layers.values()))
@@ -287,11 +274,13 @@ def time_view(graph, tables, costs, result) -> TimeView:
 
 
 def _kernel_of(runs, variant: str):
-    """row -> the fused kernel TF ran for it as converted ("" when none, or without runs)."""
+    """row -> the fused kernel TF ran under its name in the run its time as `variant` comes from (the lists' run
+    for a low row or the lists' coloring, float32's otherwise; "" when none, or without runs)."""
     from ..analysis.graph_costs import MAIN
     if runs is None or not runs.kernels:
         return lambda row: ""
-    return lambda row: runs.kernel(row.graph or MAIN, row.name, row.node_class == "allow" or variant == "lists")
+    return lambda row: runs.kernel(row.graph or MAIN, row.name,
+                                   variant != "float32" and (row.node_class == "allow" or variant == "lists"))
 
 
 def _elsewhere(times: dict, runs, variant: str, counted: set) -> tuple:

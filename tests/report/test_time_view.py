@@ -135,6 +135,29 @@ def test_with_runs_every_op_counts_and_the_total_is_the_whole_run(timed):
     assert "ran _MklNativeFusedConv2D: BiasAdd+Relu" in svg and "what ran outside the layers" in svg
 
 
+def test_each_run_s_fused_kernel_goes_to_the_box_of_the_op_it_starts_from(timed):
+    _, result, tables, graph, table, _ = timed
+    rows = graph.table.rows
+
+    def node(op, scope):
+        return next(n for n, row in rows.items() if row.op == op and f"/{scope}" in n and n in graph.box_of)
+    conv, bias, mul, add, relu = (node("Conv2D", "conv_a"), node("BiasAdd", "conv_a"), node("Mul", "bn_a"),
+                                  node("AddV2", "bn_a"), node("Relu", "relu_a"))
+    # float32 ran the convolution, its bias, the BatchNorm and the Relu as one kernel named after the Relu;
+    # bfloat16 ran the convolution with its bias (named after the BiasAdd), the BatchNorm and the Relu alone
+    nodes = {graph.source: {relu: (3.0, 0.4), bias: (0.0, 1.0), mul: (0.0, 0.2), add: (0.0, 0.3)}}
+    kernels = {graph.source: {relu: ("_MklNativeFusedConv2D: BiasAdd+Relu", ""),
+                              bias: ("", "_MklNativeFusedConv2D: BiasAdd")}}
+    runs = RunTimes((5.0, 3.0), (4.0, 2.0), (), nodes, (0.0, 0.0), kernels, {graph.source: 1})
+    view = picture_times(graph, tables, dataclasses.replace(table, runs=runs), result)
+    t = {label: view.layers[graph.box_of[n]] for label, n in (("conv", conv), ("bn", add), ("relu", relu))}
+    # float32's kernel is the convolution's (as converted, the Casts of its weights are priced in too)
+    assert t["conv"].fp32 == 3.0 and t["conv"].ms == pytest.approx(1.0, abs=0.05)
+    assert t["conv"].kernels == (("_MklNativeFusedConv2D: BiasAdd", 1),)  # as converted: bfloat16's kernel
+    assert t["bn"].fp32 == 0.0 and t["bn"].ms == pytest.approx(0.5, abs=0.05)
+    assert t["relu"].fp32 == 0.0 and t["relu"].ms == pytest.approx(0.4, abs=0.05) and not t["relu"].kernels
+
+
 def test_the_cuts_measured_time_is_its_ratio_to_float32_in_the_race(timed):
     from mp_rewrite.core.options import make_options
     from mp_rewrite.model.loaded import load_model, rewrite_model
