@@ -118,7 +118,10 @@ def distinct_labels(keys) -> dict:
     """{box key: the shortest tail of its scope path (trace suffixes dropped) that no other box shares}: the four
     "value" boxes of a BERT read "transformer_layer_0/self_attention_layer/value", ... where a list names them
     outside the picture."""
-    paths = {key: [TRACE_SUFFIX.sub("", part) for part in key.rstrip("/").split("/")] for key in keys}
+    # An op drawn alone keeps its own name's number: "transpose_1" is another op than "transpose", not a trace.
+    paths = {key: [TRACE_SUFFIX.sub("", part) if i < len(parts) - 1 or key.endswith("/") else part
+                   for i, part in enumerate(parts)]
+             for key, parts in ((key, key.rstrip("/").split("/")) for key in keys)}
     out = {}
     for key, parts in paths.items():
         for n in range(1, len(parts) + 1):

@@ -179,3 +179,16 @@ def test_dot_of_the_whole_model_is_the_same_layer_graph(saved):
     if shutil.which("dot"):  # Graphviz only changes who lays the same boxes out
         svg = dot.to_svg(result, engine="graphviz")
         assert "body" in svg and "head" in svg
+
+
+def test_two_lone_ops_of_one_layer_keep_their_names_apart():
+    from mp_rewrite.report.layer_scopes import distinct_labels
+    layer = "model/bert_backbone_1/transformer_layer_{}_1/self_attention_layer_1/"
+    keys = [layer.format(i) + op for i in (0, 1) for op in ("", "transpose", "transpose_1")]
+    labels = distinct_labels(keys)
+    # "transpose_1" is another op than "transpose", not a trace suffix: the slowest-layer list told them apart by
+    # nothing but the whole path, and then not at all
+    assert labels[layer.format(0) + "transpose"] == "transformer_layer_0/self_attention_layer/transpose"
+    assert labels[layer.format(0) + "transpose_1"] == "transformer_layer_0/self_attention_layer/transpose_1"
+    assert labels[layer.format(0)] == "transformer_layer_0/self_attention_layer"
+    assert len(set(labels.values())) == len(keys)
