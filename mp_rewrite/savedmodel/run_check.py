@@ -8,7 +8,7 @@ source that fails too is the user's to fix; a copy that fails where the source r
 signature whose inputs cannot be made (strings, unknown rank, without --inputs) is not run, and said so.
 
 What it costs is the model's first call (ResNet-50 in place: ~0.65 s of CPU, of which TensorFlow's graph
-optimizers take ~0.4 s and instantiating the function, creating its oneDNN primitives and computing the rest); the
+optimizers take ~0.45 s and instantiating the function, creating its oneDNN primitives and computing the rest); the
 copy is loaded once, for the load check, and nothing is traced. Each call is handed to `on_run`, so that `convert
 --verify` compares these outputs with the source's instead of loading and calling the written copy again.
 """
@@ -40,7 +40,7 @@ class RunCheck:
         recipe: how inputs are made (None: every input made up with the defaults).
         precision, device: the conversion's (a float16 model made for a GPU may lack CPU kernels here).
         ran: the keys of the signatures that ran, in order (a signature whose function is identical to one called
-            before, but for its name, is not called again).
+            before, but for its name, with the same captured tensors, is not called again: verify.function_identity).
         notes: one line per signature not run, saying why.
         on_run: optional callable(tags, key, SignatureRun) for every signature that ran (a twin gets its twin's
             run): what verify needs to compare the copy's outputs without calling it again.
