@@ -4,8 +4,8 @@ has a time or names the box whose fused kernel ran its ops, and the layers hold 
 on edges, the nodes no box reads and what ran outside the layers are the rest).
 
 The float32 total against the measured untraced whole run is asserted on MobileNetV2 only, within 40%. On this
-shared 2-core machine at load 5-7 its gap was +1.6%, +2.3%, +5.6%, +10.0%, +11.0% and -25.0% in six profiles
-(96x96, batch 1, rules first): the issue's 10% most of the time, not always. ResNet-50's swung from -16% to +126%
+shared 2-core machine at load 5-10 its gap was +1.6%, +2.3%, +5.6%, +10.0%, +11.0% and -25.0% in six profiles at
+batch 1 and +5.9% at batch 8 (96x96, rules first): the issue's 10% most of the time, not always. ResNet-50's swung from -16% to +126%
 and BERT's from -6% to +52% between profiles at load 3-8: the fastest of 5 untraced runs moves by 2x with the load
 (ResNet-50 64x64: 11 to 22 ms per call), and MobileNetV2's longer chain of kernels averages more of it out. 40%
 still fails what an accounting error does: the kernels' own intervals summed instead of counted once (1.7-1.9x the
@@ -57,7 +57,7 @@ def _export(which: str, path: str) -> str:
 
 def time_view_of(path: str):
     """(TimeView, LayerGraph) of the SavedModel at `path` as `inspect --show time` draws it: the rules first, as
-    convert rewrites in place, then profiled in the model at batch 1 (bfloat16)."""
+    convert rewrites in place, then profiled in the model at the cost assignment's batch (bfloat16)."""
     model = load_model(path)
     options = make_options("bfloat16", assign="cost", costs=this_machine("bfloat16"))
     meta_graph, records = rules_before_pass(model.meta_graph, options)
