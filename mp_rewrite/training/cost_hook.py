@@ -87,15 +87,16 @@ class Plan:
 
     Attributes:
         options: the Options to rewrite `body` with now (None: leave the body as traced, float32 measured fastest).
-        body: the core.functions.BodyGraph to rewrite now (the traced one, or the one with BatchNorm fused).
-        fused: the BatchNorm layers fused in `body`.
+        body: the core.functions.BodyGraph to rewrite now (the traced one, or the one the graph rules changed).
+        changes: what the graph rules changed in `body` (training.step_rules: BatchNorm layers fused, rewrite rules
+            applied; one phrase each); empty when `body` is the traced one.
         later: a StepMeasure to finish across the next calls (training.deferred), or None.
-        fused_body: the body with BatchNorm fused, which a measured cut rewrites (`later`'s, unannotated).
+        fused_body: the body the graph rules changed, which a measured cut rewrites (`later`'s, unannotated).
     """
 
     options: object
     body: object
-    fused: tuple = ()
+    changes: tuple = ()
     later: object = None
     fused_body: object = None
 
@@ -103,33 +104,35 @@ class Plan:
 def plan(atomic, traced, options, signatures, name: str) -> Plan:
     """How to rewrite a traced body (core.functions.BodyGraph): see Plan.
 
-    With assign="cost", Keras 3's training BatchNorms are fused first (fused_batch_norms). With this machine's table
-    (HookSafeCosts, low-precision units): a step measured before here (in any process) gets what that measuring
-    chose at once -- the cut of the fused step, Grappler's lists or float32 as traced, whichever ran fastest; a
-    step that runs alone the lists as traced now, and a StepMeasure of it across its next calls; anything else (an
-    iterator argument, calls into other functions) the op table's cut of the fused step. A distributed step (tf.
+    With assign="cost", the graph rules run first (training.step_rules: Keras 3's training BatchNorms fused, then
+    the rewrite rules valid in a training step). With this machine's table (HookSafeCosts, low-precision units): a
+    step measured before here (in any process) gets what that measuring chose at once -- the cut of the changed
+    step, Grappler's lists or float32 as traced, whichever ran fastest; a step that runs alone the lists as traced
+    now, and a StepMeasure of it across its next calls; anything else (an iterator argument, calls into other
+    functions) the op table's cut of the changed step. A distributed step (tf.
     distribute: collective ops or several devices) is measured as job_decision.standalone copies it; in a job of
     several processes only the leader measures, and every worker does what it decided (job_decision), and a step
     the leader cannot measure runs Grappler's lists as traced on every worker.
     """
-    body, fused = fused_batch_norms(traced, options, name)
+    from .step_rules import rewritten_step
+    body, changes = rewritten_step(atomic, traced, options, name)
     costs = options.costs
     if options.assign != "cost" or not isinstance(costs, HookSafeCosts) or not costs.table.low_units:
-        return Plan(options, body, tuple(fused))
+        return Plan(options, body, changes)
     shapes = _func_graph_shapes(atomic) if atomic is not None else {}
     graph_def = _annotated(body.graph_def, shapes)
-    unfused = _annotated(traced.graph_def, shapes) if fused else None
+    unfused = _annotated(traced.graph_def, shapes) if changes else None
     spread = distributed(graph_def)
     if not spread:
         measure, found, why = _measure(atomic, traced, body, graph_def, unfused, options, signatures)
         if why:
             logger.info("mp_rewrite: %s: costs from the op table: %s", name, why)
-            return Plan(options, body, tuple(fused))
-        return _planned(measure, found, options, traced, body, fused)
-    return _distributed_plan(atomic, traced, body, fused, graph_def, unfused, options, signatures, name, spread)
+            return Plan(options, body, changes)
+        return _planned(measure, found, options, traced, body, changes)
+    return _distributed_plan(atomic, traced, body, changes, graph_def, unfused, options, signatures, name, spread)
 
 
-def _distributed_plan(atomic, traced, body, fused, graph_def, unfused, options, signatures, name, spread) -> Plan:
+def _distributed_plan(atomic, traced, body, changes, graph_def, unfused, options, signatures, name, spread) -> Plan:
     """`plan` for a step of tf.distribute (`spread` says why it is one): measured once for the job (job_decision)."""
     from . import job_decision
     try:
@@ -138,7 +141,7 @@ def _distributed_plan(atomic, traced, body, fused, graph_def, unfused, options, 
         share, alone, why = None, None, str(error)
     else:
         if share is not None and not share.leader:
-            return _follow(share, options, traced, body, fused, name)
+            return _follow(share, options, traced, body, changes, name)
         alone, why = job_decision.standalone(graph_def)
     if alone is not None and unfused is not None:
         unfused, why = job_decision.standalone(unfused)
@@ -156,12 +159,13 @@ def _distributed_plan(atomic, traced, body, fused, graph_def, unfused, options, 
     if share is not None:
         share.publish_plan("measuring" if found is None else "decided", found)
         measure = job_decision.LeaderMeasure(measure, share)
-    return _planned(measure, found, options, traced, body, fused)
+    return _planned(measure, found, options, traced, body, changes)
 
 
 def _measure(atomic, traced, body, graph_def, unfused, options, signatures):
     """(StepMeasure, its cached Profile or None, "") of the annotated body `graph_def` (raced against `unfused`, the
-    traced body annotated, when BatchNorm was fused); (None, None, why) when it cannot be measured as it runs."""
+    traced body annotated, when the graph rules changed the body); (None, None, why) when it cannot be measured as
+    it runs."""
     import tensorflow as tf
     from ..analysis.graph_profile import body_profileable
     from ..analysis.step_profile import StepMeasure
@@ -179,35 +183,35 @@ def _measure(atomic, traced, body, graph_def, unfused, options, signatures):
         return None, None, f"measuring it failed ({type(error).__name__}: {str(error)[:200]})"
 
 
-def _planned(measure, found, options, traced, body, fused) -> Plan:
+def _planned(measure, found, options, traced, body, changes) -> Plan:
     """The lists as traced now and `measure` later, or what the cached Profile `found` chose."""
     if found is None:
         return Plan(_lists(options), traced, later=measure, fused_body=body)
-    return chosen(options, found.table, traced, body, tuple(fused))
+    return chosen(options, found.table, traced, body, changes)
 
 
-def _follow(share, options, traced, body, fused, name) -> Plan:
+def _follow(share, options, traced, body, changes, name) -> Plan:
     """A worker other than the leader: what the leader's plan for the same step says (job_decision)."""
     from . import job_decision
     said = share.wait_plan()
     logger.info("mp_rewrite: %s: the leader's plan: %s", name, said["plan"])
     if said["plan"] == "decided":
-        return chosen(options, job_decision.profile_of(said).table, traced, body, tuple(fused))
+        return chosen(options, job_decision.profile_of(said).table, traced, body, changes)
     if said["plan"] == "measuring":
-        return Plan(_lists(options), traced, later=job_decision.FollowerMeasure(share, traced if fused else None),
+        return Plan(_lists(options), traced, later=job_decision.FollowerMeasure(share, traced if changes else None),
                     fused_body=body)
     return Plan(_lists(options), traced)
 
 
-def chosen(options, table, traced, fused_body, fused) -> Plan:
+def chosen(options, table, traced, fused_body, changes) -> Plan:
     """The Plan a measured table chose (StepMeasure's `keep`): float32 or Grappler's lists as traced when one of them
-    ran fastest in the race (a step without BatchNorm to fuse gets the lists through the table, with its reasons),
-    else the cut of the fused step."""
+    ran fastest in the race (a step the graph rules left as traced gets the lists through the table, with its
+    reasons), else the cut of the changed step."""
     if table.keep == "float32":
         return Plan(None, traced)
-    if table.keep == "lists" and fused:
+    if table.keep == "lists" and changes:
         return Plan(_lists(options), traced)
-    return Plan(measured(options, table), fused_body, fused)
+    return Plan(measured(options, table), fused_body, changes)
 
 
 class _Measured:
@@ -237,33 +241,6 @@ def distributed(graph_def) -> str:
         return f"the step has {', '.join(collective)} ops (tf.distribute)"
     devices = {node.device for node in graph_def.node if node.device}
     return f"the step is placed on {len(devices)} devices (tf.distribute)" if len(devices) > 1 else ""
-
-
-def fused_batch_norms(body, options, name: str):
-    """(body, [fused layer scopes]): with assign="cost", Keras 3's training BatchNormalizations in the body fused
-    into FusedBatchNormV3 and its gradient (rules.batchnorm_training); Grappler's lists rewrite the body as traced."""
-    if options.assign != "cost":
-        return body, []
-    from ..rules import fuse_training_batch_norms
-    graph_def, fused = fuse_training_batch_norms(body.graph_def, keep=(*body.retvals, *body.control_outputs))
-    broken = _dangling_input(graph_def) if fused else ""
-    if broken:  # e.g. a dead Shape node of a step traced with an unknown batch size, left reading a removed node
-        logger.warning("mp_rewrite: %s: fusing its BatchNormalization layers left %s; the step is rewritten "
-                       "without the fusion", name, broken)
-        return body, []
-    if fused:
-        logger.info("mp_rewrite: %s: %d BatchNormalization layers fused (forward and gradient)", name, len(fused))
-    return dataclasses.replace(body, graph_def=graph_def), fused
-
-
-def _dangling_input(graph_def) -> str:
-    """"" when every input of every node names a node of the graph, else the first that does not (one phrase)."""
-    names = {node.name for node in graph_def.node}
-    for node in graph_def.node:
-        for text in node.input:
-            if text.lstrip("^").split(":")[0] not in names:
-                return f"node '{node.name}' reading '{text}', which is gone"
-    return ""
 
 
 def _annotated(graph_def, shapes: dict):

@@ -34,7 +34,7 @@ class _Pending:
     name: str
     measure: object  # analysis.step_profile.StepMeasure
     pieces: object  # its generator
-    body: object  # core.functions.BodyGraph the hook rewrote (BatchNorm fused)
+    body: object  # core.functions.BodyGraph the hook rewrote (training.step_rules: BatchNorm fused, rules applied)
     options: object
     signatures: object
     traced: object  # the traced FunctionDef

@@ -193,7 +193,7 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
             with cost_hook.rewriting(atomic if now.assign == "cost" else None, body, now, signatures, name):
                 result = rewrite_body(body.graph_def, now, body.retvals, body.preserved(), signatures,
                                       preserve_stateful=True, label=name)
-            if not result.retyped and not result.emulated and not plan.fused:  # emulated: retypes nothing, adds Casts
+            if not result.retyped and not result.emulated and not plan.changes:  # emulated: retypes nothing, adds Casts
                 _remember_checked(name)
                 return None
             new = graph_to_function(result.graph_def, fdef, signatures)

@@ -1,0 +1,138 @@
+"""The graph rules a traced training step takes before its precision rewrite (the cost assignment only).
+
+Two kinds. Keras 3's training BatchNormalization layers are fused into FusedBatchNormV3 and its gradient (rules.
+batchnorm_training). Then the rewrite rules of rules/ run on the step's body with the weights as variables
+(rules.canonicalize, told each variable's shape by the traced function: its resource arguments carry their
+variable's shape and dtype as handle data): Keras 3's Dense on 3-D inputs and MultiHeadAttention's projections
+become MatMul + BiasAdd, which TensorFlow's remapper fuses in the forward pass, and the batched matmuls of a weight
+become MatMuls. A training step differs from an inference function in one way that matters here: the gradient reads
+forward values (an activation's input, a LayerNorm's mean and inverse deviation). Every forward node a gradient op
+reads is given to the rules as kept (name, op and value stay), so a rule that would rewrite one declines and says
+so (layer_norm, gelu and dense_activation do in a Keras step); the rules that only move Reshapes and bias adds
+apply. Grappler's lists (assign="lists") rewrite the step as traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+logger = logging.getLogger("mp_rewrite")
+
+# Rules left out of a training step, with why: both are proven on inference functions only.
+NOT_IN_TRAINING = {
+    "grouped_conv": "it inlines a call of Keras 3's _conv_xla, whose gradient function reads the call's outputs",
+    "batchnorm_into_filter": "it scales a filter that the step also updates (an inference BatchNorm's rewrite)",
+}
+# The name scopes TensorFlow puts gradient ops in: tf.GradientTape's and tf.gradients' (`gradients_1`, ...).
+_GRADIENT_SCOPE = re.compile(r"(^|/)(gradient_tape|gradients(_\d+)?)/")
+
+
+def training_rules():
+    """The rules of rules.RULES that run on a training step (all but NOT_IN_TRAINING)."""
+    from ..rules import RULES
+    return tuple(rule for rule in RULES if rule.name not in NOT_IN_TRAINING)
+
+
+def rewritten_step(atomic, traced, options, name: str):
+    """(body, changes): the traced body (core.functions.BodyGraph) with Keras 3's training BatchNorms fused and the
+    training rules applied, and what changed (one phrase per fused layer or applied rule; empty: `traced` itself).
+    With assign="lists", or when a step of the rules fails or leaves a node reading one that is gone, that stage is
+    left out (one warning). `atomic` is the traced AtomicFunction (its FuncGraph gives the arguments' shapes) or
+    None (the rules that need a weight's shape then decline)."""
+    if options.assign != "cost":
+        return traced, ()
+    body, fused = fused_batch_norms(traced, name)
+    body, records = canonicalized(body, argument_shapes(atomic, body.graph_def), name)
+    applied = (f"{r.rule} at '{r.node}'" for r in records if r.applied)
+    return body, (*(f"BatchNormalization '{layer}' fused" for layer in fused), *applied)
+
+
+def fused_batch_norms(body, name: str):
+    """(body, [fused layer scopes]): Keras 3's training BatchNormalizations in the body fused into FusedBatchNormV3
+    and its gradient (rules.batchnorm_training)."""
+    from ..rules import fuse_training_batch_norms
+    graph_def, fused = fuse_training_batch_norms(body.graph_def, keep=(*body.retvals, *body.control_outputs))
+    broken = dangling_input(graph_def) if fused else ""
+    if broken:  # e.g. a dead Shape node of a step traced with an unknown batch size, left reading a removed node
+        logger.warning("mp_rewrite: %s: fusing its BatchNormalization layers left %s; the step is rewritten "
+                       "without the fusion", name, broken)
+        return body, []
+    if fused:
+        logger.info("mp_rewrite: %s: %d BatchNormalization layers fused (forward and gradient)", name, len(fused))
+    return dataclasses.replace(body, graph_def=graph_def), fused
+
+
+def canonicalized(body, shapes: dict, name: str):
+    """(body, [rules.Record]): the training rules (rules.canonicalize) on a step's body, told the shapes of its
+    arguments (`shapes`, the variables' included), keeping its outputs, its control outputs and every forward node a
+    gradient reads (gradient_reads); the records say what applied and what declined, and why. The body as it was
+    (and no record) when the rules failed or left a node reading one that is gone."""
+    from ..rules import canonicalize
+    keep = (*body.retvals, *body.control_outputs, *sorted(gradient_reads(body.graph_def)))
+    try:
+        graph_def, records = canonicalize(body.graph_def, keep, training_rules(), fold_batch_norms=False,
+                                          shapes=shapes)
+    except Exception as error:  # noqa: BLE001 -- the hook must never break training
+        logger.warning("mp_rewrite: %s: the graph rules failed (%s: %s); the step is rewritten without them", name,
+                       type(error).__name__, str(error)[:200])
+        return body, []
+    counts = {}
+    for record in records:
+        if record.applied:
+            counts[record.rule] = counts.get(record.rule, 0) + 1
+    if not counts:
+        return body, records
+    broken = dangling_input(graph_def)
+    if broken:
+        logger.warning("mp_rewrite: %s: the graph rules left %s; the step is rewritten without them", name, broken)
+        return body, []
+    logger.info("mp_rewrite: %s: graph rules applied: %s", name,
+                ", ".join(f"{rule} ×{count}" for rule, count in counts.items()))
+    return dataclasses.replace(body, graph_def=graph_def), records
+
+
+def gradient_reads(graph_def) -> set:
+    """The names of the forward nodes (outside the gradient's name scopes) that a gradient op reads, as data or
+    control: the values backpropagation needs, which a rule must not rename, remove or compute differently."""
+    def is_gradient(name: str) -> bool:
+        return bool(_GRADIENT_SCOPE.search(name))
+    names = {node.name for node in graph_def.node}
+    read = set()
+    for node in graph_def.node:
+        if is_gradient(node.name):
+            read.update(source for source in (text.lstrip("^").split(":")[0] for text in node.input)
+                        if source in names and not is_gradient(source))
+    return read
+
+
+def argument_shapes(atomic, graph_def) -> dict:
+    """{_Arg node name: shape} of a body's arguments from the traced FuncGraph: a resource argument's variable shape
+    (its handle data), another argument's static shape (None for an unknown dimension); {} without a FuncGraph."""
+    from tensorflow.python.ops import handle_data_util
+    graph = getattr(atomic, "graph", None)
+    arg_nodes = sorted((n for n in graph_def.node if n.op == "_Arg"), key=lambda n: n.attr["index"].i)
+    if graph is None or len(graph.inputs) != len(arg_nodes):
+        return {}
+    shapes = {}
+    for tensor, node in zip(graph.inputs, arg_nodes):
+        if tensor.dtype.name == "resource":
+            data = handle_data_util.get_resource_handle_data(tensor)
+            if data.is_set and len(data.shape_and_type) == 1 and not data.shape_and_type[0].shape.unknown_rank:
+                dims = [d.size for d in data.shape_and_type[0].shape.dim]
+                if all(d >= 0 for d in dims):
+                    shapes[node.name] = dims
+        elif tensor.shape.rank is not None:
+            shapes[node.name] = tensor.shape.as_list()
+    return shapes
+
+
+def dangling_input(graph_def) -> str:
+    """"" when every input of every node names a node of the graph, else the first that does not (one phrase)."""
+    names = {node.name for node in graph_def.node}
+    for node in graph_def.node:
+        for text in node.input:
+            if text.lstrip("^").split(":")[0] not in names:
+                return f"node '{node.name}' reading '{text}', which is gone"
+    return ""
