@@ -18,7 +18,7 @@ from .op_costs import cache_dir
 from .run_times import RunTimes
 
 FORMAT = "mp_rewrite-profile"
-VERSION = 3
+VERSION = 4
 
 
 def profile_key(*parts) -> str:
