@@ -29,13 +29,15 @@ _LOCAL = threading.local()  # .depth: > 0 while measuring; .body: the _Body bein
 @dataclasses.dataclass(frozen=True)
 class _Body:
     """The body the hook is rewriting: its AtomicFunction (FuncGraph shapes, captured variables), its
-    core.functions.BodyGraph, the rewrite's Options and Signatures, and its name."""
+    core.functions.BodyGraph, the rewrite's Options and Signatures, its name, and its GraphDef as traced (None: the
+    body is the traced one)."""
 
     atomic: object
     body: object
     options: object
     signatures: object
     name: str
+    traced: object = None
 
 
 def is_paused() -> bool:
@@ -54,9 +56,10 @@ def paused():
 
 
 @contextlib.contextmanager
-def rewriting(atomic, body, options, signatures, name: str):
-    """Make the body the hook rewrites meanwhile known to HookSafeCosts (`atomic` None: nothing is known)."""
-    _LOCAL.body = _Body(atomic, body, options, signatures, name) if atomic is not None else None
+def rewriting(atomic, body, options, signatures, name: str, traced=None):
+    """Make the body the hook rewrites meanwhile known to HookSafeCosts (`atomic` None: nothing is known; `traced`:
+    the body's GraphDef as traced, when the graph rules changed it)."""
+    _LOCAL.body = _Body(atomic, body, options, signatures, name, traced) if atomic is not None else None
     try:
         yield
     finally:
@@ -76,7 +79,7 @@ class HookSafeCosts:
         import tensorflow as tf
         current = getattr(_LOCAL, "body", None)
         if current is not None and current.body.graph_def is graph_def:
-            graph_def = _annotated(graph_def, _func_graph_shapes(current.atomic))
+            graph_def = _annotated(graph_def, _func_graph_shapes(current.atomic, current.traced, graph_def))
         with paused(), tf.init_scope():
             return self.table.for_graph(graph_def, precision, fetches, batch)
 
@@ -120,7 +123,7 @@ def plan(atomic, traced, options, signatures, name: str) -> Plan:
     if options.assign != "cost" or not isinstance(costs, HookSafeCosts) or not costs.table.low_units:
         return Plan(options, body, changes)
     shapes = _func_graph_shapes(atomic) if atomic is not None else {}
-    graph_def = _annotated(body.graph_def, shapes)
+    graph_def = _annotated(body.graph_def, _func_graph_shapes(atomic, traced.graph_def, body.graph_def))
     unfused = _annotated(traced.graph_def, shapes) if changes else None
     spread = distributed(graph_def)
     if not spread:
@@ -256,14 +259,21 @@ def _annotated(graph_def, shapes: dict):
     return annotated
 
 
-def _func_graph_shapes(atomic) -> dict:
+def _func_graph_shapes(atomic, traced=None, graph_def=None) -> dict:
+    """{node name: [TensorShape]} of the traced FuncGraph's ops; given the body's GraphDef as traced and `graph_def`,
+    a rewrite of it, those of `graph_def`'s nodes (training.step_rules.rewritten_shapes: a rule may give a node of
+    another shape an old name, and TF refuses a GraphDef whose _output_shapes disagree)."""
     graph = getattr(atomic, "graph", None)
     if graph is None:
         return {}
     try:
-        return {op.name: [t.shape for t in op.outputs] for op in graph.get_operations()}
+        shapes = {op.name: [t.shape for t in op.outputs] for op in graph.get_operations()}
     except Exception:  # noqa: BLE001 -- shapes are a hint; the cost model falls back to what it can infer
         return {}
+    if traced is None or graph_def is None or graph_def is traced:
+        return shapes
+    from .step_rules import rewritten_shapes
+    return rewritten_shapes(atomic, traced, graph_def, shapes)
 
 
 def _body_args(atomic, graph_def) -> tuple:

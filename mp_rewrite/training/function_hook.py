@@ -185,12 +185,14 @@ def rewrite_registered(name: str, options, fdef: function_pb2.FunctionDef | None
             return None
         try:
             signatures = Signatures(_called_library(ctx, fdef))
-            plan = cost_hook.plan(atomic, function_to_graph(fdef, signatures), options, signatures, name)
+            traced = function_to_graph(fdef, signatures)
+            plan = cost_hook.plan(atomic, traced, options, signatures, name)
             body, now = plan.body, plan.options
             if now is None:  # measured here before: float32 as traced ran fastest
                 _remember_checked(name)
                 return None
-            with cost_hook.rewriting(atomic if now.assign == "cost" else None, body, now, signatures, name):
+            with cost_hook.rewriting(atomic if now.assign == "cost" else None, body, now, signatures, name,
+                                     traced.graph_def if plan.changes else None):
                 result = rewrite_body(body.graph_def, now, body.retvals, body.preserved(), signatures,
                                       preserve_stateful=True, label=name)
             if not result.retyped and not result.emulated and not plan.changes:  # emulated: retypes nothing, adds Casts

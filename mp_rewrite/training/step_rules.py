@@ -7,9 +7,12 @@ variable's shape and dtype as handle data): Keras 3's Dense on 3-D inputs and Mu
 become MatMul + BiasAdd, which TensorFlow's remapper fuses in the forward pass, and the batched matmuls of a weight
 become MatMuls. A training step differs from an inference function in one way that matters here: the gradient reads
 forward values (an activation's input, a LayerNorm's mean and inverse deviation). Every forward node a gradient op
-reads is given to the rules as kept (name, op and value stay), so a rule that would rewrite one declines and says
-so (layer_norm, gelu and dense_activation do in a Keras step); the rules that only move Reshapes and bias adds
-apply. Grappler's lists (assign="lists") rewrite the step as traced.
+reads is given to the rules as kept (name, op and value stay), so a rule that would rewrite one does not apply
+(in a Keras step dense_activation declines and says why; layer_norm and gelu find no region whose inner values
+only the region reads, so they match nothing); the rules that move Reshapes and bias adds apply. The FuncGraph's
+shapes no longer fit every node of the changed body (a rule may give an old name to a node of another shape), so
+the cost model is given shapes inferred again (rewritten_shapes). Grappler's lists (assign="lists") rewrite the
+step as traced.
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ import re
 
 logger = logging.getLogger("mp_rewrite")
 
-# Rules left out of a training step, with why: both are proven on inference functions only.
+# Rules left out of a training step, with why.
 NOT_IN_TRAINING = {
     "grouped_conv": "it inlines a call of Keras 3's _conv_xla, whose gradient function reads the call's outputs",
     "batchnorm_into_filter": "it scales a filter that the step also updates (an inference BatchNorm's rewrite)",
+    # The IdentityNs of a step are tf.custom_gradient's (swish) and Keras 3's optimizer's: the gradient reads the
+    # activation's input anyway, so removing them fuses nothing, and a step they alone change would be raced
+    # against itself as traced for no gain.
+    "identity_n": "it fuses nothing in a training step (the gradient reads the activation's input anyway)",
 }
 # The name scopes TensorFlow puts gradient ops in: tf.GradientTape's and tf.gradients' (`gradients_1`, ...).
 _GRADIENT_SCOPE = re.compile(r"(^|/)(gradient_tape|gradients(_\d+)?)/")
@@ -126,6 +133,54 @@ def argument_shapes(atomic, graph_def) -> dict:
         elif tensor.shape.rank is not None:
             shapes[node.name] = tensor.shape.as_list()
     return shapes
+
+
+def rewritten_shapes(atomic, traced, graph_def, traced_shapes: dict) -> dict:
+    """{node name: [TensorShape]} of `graph_def`, a rewrite of the traced body's GraphDef `traced`: the FuncGraph's
+    shapes (`traced_shapes`) for the nodes that still compute what they did (unchanged_nodes), TensorFlow's shape
+    inference (analysis.shapes.node_shapes, the arguments' and variables' shapes from the FuncGraph) for the
+    others, which a rule may have given an old name."""
+    import tensorflow as tf
+    from ..analysis.shapes import node_shapes
+    same = unchanged_nodes(traced, graph_def)
+    shapes = {name: shape for name, shape in traced_shapes.items() if name in same}
+    given = argument_shapes(atomic, graph_def)
+    resources = {n.name for n in graph_def.node if n.op == "_Arg" and n.attr["T"].type == tf.resource.as_datatype_enum}
+    inferred = node_shapes(graph_def, {k: tuple(v) for k, v in given.items() if k not in resources},
+                           {k: tuple(v) for k, v in given.items() if k in resources})
+    for node in graph_def.node:
+        if node.name not in shapes and inferred.get(node.name):
+            shapes[node.name] = [tf.TensorShape(shape) for shape in inferred[node.name]]
+    return shapes
+
+
+def unchanged_nodes(traced, graph_def) -> set:
+    """The names of the nodes of `graph_def` (a rewrite of the GraphDef `traced`) that compute what the node of the
+    same name in `traced` does: the same op, attributes and inputs, and every node they read unchanged too."""
+    before = {node.name: node for node in traced.node}
+    nodes = {node.name: node for node in graph_def.node}
+    state = {}  # name -> unchanged (False while being visited: a cycle counts as changed)
+    for root in nodes:
+        stack = [root]
+        while stack:
+            name = stack[-1]
+            if name in state and state[name] is not None:
+                stack.pop()
+                continue
+            node, old = nodes[name], before.get(name)
+            if old is None or old.op != node.op or old.input != node.input or old.attr != node.attr:
+                state[name] = False
+                stack.pop()
+                continue
+            sources = {text.lstrip("^").split(":")[0] for text in node.input}
+            waiting = [source for source in sources if source in nodes and source not in state]
+            if waiting and name not in state:
+                state[name] = None
+                stack.extend(waiting)
+                continue
+            state[name] = all(state.get(source) for source in sources)
+            stack.pop()
+    return {name for name, same in state.items() if same}
 
 
 def dangling_input(graph_def) -> str:
