@@ -146,14 +146,7 @@ def _rewrite(graph: EditableGraph, match: Match, fused: bool) -> str:
     add.attr["T"].type = FLOAT
     add.attr["data_format"].s = b"NHWC"
     if fused:
-        add.op = "FusedBatchNormV3"
-        mean = graph.add_constant(f"{contraction.name}/bn_zero_mean", np.zeros(channels, np.float32), device)
-        variance = graph.add_constant(f"{contraction.name}/bn_unit_variance", np.ones(channels, np.float32), device)
-        add.attr["U"].type = FLOAT
-        add.attr["epsilon"].f = 0.0
-        add.attr["is_training"].b = False
-        add.attr["exponential_avg_factor"].f = 1.0
-        graph.set_inputs(add, [contraction.name, scale, shift, mean.name, variance.name])
+        _as_fused_batch_norm(graph, add, contraction, scale, shift, channels)
         done = "an inference FusedBatchNormV3 of mean 0 and variance 1 (TF fuses it into the convolution)"
     else:
         filter_shape = match.values["filter"]
@@ -170,6 +163,53 @@ def _rewrite(graph: EditableGraph, match: Match, fused: bool) -> str:
         done = "its filter scaled and a BiasAdd, at each call"
     graph.remove([mul.name] + ([bias.name] if bias is not None else []))
     return f"the per-channel scale and shift after {contraction.op} '{contraction.name}' are now {done}"
+
+
+def _as_fused_batch_norm(graph: EditableGraph, node, contraction, scale: str, shift: str, channels: int) -> None:
+    """Make `node` (it keeps its name) the inference FusedBatchNormV3 `contraction * scale + shift`: mean 0,
+    variance 1, epsilon 0."""
+    device = contraction.device
+    mean = graph.add_constant(f"{contraction.name}/bn_zero_mean", np.zeros(channels, np.float32), device)
+    variance = graph.add_constant(f"{contraction.name}/bn_unit_variance", np.ones(channels, np.float32), device)
+    node.op = "FusedBatchNormV3"
+    node.attr.clear()
+    node.attr["T"].type = FLOAT
+    node.attr["U"].type = FLOAT
+    node.attr["data_format"].s = b"NHWC"
+    node.attr["epsilon"].f = 0.0
+    node.attr["is_training"].b = False
+    node.attr["exponential_avg_factor"].f = 1.0
+    graph.set_inputs(node, [contraction.name, scale, shift, mean.name, variance.name])
+
+
+def match_float32_scaled_filter(graph: EditableGraph, bias_add) -> Match | None:
+    """After the precision pass: `BiasAdd(Conv2D(x, Mul(W, s)), t)` left float32 (the cut kept it so, or the
+    machine has no low-precision units), with `s` and `t` computed from variables: what `batchnorm_into_filter`
+    wrote for a low-precision graph."""
+    conv = graph.producer(bias_add.input[0]) if is_first_output(bias_add.input[0]) else None
+    if bias_add.attr["T"].type != FLOAT or conv is None or conv.op != "Conv2D" or conv.attr["T"].type != FLOAT:
+        return None
+    mul = graph.producer(conv.input[1]) if is_first_output(conv.input[1]) else None
+    if mul is None or mul.op != "Mul" or mul.attr["T"].type != FLOAT or len(graph.data_inputs(mul)) != 2:
+        return None
+    weights, scale = graph.data_inputs(mul)
+    shape, shift = graph.weight_shape(weights), graph.data_inputs(bias_add)[1]
+    if shape is None or len(shape) != 4 or not (_from_weights(graph, scale) and _from_weights(graph, shift)):
+        return None
+    if any(graph.is_kept(n) or len(graph.readers(n.name)) != 1 for n in (mul, conv)) or graph.is_kept(bias_add):
+        return Match().fail(f"Conv2D '{conv.name}' or its scaled filter is read elsewhere or fetched")
+    return Match(nodes={"conv": conv, "mul": mul, "bias_add": bias_add},
+                 values={"weights": weights, "scale": scale, "shift": shift, "channels": shape[3]})
+
+
+def rewrite_float32_scaled_filter(graph: EditableGraph, match: Match) -> str:
+    """The convolution reads its filter as stored again; the BiasAdd becomes the FusedBatchNorm TF fuses into a
+    float32 convolution."""
+    conv, values = match.nodes["conv"], match.values
+    graph.set_inputs(conv, [graph.data_inputs(conv)[0], values["weights"]])
+    _as_fused_batch_norm(graph, match.nodes["bias_add"], conv, values["scale"], values["shift"], values["channels"])
+    graph.remove([match.nodes["mul"].name])
+    return f"float32 Conv2D '{conv.name}' reads its filter unscaled, its BatchNorm a FusedBatchNorm TF fuses into it"
 
 
 def batchnorm_fusion(match: Match) -> str:

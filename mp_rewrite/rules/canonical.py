@@ -14,7 +14,8 @@ from typing import Callable
 
 from .batchnorm import fold_batch_norms_recorded
 from .batchnorm_variables import (batchnorm_fused_fusion, batchnorm_fusion, match_batchnorm_into_filter,
-                                  rewrite_batchnorm_fused, rewrite_batchnorm_into_filter)
+                                  match_float32_scaled_filter, rewrite_batchnorm_fused, rewrite_batchnorm_into_filter,
+                                  rewrite_float32_scaled_filter)
 from .cast_placement import match_cast_after_gather, rewrite_cast_after_gather
 from .bias import match_bias_add, rewrite_bias_add
 from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activation, rewrite_dense_bias
@@ -90,8 +91,11 @@ RULES = (
 FLOAT32_RULES = tuple(Rule("batchnorm_fused", rule.anchors, rule.match, rewrite_batchnorm_fused, batchnorm_fused_fusion)
                       if rule.name == "batchnorm_into_filter" else rule for rule in RULES)
 
-# After the precision pass: where its Casts run (a graph in which weights stay variables).
-PLACEMENT_RULES = (Rule("cast_after_gather", ("Cast",), match_cast_after_gather, rewrite_cast_after_gather),)
+# After the precision pass (a graph in which weights stay variables): where its Casts run, and what a
+# convolution the pass left float32 does with its BatchNorm.
+PLACEMENT_RULES = (Rule("cast_after_gather", ("Cast",), match_cast_after_gather, rewrite_cast_after_gather),
+                   Rule("float32_batchnorm", ("BiasAdd",), match_float32_scaled_filter, rewrite_float32_scaled_filter,
+                        lambda m: "Conv2D + FusedBatchNorm"))
 
 
 def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = True,

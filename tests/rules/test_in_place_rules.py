@@ -18,7 +18,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from rules_support import keras, with_nonzero_biases
 from mp_rewrite.analysis.execution import executed_nodes
 from mp_rewrite.commands import cli
-from mp_rewrite.rules import FLOAT32_RULES, RULES
+from mp_rewrite.rules import FLOAT32_RULES, PLACEMENT_RULES, RULES
 from mp_rewrite.rules.functions import canonicalize_library
 from mp_rewrite.testing.example_models import token_transformer
 
@@ -105,10 +105,14 @@ def test_the_default_conversion_applies_them_and_the_lists_do_not(transformer, t
     assert embedding_tables(tmp_path / "cost") == {"float32"}
 
 
-def _canonical_copy(source_path, tmp_path, rules=RULES):
-    """A copy of the SavedModel whose functions canonicalize_library rewrote, and the rules' records."""
+def _canonical_copy(source_path, tmp_path, rules=RULES, after=()):
+    """A copy of the SavedModel whose functions canonicalize_library rewrote (with `rules`, then `after`: the rules
+    that follow the precision pass, here on what stayed float32), and the rules' records."""
     proto = _proto(source_path)
     meta_graph, records = canonicalize_library(proto.meta_graphs[0], rules=rules)
+    if after:
+        meta_graph, placed = canonicalize_library(meta_graph, rules=after)
+        records = {name: records.get(name, []) + placed.get(name, []) for name in {*records, *placed}}
     proto.meta_graphs[0].CopyFrom(meta_graph)
     copy = tmp_path / "canonical"
     shutil.copytree(source_path, copy)
@@ -147,9 +151,12 @@ def test_a_layer_norm_with_variable_parameters_is_one_fused_kernel(center, scale
 
 # for low precision (the filter scaled at each call, a BiasAdd) and for float32 (a FusedBatchNorm TF fuses into a
 # float32 Conv2D as a post-op; depthwise convolutions and MatMuls take the filter's scaling either way)
+# ("low, kept float32": what the pass leaves float32 in a low-precision conversion takes the FusedBatchNorm after it)
 BATCH_NORM_FORMS = {
-    "low": (RULES, "batchnorm_into_filter", {("_FusedConv2D", ("BiasAdd",)), ("_FusedConv2D", ("BiasAdd", "Add"))}),
-    "float32": (FLOAT32_RULES, "batchnorm_fused", {("_FusedConv2D", ("FusedBatchNorm",))}),
+    "low": (RULES, (), "batchnorm_into_filter",
+            {("_FusedConv2D", ("BiasAdd",)), ("_FusedConv2D", ("BiasAdd", "Add"))}),
+    "float32": (FLOAT32_RULES, (), "batchnorm_fused", {("_FusedConv2D", ("FusedBatchNorm",))}),
+    "low, kept float32": (RULES, PLACEMENT_RULES, "batchnorm_into_filter", {("_FusedConv2D", ("FusedBatchNorm",))}),
 }
 
 
@@ -158,7 +165,7 @@ def test_batch_norms_become_what_tf_fuses_into_the_contraction(form, tmp_path):
     """Keras 3's inference BatchNormalization after a Conv2D with a bias (then swish), a depthwise convolution, a
     Conv2D before a residual add and a Dense: each becomes what TF fuses into the contraction, with the activation
     or the residual add where it can; the copy loads and its outputs stay equal."""
-    rules, rule, convolutions = BATCH_NORM_FORMS[form]
+    rules, after, rule, convolutions = BATCH_NORM_FORMS[form]
     keras.utils.set_random_seed(0)
     bn = keras.layers.BatchNormalization
     inputs = keras.Input((12, 12, 8), name="x")
@@ -176,8 +183,9 @@ def test_batch_norms_become_what_tf_fuses_into_the_contraction(form, tmp_path):
         elif "beta" in weight.path or "mean" in weight.path:
             weight.assign(rng.normal(0.0, 0.5, weight.shape))
     model.export(str(tmp_path / "source"), verbose=False)
-    copy, records = _canonical_copy(tmp_path / "source", tmp_path, rules)
+    copy, records = _canonical_copy(tmp_path / "source", tmp_path, rules, after)
     assert sum(r.rule == rule and r.applied for r in records) == 4
+    assert sum(r.rule == "float32_batchnorm" and r.applied for r in records) == (2 if after else 0)
 
     x = tf.constant(np.random.default_rng(0).normal(size=(2, 12, 12, 8)), tf.float32)
     signature = tf.saved_model.load(str(copy)).signatures["serving_default"]
