@@ -26,6 +26,8 @@ def constant_target(graph: EditableGraph, tensor: str) -> list | None:
     grows = [i for i in range(len(small)) if small[i] != large[i]]
     if len(grows) > 1 or grows and large[grows[0]] * BATCHES[0] != small[grows[0]] * BATCHES[1]:
         return None
+    if grows and (small < 0).any():  # a literal -1 already stands for one dimension (keras-hub's ViT patches)
+        return None
     return [-1 if i in grows else int(v) for i, v in enumerate(small)]
 
 

@@ -48,3 +48,5 @@ def test_only_targets_linear_in_the_batch_are_constants():
     assert _target_of(lambda s: tf.concat([s[:1], [24]], 0)) == [-1, 24]
     assert _target_of(lambda s: tf.stack([s[0] * s[0], 24])) is None  # the batch twice: no -1 says that
     assert _target_of(lambda s: tf.stack([s[0], s[1] + 0, 6])) is None  # an Add is not one of its ops
+    # the batch and a literal -1 (keras-hub's ViT: `reshape(x, (shape(x)[0], -1, C))`): two -1s would not run
+    assert _target_of(lambda s: tf.stack([s[0], -1, s[2]])) is None
