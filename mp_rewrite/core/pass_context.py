@@ -113,7 +113,9 @@ class PassContext:
                 continue
             matches = compile_patterns(patterns, option)
             for i, name in enumerate(self.view.names):
-                if matches(name):
+                # a Const's value, a variable read's or a stateful op's dtype cannot just be retyped: forcing them
+                # wrote graphs that aborted in TF (a bfloat16 Const holding float32 data)
+                if matches(name) and (option == "keep_fp32" or self.can_force(i)):
                     category[i], override[i] = color, option
         return category, override
 

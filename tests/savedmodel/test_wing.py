@@ -188,6 +188,18 @@ def test_weights_too_large_for_constants_stay_low_precision_variables(tmp_path, 
     assert size(tmp_path / "out") < 0.6 * size(tmp_path / "m")
 
 
+@pytest.mark.parametrize("freeze_it", [False, True], ids=["in-place", "frozen"])
+def test_force_low_over_whole_layers_writes_a_model_that_runs(dense_model, tmp_path, freeze_it):
+    """A pattern that also matches a layer's Consts and variable reads ('*hidden*'): those are not retyped (a
+    bfloat16 Const holding float32 data aborted the process inside TF's constant folding)."""
+    source, model = dense_model
+    result = convert_saved_model(source, tmp_path / "out", "bfloat16", freeze=freeze_it, force_low=["*hidden*"])
+    assert result.converted_nodes > 0
+    x = np.random.default_rng(0).normal(size=(2, 8, 16)).astype("float32")
+    out = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](tf.constant(x))
+    np.testing.assert_allclose(next(iter(out.values())).numpy(), model(x).numpy(), rtol=0.05, atol=0.05)
+
+
 def test_the_variable_form_fuses_and_prices_what_reads_the_variables(tmp_path, monkeypatch):
     """Kept variables reach their readers through an inlined function's input Identities: the rules still know the
     weights' shapes (the Dense and its GELU fuse), and the cost assignment prices the matmuls instead of seeing
