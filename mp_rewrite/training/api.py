@@ -16,12 +16,12 @@ Choices, where TF left them open:
   `device="any"` converts all nodes but checks unplaced ones against GPU kernels; use it only where a GPU runs
   them.
 * bfloat16 on a CPU is assigned by measured cost (`assign="cost"`, as `mp-rewrite convert` does there): Keras 3's
-  BatchNorm fused in the step and the graph rules valid in training applied (Dense on 3-D inputs and attention
-  projections as MatMul + BiasAdd, training.step_rules), each op's precision by its time in the step on this
-  machine, the choice raced against float32 and the lists as the step runs. The step runs Grappler's lists from
-  its first call and is measured across its next calls (training.deferred), once per machine; a distributed step
-  is measured once for the job (training.job_decision), so every worker runs the same graph. A GPU, float16 and
-  `assign="lists"` get Grappler's lists.
+  BatchNorm fused in the step (and with MP_REWRITE_STEP_RULES=1 the graph rules valid in training: Dense on 3-D
+  inputs and attention projections as MatMul + BiasAdd, training.step_rules), each op's precision by its time in
+  the step on this machine, the choice raced against float32 and the lists as the step runs. The step runs
+  Grappler's lists from its first call and is measured across its next calls (training.deferred), once per
+  machine; a distributed step is measured once for the job (training.job_decision), so every worker runs the same
+  graph. A GPU, float16 and `assign="lists"` get Grappler's lists.
 * bfloat16 has float32's exponent range, so it needs no loss scaling: by default the optimizer is wrapped with a
   fixed scale of 1 (exact, and `get_scaled_loss`/`get_unscaled_gradients`/`scale_loss` keep working, so the same
   training code runs in both precisions). An explicit `loss_scale` is honoured.
@@ -101,8 +101,8 @@ def enable_mixed_precision_graph_rewrite(opt, loss_scale=_DEFAULT, precision: st
             `rewrite_graph_def`. `assign` defaults to "cost" for bfloat16 on a CPU (MP_REWRITE_ASSIGN=lists|cost
             overrides that) and to Grappler's "lists" on a GPU and for float16. With assign="cost", Keras 3's
             training BatchNormalization layers are fused into FusedBatchNormV3 and its gradient
-            (rules.batchnorm_training) and the rewrite rules valid in a training step run on it (`step_rules`),
-            and without `costs` each traced step is measured on this machine across
+            (rules.batchnorm_training), with MP_REWRITE_STEP_RULES=1 the rewrite rules valid in a training step
+            run on it (`step_rules`), and without `costs` each traced step is measured on this machine across
             its first calls, running the lists meanwhile (cached per machine: `cost_hook`, `deferred`); under
             tf.distribute the step is measured once for the job (one process: for every replica; several workers:
             by the leader, whose decision every worker swaps in before the same call, `job_decision`). On a CPU

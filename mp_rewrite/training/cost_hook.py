@@ -107,11 +107,11 @@ class Plan:
 def plan(atomic, traced, options, signatures, name: str) -> Plan:
     """How to rewrite a traced body (core.functions.BodyGraph): see Plan.
 
-    With assign="cost", the graph rules run first (training.step_rules: Keras 3's training BatchNorms fused, then
-    the rewrite rules valid in a training step). With this machine's table (HookSafeCosts, low-precision units): a
-    step measured before here (in any process) gets what that measuring chose at once -- the cut of the changed
-    step, Grappler's lists or float32 as traced, whichever ran fastest; a step that runs alone the lists as traced
-    now, and a StepMeasure of it across its next calls; anything else (an iterator argument, calls into other
+    With assign="cost", the graph rules run first (training.step_rules: Keras 3's training BatchNorms fused, then,
+    opted in, the rewrite rules valid in a training step). With this machine's table (HookSafeCosts, low-precision
+    units): a step measured before here (in any process) gets what that measuring chose at once -- the cut of the
+    changed step, Grappler's lists or float32 as traced, whichever ran fastest; a step that runs alone the lists as
+    traced now, and a StepMeasure of it across its next calls; anything else (an iterator argument, calls into other
     functions) the op table's cut of the changed step. A distributed step (tf.
     distribute: collective ops or several devices) is measured as job_decision.standalone copies it; in a job of
     several processes only the leader measures, and every worker does what it decided (job_decision), and a step

@@ -1,7 +1,8 @@
 """The graph rules a traced training step takes before its precision rewrite (the cost assignment only).
 
 Two kinds. Keras 3's training BatchNormalization layers are fused into FusedBatchNormV3 and its gradient (rules.
-batchnorm_training). Then the rewrite rules of rules/ run on the step's body with the weights as variables
+batchnorm_training). Then, opted in with MP_REWRITE_STEP_RULES=1 (rules_on: measured, they did not make a
+Transformer's step faster), the rewrite rules of rules/ run on the step's body with the weights as variables
 (rules.canonicalize, told each variable's shape by the traced function: its resource arguments carry their
 variable's shape and dtype as handle data): Keras 3's Dense on 3-D inputs and MultiHeadAttention's projections
 become MatMul + BiasAdd, which TensorFlow's remapper fuses in the forward pass, and the batched matmuls of a weight
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 
 logger = logging.getLogger("mp_rewrite")
 
+RULES_ENV = "MP_REWRITE_STEP_RULES"  # "1": run the rewrite rules on training steps (rules_on)
 # Rules left out of a training step, with why.
 NOT_IN_TRAINING = {
     "grouped_conv": "it inlines a call of Keras 3's _conv_xla, whose gradient function reads the call's outputs",
@@ -51,9 +54,18 @@ def rewritten_step(atomic, traced, options, name: str):
     if options.assign != "cost":
         return traced, ()
     body, fused = fused_batch_norms(traced, name)
-    body, records = canonicalized(body, argument_shapes(atomic, body.graph_def), name)
+    records = []
+    if rules_on():
+        body, records = canonicalized(body, argument_shapes(atomic, body.graph_def), name)
     applied = (f"{r.rule} at '{r.node}'" for r in records if r.applied)
     return body, (*(f"BatchNormalization '{layer}' fused" for layer in fused), *applied)
+
+
+def rules_on() -> bool:
+    """Whether the rewrite rules run on training steps: only when RULES_ENV is "1" (read at each step's rewrite).
+    Off by default: measured on a Transformer encoder's step (docs/bench_training.md), the default rewrite ran
+    3-8% slower with them than without, though every forward MatMul + BiasAdd ran fused."""
+    return os.environ.get(RULES_ENV, "").strip() == "1"
 
 
 def fused_batch_norms(body, name: str):

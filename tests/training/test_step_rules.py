@@ -1,4 +1,5 @@
-"""The graph rules in a traced training step (training.step_rules, the cost assignment): a Keras 3 Transformer block
+"""The graph rules in a traced training step (training.step_rules, the cost assignment, opted in with
+MP_REWRITE_STEP_RULES=1: off by default, measured slower on a Transformer encoder's step): a Keras 3 Transformer block
 (MultiHeadAttention, Dense, LayerNormalization) trained with a custom tf.function step through the training hook,
 every node kept float32 so that the rules alone change the step. Its variables after a few steps are the plain
 step's within float32 round-off; the step runs MultiHeadAttention's projections and the Dense layers as fused MatMul
@@ -30,7 +31,8 @@ NATIVE_BF16 = bool(set(NATIVE_FLAGS["bfloat16"]) & set(machine_facts()["cpu_flag
 
 
 @pytest.fixture(autouse=True)
-def rewrite_off():
+def rewrite_off(monkeypatch):
+    monkeypatch.setenv(step_rules.RULES_ENV, "1")  # opted in: off by default (measured slower, step_rules.rules_on)
     yield
     if training.is_enabled():
         training.disable_mixed_precision_graph_rewrite()
@@ -117,7 +119,7 @@ def test_the_default_measures_the_changed_step_and_swaps_its_cut_in(tmp_path, mo
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
 
 
-def test_nothing_the_gradient_reads_is_renamed_or_rewritten_and_the_rules_that_would_do_not_apply():
+def test_nothing_the_gradient_reads_is_renamed_or_rewritten_and_the_rules_that_would_do_not_apply(monkeypatch):
     model = _model()
     step = _step(model, keras.optimizers.SGD(0.05), None)
     concrete = step.get_concrete_function()
@@ -149,6 +151,8 @@ def test_nothing_the_gradient_reads_is_renamed_or_rewritten_and_the_rules_that_w
                                                                              traced.graph_def), "step")
     [activation] = [r for r in records if r.rule == "dense_activation"]
     assert not activation.applied and "read outside its activation" in activation.reason
-    # Grappler's lists rewrite the step as traced.
+    # Grappler's lists rewrite the step as traced; so does the cost assignment unless the rules are opted in.
     lists = make_options("bfloat16", assign="lists")
     assert step_rules.rewritten_step(concrete._inference_function, traced, lists, "step") == (traced, ())
+    monkeypatch.delenv(step_rules.RULES_ENV)
+    assert step_rules.rewritten_step(concrete._inference_function, traced, options, "step") == (traced, ())
