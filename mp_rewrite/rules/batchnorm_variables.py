@@ -27,12 +27,16 @@ from .graph import EditableGraph, is_first_output, node_name
 from .record import Match
 
 CONTRACTIONS = ("Conv2D", "DepthwiseConv2dNative", "MatMul")
+FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")  # tf_keras' inference BatchNormalization
 RESOURCE = 20  # types_pb2.DT_RESOURCE
 
 
 def match_batchnorm_into_filter(graph: EditableGraph, add) -> Match | None:
     """`Add(Mul(contraction [-> BiasAdd], s), t)` with `s` and `t` per output channel and computed from variables
-    and constants only; None when the pattern is not there."""
+    and constants only, or tf_keras' inference `FusedBatchNorm(contraction [-> BiasAdd], gamma, beta, mean,
+    variance)` of variables; None when the pattern is not there."""
+    if add.op in FUSED_NORMS:
+        return _fused_norm(graph, add)
     inputs = graph.data_inputs(add)
     if len(inputs) != 2 or graph.is_kept(add):
         return None
@@ -47,6 +51,22 @@ def match_batchnorm_into_filter(graph: EditableGraph, add) -> Match | None:
     return None
 
 
+def _fused_norm(graph: EditableGraph, norm) -> Match | None:
+    """An inference FusedBatchNorm of a contraction's output whose parameters are variables (or constants), of
+    which only the normalized output is read."""
+    inputs = graph.data_inputs(norm)
+    if len(inputs) != 5 or norm.attr["is_training"].b or norm.attr["data_format"].s not in (b"", b"NHWC"):
+        return None
+    if graph.is_kept(norm) or any(t.split(":")[0] == norm.name and not is_first_output(t)
+                                  for reader in graph.readers(norm.name) for t in graph.data_inputs(reader)):
+        return None
+    found = _contraction(graph, inputs[0])
+    if found is None or not all(_from_weights(graph, t) for t in inputs[1:]):
+        return None
+    epsilon = norm.attr["epsilon"].f if "epsilon" in norm.attr else 1e-4  # the op's default
+    return _checked(graph, norm, None, *found, None, None, parameters=(*inputs[1:], epsilon))
+
+
 def _contraction(graph: EditableGraph, tensor: str):
     """(contraction, BiasAdd or None) when `tensor` is a float32 contraction's output, or its BiasAdd's."""
     node = graph.producer(tensor) if is_first_output(tensor) else None
@@ -58,26 +78,32 @@ def _contraction(graph: EditableGraph, tensor: str):
     return node, bias
 
 
-def _checked(graph: EditableGraph, add, mul, contraction, bias, scale: str, shift: str) -> Match | None:
+def _checked(graph: EditableGraph, add, mul, contraction, bias, scale: str | None, shift: str | None,
+             parameters: tuple = ()) -> Match | None:
+    """The Match of `contraction [-> bias] [-> mul] -> add`, scaled by `scale` and shifted by `shift` (or, for a
+    FusedBatchNorm `add`, by what its `parameters` (gamma, beta, mean, variance, epsilon) make), or why not."""
     weights = graph.weight_shape(contraction.input[1])
     if weights is None or graph.constant(contraction.input[1]) is not None:
         return None  # a constant filter is batchnorm.py's (a frozen graph)
-    if not (_from_weights(graph, scale) and _from_weights(graph, shift)):
+    if not parameters and not (_from_weights(graph, scale) and _from_weights(graph, shift)):
         return None  # a product with activations, not a per-channel scale
     channels = _output_channels(contraction, weights)
     if channels is None:
         return Match().fail(f"{contraction.op} '{contraction.name}' is not NHWC, or its filter's shape is unknown")
-    chain = [contraction] + ([bias] if bias is not None else []) + [mul]
+    chain = [contraction] + ([bias] if bias is not None else []) + ([mul] if mul is not None else [])
     if any(graph.is_kept(n) or len(graph.readers(n.name)) != 1 for n in chain):
         return Match().fail(f"a node between {contraction.op} '{contraction.name}' and '{add.name}' is read "
                             "elsewhere or fetched (it would see the scaled filter)")
-    for role, tensor in (("scale", scale), ("shift", shift)):
+    tensors = (("scale", scale), ("shift", shift)) if not parameters else \
+        [(role, t) for role, t in zip(("gamma", "beta", "mean", "variance"), parameters)]
+    for role, tensor in tensors:
         shape = graph.inferred_shape(tensor)
         if shape is None or None in shape or int(np.prod(shape)) != channels or (shape and shape[-1] != channels):
             return Match().fail(f"the {role} '{tensor}' is not one value per output channel of the {channels} "
                                 f"(shape {shape})")
-    return Match(nodes={"contraction": contraction, "mul": mul, "add": add, **({"bias": bias} if bias else {})},
-                 values={"scale": scale, "shift": shift, "channels": channels, "filter": tuple(weights)})
+    nodes = {"contraction": contraction, "add": add, **({"bias": bias} if bias else {}), **({"mul": mul} if mul else {})}
+    return Match(nodes=nodes, values={"scale": scale, "shift": shift, "parameters": parameters, "channels": channels,
+                                      "filter": tuple(weights)})
 
 
 def _from_weights(graph: EditableGraph, tensor: str) -> bool:
@@ -124,7 +150,7 @@ def rewrite_batchnorm_fused(graph: EditableGraph, match: Match) -> str:
 
 def _rewrite(graph: EditableGraph, match: Match, fused: bool) -> str:
     """Either rewrite; the Add keeps its name (what read it reads output 0), and the Mul and the old BiasAdd go."""
-    contraction, mul, add = match.nodes["contraction"], match.nodes["mul"], match.nodes["add"]
+    contraction, mul, add = match.nodes["contraction"], match.nodes.get("mul"), match.nodes["add"]
     bias, device, channels = match.nodes.get("bias"), contraction.device, match.values["channels"]
 
     def node(suffix: str, op: str, inputs, **types):
@@ -138,8 +164,16 @@ def _rewrite(graph: EditableGraph, match: Match, fused: bool) -> str:
         target = graph.add_constant(f"{contraction.name}/{suffix}_shape", np.array(shape, np.int32), device)
         return node(suffix, "Reshape", [tensor, target.name], Tshape=3)
 
-    scale = shaped(match.values["scale"], [channels], "bn_scale")
-    shift = shaped(match.values["shift"], [channels], "bn_shift")
+    if match.values["parameters"]:  # a FusedBatchNorm's: scale = gamma * rsqrt(variance + epsilon), shift = beta -
+        gamma, beta, mean, variance, epsilon = match.values["parameters"]  # mean * scale
+        eps = graph.add_constant(f"{contraction.name}/bn_epsilon", np.array(epsilon, np.float32), device)
+        norm_scale = node("bn_norm_scale", "Mul", [gamma, node("bn_rsqrt", "Rsqrt", [
+            node("bn_variance_plus", "AddV2", [variance, eps.name])])])
+        norm_shift = node("bn_norm_shift", "Sub", [beta, node("bn_mean_scaled", "Mul", [mean, norm_scale])])
+    else:
+        norm_scale, norm_shift = match.values["scale"], match.values["shift"]
+    scale = shaped(norm_scale, [channels], "bn_scale")
+    shift = shaped(norm_shift, [channels], "bn_shift")
     if bias is not None:
         shift = node("bn_bias", "AddV2", [node("bn_bias_scaled", "Mul", [bias.input[1], scale]), shift])
     add.attr.clear()
@@ -161,7 +195,7 @@ def _rewrite(graph: EditableGraph, match: Match, fused: bool) -> str:
         add.op = "BiasAdd"
         graph.set_inputs(add, [contraction.name, shift])
         done = "its filter scaled and a BiasAdd, at each call"
-    graph.remove([mul.name] + ([bias.name] if bias is not None else []))
+    graph.remove([n.name for n in (mul, bias) if n is not None])
     return f"the per-channel scale and shift after {contraction.op} '{contraction.name}' are now {done}"
 
 

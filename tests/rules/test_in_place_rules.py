@@ -240,3 +240,41 @@ def test_tensors_the_object_graph_restores_by_name_survive_the_rules(tmp_path):
     assert len(reasons) == 1 and "a tensor the object graph restores by name" in reasons[0], reasons
     assert [f.SerializeToString(deterministic=True) for f in meta_graph.graph_def.library.function] == \
         [f.SerializeToString(deterministic=True) for f in source.graph_def.library.function]
+
+
+@pytest.mark.parametrize("form", ["low", "float32"])
+def test_tf_keras_fused_batch_norms_fold_too(form, tmp_path):
+    """tf_keras' BatchNormalization is an inference FusedBatchNormV3 of its variables: after a Conv2D (with a bias)
+    and a depthwise convolution it becomes what TF fuses into them, and the outputs stay equal."""
+    import tf_keras
+    rules, _, _, convolutions = BATCH_NORM_FORMS[form]
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([
+        tf_keras.Input((12, 12, 8), name="x"), tf_keras.layers.Conv2D(8, 3, padding="same"),
+        tf_keras.layers.BatchNormalization(), tf_keras.layers.ReLU(),
+        tf_keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False), tf_keras.layers.BatchNormalization(),
+        tf_keras.layers.ReLU(6.0), tf_keras.layers.GlobalAveragePooling2D(), tf_keras.layers.Dense(5)])
+    rng = np.random.default_rng(1)
+    for weight in model.weights:
+        if "variance" in weight.name or "gamma" in weight.name:
+            weight.assign(rng.uniform(0.5, 1.5, weight.shape))
+        elif len(weight.shape) == 1:
+            weight.assign(rng.normal(0.0, 0.5, weight.shape))
+    tf.saved_model.save(model, str(tmp_path / "source"))
+    copy, records = _canonical_copy(tmp_path / "source", tmp_path, rules)
+    # (tf.saved_model.save keeps each layer's own call functions too: the two layers are folded in each)
+    folded = {r.node.split("/")[-2] for r in records if r.rule in ("batchnorm_into_filter", "batchnorm_fused")
+              and r.applied}
+    assert len(folded) == 2, folded
+
+    x = tf.constant(np.random.default_rng(0).normal(size=(2, 12, 12, 8)), tf.float32)
+    signature = tf.saved_model.load(str(copy)).signatures["serving_default"]
+    kernels = {(n.op.replace("_MklNative", "_"), tuple(s.decode() for s in n.attr["fused_ops"].list.s))
+               for n in executed_nodes(signature, x=x)}
+    conv = ("_FusedConv2D", ("BiasAdd", "Relu")) if form == "low" else ("_FusedConv2D", ("FusedBatchNorm", "Relu"))
+    assert {conv, ("_FusedDepthwiseConv2dNative", ("BiasAdd", "Relu6"))} <= kernels, kernels
+    assert not {op for op, _ in kernels} & {"_FusedBatchNormV3", "FusedBatchNormV3", "_MklFusedBatchNormV3"}
+    before = tf.saved_model.load(str(tmp_path / "source")).signatures["serving_default"](x=x)
+    for key, value in before.items():
+        scale = np.abs(value.numpy()).max()
+        assert scale > 0.1 and np.abs(signature(x=x)[key].numpy() - value.numpy()).max() <= 1e-5 * scale
