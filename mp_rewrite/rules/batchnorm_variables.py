@@ -28,6 +28,7 @@ from .record import Match
 
 CONTRACTIONS = ("Conv2D", "DepthwiseConv2dNative", "MatMul")
 FUSED_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")  # tf_keras' inference BatchNormalization
+FOLDED = "_mp_rewrite_folded_batch_norm"  # marks the FusedBatchNorm a rewrite wrote, which is not folded again
 RESOURCE = 20  # types_pb2.DT_RESOURCE
 
 
@@ -55,7 +56,8 @@ def _fused_norm(graph: EditableGraph, norm) -> Match | None:
     """An inference FusedBatchNorm of a contraction's output whose parameters are variables (or constants), of
     which only the normalized output is read."""
     inputs = graph.data_inputs(norm)
-    if len(inputs) != 5 or norm.attr["is_training"].b or norm.attr["data_format"].s not in (b"", b"NHWC"):
+    if len(inputs) != 5 or FOLDED in norm.attr or norm.attr["is_training"].b \
+            or norm.attr["data_format"].s not in (b"", b"NHWC"):
         return None
     if graph.is_kept(norm) or any(t.split(":")[0] == norm.name and not is_first_output(t)
                                   for reader in graph.readers(norm.name) for t in graph.data_inputs(reader)):
@@ -213,6 +215,7 @@ def _as_fused_batch_norm(graph: EditableGraph, node, contraction, scale: str, sh
     node.attr["epsilon"].f = 0.0
     node.attr["is_training"].b = False
     node.attr["exponential_avg_factor"].f = 1.0
+    node.attr[FOLDED].b = True
     graph.set_inputs(node, [contraction.name, scale, shift, mean.name, variance.name])
 
 
