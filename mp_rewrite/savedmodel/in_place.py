@@ -79,8 +79,9 @@ def rules_before_pass(meta_graph, options, keys=None) -> tuple[object, dict]:
 
 
 def rules_after_pass(result, records: dict, options, keys=None) -> None:
-    """With the cost assignment, move the Casts the pass inserted where they cost less (rules.PLACEMENT_RULES) in
-    `result.meta_graph_def`, and give each function's RewriteResult its rules' records (what convert prints)."""
+    """With the cost assignment, the rules that follow the pass (rules.PLACEMENT_RULES: Casts moved where they cost
+    less, a BatchNorm of a Conv2D the pass left float32 as the FusedBatchNorm TF fuses into it) in
+    `result.meta_graph_def`, and each function's RewriteResult given its rules' records (what convert prints)."""
     if options.assign != "cost":
         return
     result.meta_graph_def, placed = canonicalize_library(result.meta_graph_def, keys, PLACEMENT_RULES)
