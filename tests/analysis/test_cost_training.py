@@ -3,7 +3,8 @@ once and is measured -- the step itself (forward, backward and update) in sessio
 then the cut raced as it runs -- across its next calls or at once (finish_measuring); the decision is swapped in,
 cached for the next process; the caller's variables are untouched by the measuring, the step runs, and every
 candidate's Reason carries the numbers. A step that cannot run that way is priced from the op table, and the log
-says why; a distributed step (collective ops) is not measured."""
+says why. A distributed step (collective ops) is recognized here; how one job measures it once and every worker
+runs that decision is tests/training/test_job_decision.py's and test_multi_worker.py's."""
 
 import json
 import logging
