@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from tensorflow.python.eager import context  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from multi_worker_default_script import GLOBAL_BATCH, SHAPE, digest, make_model, step_name  # noqa: E402
+from multi_worker_default_script import GLOBAL_BATCH, SHAPE, digest, make_model, make_step, step_name  # noqa: E402
 
 from mp_rewrite.training import api as training  # noqa: E402
 from mp_rewrite.training import deferred  # noqa: E402
@@ -47,15 +47,7 @@ def main():
         lambda ctx: tf.constant(a[ctx.replica_id_in_sync_group * half:][:half]))
     xs, ys = parts(x), parts(y)
 
-    @tf.function
-    def step(x, y):
-        def replica_fn(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(tf.square(model(x, training=True) - y),
-                                                  global_batch_size=GLOBAL_BATCH)
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-            return loss
-        return strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
+    step = make_step(strategy, model, opt)
 
     ran, losses = [], []
     for _ in range(STEPS):

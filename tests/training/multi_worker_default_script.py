@@ -55,6 +55,21 @@ def make_model():
                              L.GlobalAveragePooling2D(), L.Dense(1)])
 
 
+def make_step(strategy, model, opt):
+    """The distributed training step both scripts run: a squared error averaged over GLOBAL_BATCH, summed across
+    replicas."""
+    @tf.function
+    def step(x, y):
+        def replica_fn(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(tf.square(model(x, training=True) - y),
+                                                  global_batch_size=GLOBAL_BATCH)
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+        return strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
+    return step
+
+
 def step_name(step, *args) -> str:
     """The name of the step's function in the eager context (its concrete function's, which the rewrite keeps)."""
     name = step.get_concrete_function(*args).name
@@ -83,15 +98,7 @@ def main():
     y = (x.sum(axis=(1, 2, 3)) > 0).astype("float32")[:, None]
     per_replica = GLOBAL_BATCH // strategy.num_replicas_in_sync
 
-    @tf.function
-    def step(x, y):
-        def replica_fn(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(tf.square(model(x, training=True) - y),
-                                                  global_batch_size=GLOBAL_BATCH)
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-            return loss
-        return strategy.reduce("SUM", strategy.run(replica_fn, args=(x, y)), axis=None)
+    step = make_step(strategy, model, opt)
 
     def share(a, i):
         return strategy.experimental_distribute_values_from_function(
