@@ -129,9 +129,8 @@ def _variables(graph: EditableGraph, region: list, x: str) -> dict:
 def _channels(graph: EditableGraph, region: list, variables: dict) -> int | None:
     """The size of the normalized axis, when shape inference does not know it, from a per-channel constant or
     variable."""
-    shapes = [graph.constant(t).shape for node in region for t in graph.data_inputs(node)
-              if graph.constant(t) is not None] + list(variables.values())
-    for shape in shapes:
+    constants = (graph.constant(t) for node in region for t in graph.data_inputs(node))
+    for shape in [value.shape for value in constants if value is not None] + list(variables.values()):
         size = int(np.prod(shape))
         if size > 1 and shape[-1] == size:
             return size
