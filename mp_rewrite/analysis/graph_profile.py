@@ -44,6 +44,12 @@ from .run_times import counted_once, executed_kernels, executed_names, run_times
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
 RACE_RUNS = 9  # untraced runs of each variant when the cut's graph is checked against the lists' and float32
+# Without a batch size from the user, the variants are raced at each of these (where an input's batch is unknown)
+# and the one best across them is kept: a model is served at batches nobody told the conversion.
+RACE_BATCHES = (1, 8, 32)
+# A variant slower than float32 by more than this at any raced batch is out (beyond the noise of a median of a
+# few untraced runs): the default conversion is never slower than float32 at a batch it measured.
+SLOWER = 0.03
 INLINED_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # what a TF1 session inlines
 MAX_PREFIXES = 8  # call sites followed per function
 PROFILE_LIMIT = 2**30  # bytes of weights above which nothing is profiled: every variant run holds its own copy
@@ -83,7 +89,7 @@ def profileable(graph_def, inputs) -> str:
 
 
 def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch: int | None = None,
-                  runs: int = RUNS, progress=None, refresh: bool = False) -> Profile:
+                  runs: int = RUNS, progress=None, refresh: bool = False, batches=()) -> Profile:
     """Measure the cost table of one self-contained graph (a frozen signature) by running it in float32 and as the
     lists make it.
 
@@ -98,21 +104,25 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
         runs: traced runs of each variant.
         progress: optional callable (done, total).
         refresh: measure even when the cache holds this graph's costs (and cache the new ones).
+        batches: the batch sizes the variants are raced at, to keep the one best across them (RACE_BATCHES when
+            the user gave none); () races at `batch` alone, and only a cut that differs from the lists.
 
     Returns:
         A Profile.
     """
     from ..core.rewrite import rewrite_graph_def
     specs = [(spec.dtype.as_datatype_enum, spec.shape.as_list()) for spec, _ in inputs]
-    feeds = {name: value for (_, name), value in zip(inputs, made_up_values(specs, batch))}
+    feeds_at = _feeds_at([name for _, name in inputs], specs)
     return _profile(graph_def, lambda opts: rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve,
                                                               options=opts),
-                    lambda result: Runner.of_graph(result.graph_def if result else graph_def, feeds, fetches),
-                    [specs, fetches], {MAIN: [""]}, options, machine, batch, runs, progress, refresh, fetches)
+                    lambda result: Runner.of_graph(result.graph_def if result else graph_def, feeds_at(batch),
+                                                   fetches),
+                    [specs, fetches], {MAIN: [""]}, options, machine, batch, runs, progress, refresh, fetches,
+                    batches=_distinct(batches, feeds_at))
 
 
 def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,
-                        runs: int = RUNS, progress=None) -> Profile:
+                        runs: int = RUNS, progress=None, batches=()) -> Profile:
     """Measure the cost table of a SavedModel's MetaGraph (its main graph and every function body its signatures
     call) by running it as it is and as the lists rewrite it in place, each loaded in a TF1 session (which inlines
     the function calls: a body node is timed under its call nodes' names, "StatefulPartitionedCall_1/.../name").
@@ -123,7 +133,7 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
         inputs: signature input tensor name -> (dtype enum, shape with None for unknown dimensions); random values
             are fed (an unknown dimension is `batch`, default 1).
         fetches: the signature output tensor names to run.
-        options, machine, batch, runs, progress: as for profile_costs.
+        options, machine, batch, runs, progress, batches: as for profile_costs.
 
     Returns:
         A Profile.
@@ -131,7 +141,7 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
     import tempfile
     from ..core.rewrite import rewrite_meta_graph_def
     export_dir = os.path.abspath(export_dir)  # the rewritten copies link to its variables
-    feeds = dict(zip(inputs, made_up_values(list(inputs.values()), batch)))
+    feeds_at = _feeds_at(list(inputs), list(inputs.values()))
     tags = list(meta_graph.meta_info_def.tags)
     with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as work:
         def run(result):
@@ -140,10 +150,10 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
             # would be timed under names (and function names) the rewritten graph does not have.
             graph = result.meta_graph_def if result else meta_graph
             return Runner.of_saved_model(saved_model_copy(export_dir, graph, tempfile.mkdtemp(dir=work)), tags,
-                                         feeds, fetches)
+                                         feeds_at(batch), fetches)
         return _profile(meta_graph.graph_def, lambda opts: rewrite_meta_graph_def(meta_graph, options=opts), run,
                         [inputs, fetches], _inlined_prefixes(meta_graph.graph_def), options, machine, batch, runs,
-                        progress, False, fetches)
+                        progress, False, fetches, batches=_distinct(batches, feeds_at))
 
 
 def profile_body(body, args, options, signatures, machine, batch: int | None = None, runs: int = RUNS,
@@ -200,16 +210,16 @@ def body_profileable(graph_def, args) -> str:
 
 
 def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, batch, runs, progress, refresh,
-             fetches, racer=None) -> Profile:
+             fetches, racer=None, batches=None) -> Profile:
     """What every front end does: rewrite with the lists (`rewrite(options)` -> RewriteResult), run float32 and the
     lists' variant (`run(None or RewriteResult)` -> Runner) traced, build the table, race the cut if it differs
-    (in those sessions, or as `racer(None or RewriteResult)` runs each variant), else time the two untraced, and
-    cache the outcome, with what the runs measured (run_times.RunTimes), under a key of both graphs and
-    `key_parts`."""
+    (in those sessions, or as `racer(None or RewriteResult)` runs each variant) -- or, given `batches` ({batch
+    size: feeds}, two or more), race the variants at each batch size and keep the best across them -- and cache
+    the outcome, with what the runs measured (run_times.RunTimes), under a key of both graphs and `key_parts`."""
     lists = rewrite(_lists(options))
     # The model is timed here, under this process's oneDNN settings, whatever machine table prices its casts.
     key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), *key_parts, batch, runs,
-                      machine.machine, machine.precision, racer is not None, onednn_settings())
+                      machine.machine, machine.precision, racer is not None, onednn_settings(), sorted(batches or ()))
     cached = None if refresh else _cached(key)
     if cached is not None:
         return cached
@@ -221,16 +231,20 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
         table = _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches)
         cut = rewrite(dataclasses.replace(options, assign="cost", costs=table))
 
-        def racing():  # the float32, lists and cut runners to race (closed on the way out)
+        def racing(with_cut=True):  # the float32, lists and cut runners to race (closed on the way out)
             if racer is None:
-                runners.append(run(cut))
+                if with_cut:
+                    runners.append(run(cut))
                 return runners
             while runners:  # done with: their copies of the variables go before the racers make theirs
                 runners.pop().close()
             for result in (None, lists, cut):
                 runners.append(racer(result))
             return runners
-        table, raced = _checked(table, cut, racing, "" if racer is None else " as the function runs")
+        if batches and len(batches) > 1:
+            table, raced = _chosen_across(table, cut, racing, batches, batch)
+        else:
+            table, raced = _checked(table, cut, racing, "" if racer is None else " as the function runs")
         names = [executed_names(graph_def, prefixes), executed_names(lists.graph_def, prefixes)]
         measured = run_times([r.samples for r in traced], names, kernels, _medians(walls),
                              tuple(min(r.walls) for r in traced), raced)
@@ -253,8 +267,29 @@ class _Recorded:
             self.runner.run()
             self.walls.append((time.perf_counter() - begin) * 1e3)
 
+    def feed(self, feeds) -> None:
+        self.runner.feed(feeds)
+
     def close(self) -> None:
         self.runner.close()
+
+
+def _feeds_at(names, specs):
+    """feeds_at(batch) -> {input name: made-up value} with an unknown dimension at that batch size."""
+    return lambda batch: dict(zip(names, made_up_values(specs, batch)))
+
+
+def _distinct(batches, feeds_at) -> dict:
+    """{batch size: feeds} for each of `batches` whose inputs differ in shape from the smaller ones' (an input of
+    fixed batch has one)."""
+    found, shapes = {}, set()
+    for batch in sorted(batches):
+        feeds = feeds_at(batch)
+        key = tuple(np.shape(v) for v in feeds.values())
+        if key not in shapes:
+            shapes.add(key)
+            found[batch] = feeds
+    return found
 
 
 def _lists(options):
@@ -278,17 +313,83 @@ def _checked(table, cut, racing, where: str) -> tuple:
     lists' graph and float32 (`racing()` -> their three runners); if one of those runs faster by more than the
     timing resolves, the table says so, and the assignment keeps that one (core.assignment: a prediction is checked
     against the run). Returns (table, the raced (float32, lists, cut) ms, or ())."""
-    from ..core.assignment import RESOLUTION
     demoted = sum(len(r.assignment.demoted) for r in (cut, *cut.functions.values()) if r.assignment)
     if not demoted or not table.low_units:
         return table, ()
-    fp32_ms, lists_ms, cut_ms = race(racing(), RACE_RUNS)
+    raced = race(racing(), RACE_RUNS)
+    return verdict(table, raced, where), tuple(raced)
+
+
+def verdict(table, raced, where: str = "") -> CostTable:
+    """The table with what one race showed (raced: float32, lists, cut ms per run): float32 or the lists kept when
+    one ran faster than the cut by more than the timing resolves."""
+    from ..core.assignment import RESOLUTION
+    fp32_ms, lists_ms, cut_ms = raced
     ran = f"ran{where} float32 {fp32_ms:.1f} ms, the lists {lists_ms:.1f} ms, the cut {cut_ms:.1f} ms per run"
     best = min(("float32", fp32_ms), ("lists", lists_ms), key=lambda c: c[1])
     if best[1] < (1 - RESOLUTION) * cut_ms:
-        return dataclasses.replace(table, keep=best[0], note=f"{table.note}; {ran}: {best[0]} kept"), \
-            (fp32_ms, lists_ms, cut_ms)
-    return dataclasses.replace(table, note=f"{table.note}; {ran}"), (fp32_ms, lists_ms, cut_ms)
+        return dataclasses.replace(table, keep=best[0], note=f"{table.note}; {ran}: {best[0]} kept")
+    return dataclasses.replace(table, note=f"{table.note}; {ran}")
+
+
+def _chosen_across(table, cut, racing, batches: dict, batch) -> tuple:
+    """The table with the variant best across several batch sizes (`batches`: {batch size: feeds}): float32, the
+    lists and the cut (the lists alone when the cut is theirs) raced at each, untraced, in the sessions of the
+    traced runs, and `best_across` choosing. Returns (table, the raced (float32, lists, cut) ms at `batch`, the
+    batch the costs were measured at)."""
+    if not table.low_units:
+        return table, ()
+    with_cut = any(r.assignment.demoted for r in (cut, *cut.functions.values()) if r.assignment)
+    runners = racing(with_cut)
+    ms = {}
+    for size, feeds in batches.items():
+        for runner in runners:
+            runner.feed(feeds)
+        ms[size] = race(runners, _race_runs(size, batch))
+        if not with_cut:
+            ms[size].append(ms[size][1])
+    keep, said = best_across(ms, with_cut)
+    table = dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}")
+    return table, tuple(ms[batch]) if batch in ms else ()
+
+
+def best_across(ms: dict, with_cut: bool = True) -> tuple:
+    """Which variant to keep, given each one's ms per run at several batch sizes ({batch: [float32, lists, cut]}):
+    a variant slower than float32 by more than SLOWER at any batch is out; of the rest, the one whose time over
+    float32's has the least geometric mean across the batches wins -- the cut, unless another gains more than
+    RESOLUTION on it. A batch float32 could not run at (infinite) is left out. Without a cut of its own
+    (`with_cut` False: it is the lists'), the choice is between float32 and the lists.
+
+    Returns:
+        (keep, line): the table's `keep` ("" for the cut, or "lists", "float32") and what the race showed.
+    """
+    from ..core.assignment import RESOLUTION
+    failed = [b for b, t in ms.items() if not np.isfinite(t[0])]
+    ms = {b: t for b, t in ms.items() if b not in failed}
+    names = ("float32", "lists", "cut") if with_cut else ("float32", "lists")
+    if not ms:
+        return "float32", f"float32 did not run at batch {', '.join(map(str, failed))}: float32 kept"
+    ratio = {v: [t[i] / t[0] for t in ms.values()] for i, v in enumerate(names)}
+    score = {v: float(np.exp(np.mean(np.log(r)))) for v, r in ratio.items() if max(r) <= 1 + SLOWER}
+    best = min(score, key=score.get)
+    mine = names[-1]  # what the assignment keeps without a `keep`: the cut, or the lists when they are the cut
+    if mine in score and score[mine] <= (1 + RESOLUTION) * score[best]:
+        best = mine
+    each = "; ".join(f"{v if v == 'float32' else 'the ' + v} " + " / ".join(f"{t[i]:.1f}" for t in ms.values())
+                     for i, v in enumerate(names))
+    slowest = {v: max(zip(r, ms)) for v, r in ratio.items() if v not in score}  # (ratio, batch) at its worst
+    out = [f"the {v} {r:.2f}x float32's time at batch {b}" for v, (r, b) in slowest.items()]
+    said = (f"raced at batch {', '.join(map(str, ms))} ({each} ms per run): "
+            f"{best if best == 'float32' else 'the ' + best} kept, the best across them"
+            + (f" ({', '.join(out)}: out; --batch-size N chooses for one batch)" if out else "")
+            + (f"; float32 did not run at batch {', '.join(map(str, failed))}" if failed else ""))
+    return ("" if best == mine else best), said
+
+
+def _race_runs(size: int, batch) -> int:
+    """Untraced runs of each variant at a batch size: RACE_RUNS at the measured batch, more at a smaller one (a run
+    is short, its time noisier), fewer (at least 5) at a larger one."""
+    return int(min(3 * RACE_RUNS, max(5, RACE_RUNS * (batch or 1) // size)))
 
 
 def _saved(key: str, table: CostTable, walls) -> Profile:

@@ -110,9 +110,14 @@ class Runner:
         from .execution import tensor_name
         graph = session.graph
         self.session = session
-        self.feed_dict = {graph.get_tensor_by_name(tensor_name(k)): v for k, v in feeds.items()}
+        self.feed(feeds)
         self.fetches = [graph.get_tensor_by_name(tensor_name(f)) for f in fetches]
         self.fetches += [graph.get_operation_by_name(t) for t in targets]
+
+    def feed(self, feeds) -> None:
+        """Run on these inputs from now on ({name: value}, as given to the constructor)."""
+        from .execution import tensor_name
+        self.feed_dict = {self.session.graph.get_tensor_by_name(tensor_name(k)): v for k, v in feeds.items()}
 
     @classmethod
     def of_graph(cls, graph_def, feeds, fetches, targets=(), init=None) -> "Runner":

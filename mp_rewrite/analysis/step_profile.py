@@ -19,9 +19,8 @@ import time
 
 import numpy as np
 
-from ..core.assignment import RESOLUTION
 from .graph_costs import MAIN, measure_casts
-from .graph_profile import RACE_RUNS, RUNS, Profile, _lists, _saved, _table
+from .graph_profile import RACE_RUNS, RUNS, Profile, _lists, _saved, _table, verdict
 from .graph_runs import WARMUP, FunctionRunner, Runner, VariantError, _run_variant, variant_name
 from .profile_cache import graph_bytes, load, profile_key
 
@@ -103,7 +102,7 @@ class StepMeasure:
         demoted = sum(len(r.assignment.demoted) for r in (cut, *cut.functions.values()) if r.assignment)
         if (demoted or self.traced is not None) and table.low_units:
             ms = yield from self._race(args, cut)
-            table = _verdict(table, ms)
+            table = verdict(table, ms, " as the function runs")
         return _saved(self.key, table, walls)
 
     def _rewrite(self, options, body=None):
@@ -172,15 +171,3 @@ def _traced_run(runner, index: int, samples: dict, walls: list) -> None:
         for stat in device.node_stats:
             ms = (stat.op_end_rel_micros - stat.op_start_rel_micros) / 1e3
             samples.setdefault(stat.node_name.split(":")[0], []).append(ms)
-
-
-def _verdict(table, ms):
-    """The table with what the race showed (graph_profile._checked's verdict): float32 or the lists kept when one
-    ran faster than the cut by more than the timing resolves."""
-    fp32_ms, lists_ms, cut_ms = ms
-    ran = (f"ran as the function runs float32 {fp32_ms:.1f} ms, the lists {lists_ms:.1f} ms, the cut {cut_ms:.1f} ms "
-           "per run")
-    best = min(("float32", fp32_ms), ("lists", lists_ms), key=lambda c: c[1])
-    if best[1] < (1 - RESOLUTION) * cut_ms:
-        return dataclasses.replace(table, keep=best[0], note=f"{table.note}; {ran}: {best[0]} kept")
-    return dataclasses.replace(table, note=f"{table.note}; {ran}")

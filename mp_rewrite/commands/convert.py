@@ -12,7 +12,7 @@ from rich.table import Table
 
 from .list_options import add_assign_options, add_list_options, assign_from_args, options_from_args, say_assignment
 from .model_options import add_tag_set_option, saved_model_path, say
-from .verify import (add_verify_options, check_verify_options, progress_bar, run_verification,
+from .verify import (add_verify_options, check_verify_options, made_up_batch, progress_bar, run_verification,
                      stdout_console)
 
 TOP_ROWS = 15  # functions listed in the table; the rest are summed in one line
@@ -180,7 +180,7 @@ def _convert(args, options, runs: dict | None = None):
 
     def keep(tags, key, run):
         runs[tags_key(tags), key] = run
-    recipe = input_recipe(args.inputs, batch_size=args.batch_size, dim=args.dim, input_shapes=args.input_shapes,
+    recipe = input_recipe(args.inputs, batch_size=made_up_batch(args), dim=args.dim, input_shapes=args.input_shapes,
                           seed=args.seed)
     finishing = "estimating FLOPs, writing, running the written copy" if args.run_check else \
         "estimating FLOPs, writing"
@@ -198,7 +198,7 @@ def _tune(args, options):
     with progress_bar("tuning") as progress:
         tuned = tune_saved_model(args.source, args.output, options=options, freeze=args.freeze,
                                  overwrite=args.overwrite, inputs=args.inputs, seed=args.seed,
-                                 batch_size=args.batch_size, tag_set=args.tag_set,
+                                 batch_size=made_up_batch(args), tag_set=args.tag_set,
                                  signatures=args.signature or None, weights=args.weights, progress=progress,
                                  allow_opaque_xla=args.allow_opaque_xla)
     stdout_console().print(tuned.summary(), soft_wrap=True)
@@ -241,7 +241,7 @@ def _run_guard(args, keep):
     from ..guard.saved_model import guard_saved_model
     options = options_from_args(args, keep)
     guarded = guard_saved_model(args.source, args.inputs, args.signature[0] if args.signature else None,
-                                args.precision, args.rtol, args.atol, batch_size=args.batch_size, seed=args.seed,
+                                args.precision, args.rtol, args.atol, batch_size=made_up_batch(args), seed=args.seed,
                                 tag_set=args.tag_set, device=args.device, keep_fp32=keep, force_low=args.force_low,
                                 lists=options.lists)
     stdout_console().print(guarded.result.summary(), soft_wrap=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import ModelError
+from ..savedmodel.inputs import DEFAULT_BATCH
 from .accuracy_guard import GuardResult, exact_patterns, guard
 from .result import write_overrides
 
@@ -70,7 +71,7 @@ def body_nodes(kept, graph_def) -> tuple:
 
 
 def guard_saved_model(source, inputs=None, signature: str | None = None, precision: str = "float16",
-                      rtol: float | None = None, atol: float | None = None, *, batch_size: int = 2, seed: int = 0,
+                      rtol: float | None = None, atol: float | None = None, *, batch_size: int = DEFAULT_BATCH, seed: int = 0,
                       tag_set=None, **rewrite_options) -> SavedModelGuard:
     """Run the accuracy guard on one signature of a SavedModel.
 

@@ -28,6 +28,7 @@ from ..errors import ModelError, OptionError
 # DataType enums random inputs are made for: floating, integer and bool (types_pb2 values).
 FEEDABLE_DTYPES = frozenset({1, 2, 19, 14, 3, 4, 5, 6, 9, 17, 22, 23, 10})  # float double half bfloat16 int* uint* bool
 
+DEFAULT_BATCH = 2  # an undefined batch dimension in made-up inputs, unless --batch-size says
 DEFAULT_DIM = 16
 DEFAULT_ID_LIMIT = 1000
 _OUT_OF_RANGE = re.compile(r"is not in \[0, (\d+)\)")
@@ -52,7 +53,7 @@ def parse_input_shapes(text: str | None) -> dict:
     return shapes
 
 
-def check_input_options(*, inputs=None, seed: int = 0, batch_size: int = 2, dim: int = DEFAULT_DIM,
+def check_input_options(*, inputs=None, seed: int = 0, batch_size: int = DEFAULT_BATCH, dim: int = DEFAULT_DIM,
                         input_shapes: str | None = None, rtol=None, atol=None) -> None:
     """Check the options of verification before anything is converted or written.
 
@@ -80,13 +81,13 @@ class InputRecipe:
     batch dimensions `batch_size`, other undefined ones `dim`, and `shapes` ({name: shape}) where given."""
 
     given: dict = dataclasses.field(default_factory=dict)
-    batch_size: int = 2
+    batch_size: int = DEFAULT_BATCH
     dim: int = DEFAULT_DIM
     shapes: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
 
 
-def input_recipe(inputs=None, *, batch_size: int = 2, dim: int = DEFAULT_DIM, input_shapes=None,
+def input_recipe(inputs=None, *, batch_size: int = DEFAULT_BATCH, dim: int = DEFAULT_DIM, input_shapes=None,
                  seed: int = 0) -> InputRecipe:
     """An InputRecipe from the options as the CLI and the API take them, checked once.
 

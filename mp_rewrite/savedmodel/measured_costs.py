@@ -29,6 +29,13 @@ def measured_batch(options) -> int:
     return options.costs.batch or MEASURED_BATCH
 
 
+def raced_batches(options) -> tuple:
+    """The batch sizes the variants are raced at to choose among them: without --batch-size, RACE_BATCHES (the
+    best across them is kept); with it, that one alone."""
+    from ..analysis.graph_profile import RACE_BATCHES
+    return () if options.costs.batch else RACE_BATCHES
+
+
 def measuring(options) -> bool:
     """Whether the conversion's costs are this machine's, to be measured (not a file's, not the lists)."""
     costs = options.costs
@@ -48,7 +55,7 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict):
         return _op_table(options, _with_variable_shapes(graph_def, frozen.variables), fetches, why)
     try:
         profile = profile_costs(graph_def, frozen.inputs, fetches, options, fed, options.costs,
-                                measured_batch(options))
+                                measured_batch(options), batches=raced_batches(options))
     except VariantError as e:
         return _without_failed(options, graph_def, fetches, e)
     return dataclasses.replace(options, costs=profile.table)
@@ -80,7 +87,7 @@ def in_place_costs(options, source_dir, meta_graph, keys=None):
                          f"the {PROFILE_LIMIT / 2**30:.0f} GiB profiled (it would be loaded twice)")
     try:
         profile = profile_saved_model(str(source_dir), meta_graph, inputs, list(dict.fromkeys(fetches)), options,
-                                      options.costs, measured_batch(options))
+                                      options.costs, measured_batch(options), batches=raced_batches(options))
     except VariantError as e:
         return _without_failed(options, meta_graph.graph_def, graph_fetches, e)
     except Exception as e:  # noqa: BLE001 -- whatever TF's session loader refuses: the op table serves

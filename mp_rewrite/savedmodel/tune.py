@@ -35,6 +35,7 @@ from ..model.tags import load_tags, parse_tag_set, single_meta_graph
 from ..errors import ModelError
 from ..model.files import read_saved_model
 from .convert import check_conversion, convert_saved_model
+from .inputs import DEFAULT_BATCH
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 from .run_check import RunFailure
@@ -86,7 +87,7 @@ def _candidate_lists(name: str, base):
 
 def tune_saved_model(source, output, precision: str = "bfloat16", *, options=None, freeze: bool = False,
                      overwrite: bool = False, lists=None, rounds: int = 5, calls: int = 3, inputs=None, seed: int = 0,
-                     batch_size: int = 2, tag_set=None, signatures=None, weights: str = "keep", progress=None,
+                     batch_size: int = DEFAULT_BATCH, tag_set=None, signatures=None, weights: str = "keep", progress=None,
                      allow_opaque_xla: bool = False, **rewrite_options):
     """Convert each candidate, time and verify it here, and write the fastest that verifies to `output`.
 

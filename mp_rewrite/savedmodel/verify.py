@@ -23,7 +23,7 @@ from ..model.files import read_saved_model
 from ..model.runtime import load_saved_model
 from ..model.signatures import check_signature_keys, require_signatures
 from ..model.tags import load_tags, parse_tag_set, single_meta_graph
-from .inputs import (DEFAULT_DIM, DEFAULT_ID_LIMIT, InputRecipe, check_given_keys, check_input_options,
+from .inputs import (DEFAULT_BATCH, DEFAULT_DIM, DEFAULT_ID_LIMIT, InputRecipe, check_given_keys, check_input_options,
                      id_limit_from_error, load_inputs, missing_inputs, parse_input_shapes, signature_inputs)
 
 # --------------------------------------------------------------------------------------------- SavedModels
@@ -144,7 +144,7 @@ def function_identity(function) -> tuple:
     return fdef.SerializeToString(deterministic=True), tuple(id(t) for t in function.captured_inputs)
 
 
-def verify_saved_models(original, converted, *, signatures=None, inputs=None, batch_size: int = 2, seed: int = 0,
+def verify_saved_models(original, converted, *, signatures=None, inputs=None, batch_size: int = DEFAULT_BATCH, seed: int = 0,
                         rtol: float | None = None, atol: float | None = None, precision: str | None = None,
                         input_shapes: str | dict | None = None, dim: int = DEFAULT_DIM, tag_set=None,
                         progress=None, converted_runs: dict | None = None) -> VerifyReport:

@@ -12,7 +12,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from mp_rewrite.analysis.graph_profile import _fused_into, _inlined_prefixes, profile_saved_model, profileable  # noqa: E402,E501
+from mp_rewrite.analysis.graph_profile import (_fused_into, _inlined_prefixes, best_across, profile_saved_model,  # noqa: E402
+                                              profileable)
 from mp_rewrite.analysis.op_costs import this_machine  # noqa: E402
 from mp_rewrite.commands.list_options import predicted  # noqa: E402
 from mp_rewrite.core.options import make_options  # noqa: E402
@@ -83,6 +84,44 @@ def test_a_conversion_with_costs_measured_in_the_model_verifies_and_keeps_its_si
         assert "every op stays float32" in p["note"] and not result.converted_nodes
     assert set(tf.saved_model.load(str(out)).signatures) == set(tf.saved_model.load(str(small_cnn)).signatures)
     assert verify_saved_models(str(small_cnn), str(out), precision="bfloat16", batch_size=4).passed
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_without_a_batch_size_the_variants_are_raced_at_three_and_the_best_across_them_kept(small_cnn, tmp_path,
+                                                                                          freeze):
+    costs = this_machine("bfloat16")
+    if not costs.low_units:
+        pytest.skip("without bfloat16 units nothing is measured or raced")
+    assert costs.batch is None
+    result = convert_saved_model(small_cnn, tmp_path / "out", "bfloat16", assign="cost", costs=costs, freeze=freeze)
+    p = predicted(next(iter(result.graphs.values())))
+    assert "at batch 8 (" in p["source"] and "raced at batch 1, 8, 32 (float32 " in p["source"], p["source"]
+    kept = p["source"].split("raced at batch")[1]
+    if "float32 kept" in kept:
+        assert p["demoted"] == p["candidates"]
+    elif "the lists kept" in kept:
+        assert p["demoted"] == 0
+    else:
+        assert "the cut kept" in kept and p["cost"] <= min(p["lists_cost"], p["fp32_cost"]) + 1e-9
+    assert verify_saved_models(str(small_cnn), str(tmp_path / "out"), precision="bfloat16").passed
+
+
+def test_the_best_across_batches_is_never_slower_than_float32_at_one_and_keeps_the_cut_within_resolution():
+    inf = float("inf")
+    # The cut is best on the geometric mean, though the lists win at batch 32: the cut stays.
+    assert best_across({1: [1.0, 0.98, 0.97], 8: [10, 6, 5.5], 32: [40, 22, 23]})[0] == ""
+    # The lists gain more than the resolution on the cut across the batches: the lists.
+    assert best_across({1: [1.0, 0.8, 0.99], 8: [10, 5.5, 5.6], 32: [40, 20, 23]})[0] == "lists"
+    # A variant 10% slower than float32 at batch 1 is out, however fast at 8 and 32; the line says where.
+    keep, line = best_across({1: [1.0, 1.1], 8: [10, 6], 32: [40, 22]}, with_cut=False)
+    assert keep == "float32" and "the lists 1.10x float32's time at batch 1: out" in line, line
+    # Without a cut of its own the lists are what the assignment keeps: no `keep` needed.
+    assert best_across({1: [1.0, 0.9], 8: [10, 6]}, with_cut=False)[0] == ""
+    # Within the noise of float32 everywhere, nothing gained or lost: the cut stays.
+    assert best_across({1: [1.0, 1.02, 1.01], 8: [10, 10.1, 10.0]})[0] == ""
+    # A batch float32 cannot run at is left out, and said.
+    keep, line = best_across({1: [inf, 1.0, 2.0], 8: [10, 6, 5.5]})
+    assert keep == "" and "float32 did not run at batch 1" in line and "raced at batch 8 (" in line, line
 
 
 def test_a_model_converted_again_here_reuses_its_measured_costs_and_the_same_choice(small_cnn, tmp_path):
