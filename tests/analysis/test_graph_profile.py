@@ -106,15 +106,18 @@ def test_without_a_batch_size_the_variants_are_raced_at_three_and_the_best_acros
     assert verify_saved_models(str(small_cnn), str(tmp_path / "out"), precision="bfloat16").passed
 
 
-def test_the_best_across_batches_is_never_slower_than_float32_at_one_and_keeps_the_cut_within_resolution():
+def test_the_best_across_batches_loses_little_at_any_one_and_keeps_the_cut_within_resolution():
     inf = float("inf")
     # The cut is best on the geometric mean, though the lists win at batch 32: the cut stays.
     assert best_across({1: [1.0, 0.98, 0.97], 8: [10, 6, 5.5], 32: [40, 22, 23]})[0] == ""
     # The lists gain more than the resolution on the cut across the batches: the lists.
     assert best_across({1: [1.0, 0.8, 0.99], 8: [10, 5.5, 5.6], 32: [40, 20, 23]})[0] == "lists"
-    # A variant 10% slower than float32 at batch 1 is out, however fast at 8 and 32; the line says where.
-    keep, line = best_across({1: [1.0, 1.1], 8: [10, 6], 32: [40, 22]}, with_cut=False)
-    assert keep == "float32" and "the lists 1.10x float32's time at batch 1: out" in line, line
+    # A variant 15% slower than float32 at batch 1 is out, however fast at 8 and 32; the line says where.
+    keep, line = best_across({1: [1.0, 1.15], 8: [10, 6], 32: [40, 22]}, with_cut=False)
+    assert keep == "float32" and "float32's time at a batch: the lists 1.15x at batch 1)" in line, line
+    # 6% slower at batch 1 for 1.7x faster at 8 and 32: kept, and the line says what it costs at batch 1.
+    keep, line = best_across({1: [1.0, 1.06], 8: [10, 6], 32: [40, 22]}, with_cut=False)
+    assert keep == "" and "it runs 1.06x float32's time at batch 1 (--batch-size 1 chooses" in line, line
     # Without a cut of its own the lists are what the assignment keeps: no `keep` needed.
     assert best_across({1: [1.0, 0.9], 8: [10, 6]}, with_cut=False)[0] == ""
     # Within the noise of float32 everywhere, nothing gained or lost: the cut stays.
