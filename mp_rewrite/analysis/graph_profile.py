@@ -37,7 +37,8 @@ from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
-from .graph_runs import LOG, FunctionRunner, Runner, made_up_values, opened, race, saved_model_copy, traced_times
+from .graph_runs import (LOG, FunctionRunner, Runner, VariantError, made_up_values, opened, race, saved_model_copy,
+                         traced_times)
 from .op_costs import onednn_settings
 from .profile_cache import graph_bytes, load, profile_key, save
 from .run_times import counted_once, executed_kernels, executed_names, run_times
@@ -346,7 +347,10 @@ def _chosen_across(table, cut, racing, batches: dict, batch) -> tuple:
     for size, feeds in batches.items():
         for runner in runners:
             runner.feed(feeds)
-        ms[size] = race(runners, _race_runs(size, batch))
+        try:
+            ms[size] = race(runners, _race_runs(size, batch))
+        except VariantError:  # none runs at this size (a shape fixed in the graph): best_across leaves it out
+            ms[size] = [np.inf] * len(runners)
         if not with_cut:
             ms[size].append(ms[size][1])
     keep, said = best_across(ms, with_cut)

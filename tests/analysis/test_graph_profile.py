@@ -255,3 +255,19 @@ def test_a_body_whose_variables_pass_the_profiled_size_is_not_run():
     huge = [args[0], BodyArg(tf.float32.as_datatype_enum, (2**16, 2**15), variable=True)]  # 8 GiB, never allocated
     assert "8.0 GiB, over the 1 GiB profiled" in body_profileable(body.graph_def, huge)
     assert "neither a number tensor nor a variable" in body_profileable(body.graph_def, [args[0], None])
+
+
+def test_a_batch_size_the_graph_cannot_run_at_is_left_out_of_the_choice_and_said():
+    import numpy as np
+    from mp_rewrite.analysis.graph_profile import RACE_BATCHES, profile_costs
+    machine = this_machine("bfloat16")
+    if not machine.low_units:
+        pytest.skip("without bfloat16 units nothing is raced")
+    graph = tf.Graph()
+    with graph.as_default():  # a graph that runs at batch 8 only: a Reshape fixes it
+        x = tf.compat.v1.placeholder(tf.float32, [None, 64], name="x")
+        w = tf.constant(np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32))
+        tf.identity(tf.nn.relu(tf.matmul(tf.reshape(x, [8, 64]), w)), name="y")
+    profile = profile_costs(graph.as_graph_def(), [(tf.TensorSpec([None, 64], tf.float32), "x:0")], ["y:0"],
+                            make_options("bfloat16"), ["x"], machine, batch=8, batches=RACE_BATCHES)
+    assert "raced at batch 8 (" in profile.table.note and "float32 did not run at batch 1, 32" in profile.table.note
