@@ -40,8 +40,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # the `tensorflow` wheel leaves oneDNN off (see tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "ours", "ours_lists", "ours_freeze", "ours_cost", "ours_tuned", "tf_amp", "keras_mixed",
-            "ours_mm")
+VARIANTS = ("fp32", "ours", "ours_any", "ours_lists", "ours_freeze", "ours_cost", "ours_tuned", "tf_amp",
+            "keras_mixed", "ours_mm")
 PEERS = ("inc", "openvino")  # each only if its Python is given
 TUNE_BATCH = 8
 # An extra variant, not Grappler's lists: only the allow ops (matmul/conv) in bf16, every elementwise op float32.
@@ -161,6 +161,10 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         cost_paths, predictions, default_seconds, cost_seconds = convert_by_cost(paths["fp32"], workdir / name,
                                                                                  TUNE_BATCH)
         paths.update(cost_paths)
+    any_seconds = None
+    if "ours_any" in wanted:  # `convert` without --batch-size: converted once, the best across batch 1, 8 and 32
+        paths["ours_any"] = workdir / name / "ours_default_any"
+        predictions_any, any_seconds = convert_default(paths["fp32"], paths["ours_any"])
     if "ours_tuned" in wanted:
         from mp_rewrite.savedmodel.tune import tune_saved_model
         # Tuned at the first serving batch size measured (the tuner times on this machine, at this batch).
@@ -177,8 +181,8 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         paths["inc"] = workdir / name / "inc_bf16"
         inc = inc_convert(inc_python, paths["fp32"], paths["inc"], workdir)
     facts = {"convert_s": statistics.median(times), "freeze_s": statistics.median(freeze_times),
-             "cost_s": cost_seconds, "tune_s": tune_seconds, "default_s": default_seconds,
-             "predicted": {TUNE_BATCH: predictions},
+             "cost_s": cost_seconds, "tune_s": tune_seconds, "default_s": default_seconds, "any_s": any_seconds,
+             "predicted": {TUNE_BATCH: predictions, **({"any": predictions_any} if any_seconds else {})},
              "inc_s": inc.get("seconds"),
              "tuned": chosen,
              "freeze_mb": sum(f.stat().st_size for f in paths["ours_freeze"].rglob("*") if f.is_file()) / 1e6,
@@ -186,6 +190,18 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
              "converted": result.converted_nodes, "casts": result.casts,
              "size_mb": sum(f.stat().st_size for f in paths["fp32"].rglob("*") if f.is_file()) / 1e6}
     return {v: path for v, path in paths.items() if v in wanted or v in PEERS}, facts
+
+
+def convert_default(source: Path, output: Path) -> tuple[dict, float]:
+    """The default conversion for a CPU as `convert SRC OUT --precision bfloat16` makes it, no --batch-size (the
+    variants raced at batch 1, 8 and 32). Returns ({"ours_any": what it predicted}, its seconds)."""
+    from mp_rewrite.analysis.op_costs import this_machine
+    from mp_rewrite.commands.list_options import predicted
+    from mp_rewrite.savedmodel.convert import convert_saved_model
+    start = time.perf_counter()
+    result = convert_saved_model(source, output, "bfloat16", assign="cost", costs=this_machine("bfloat16"),
+                                 overwrite=True)
+    return {"ours_any": predicted(next(iter(result.graphs.values())))}, time.perf_counter() - start
 
 
 def convert_by_cost(source: Path, workdir: Path, batch: int) -> tuple[dict, dict, float, float]:

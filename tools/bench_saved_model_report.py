@@ -6,7 +6,8 @@ import os
 import platform
 from pathlib import Path
 
-LABELS = {"fp32": "float32", "ours": "mp-rewrite default (cost)", "ours_lists": "mp-rewrite bf16 --assign lists",
+LABELS = {"fp32": "float32", "ours": "mp-rewrite default (cost)",
+          "ours_any": "mp-rewrite default, no --batch-size", "ours_lists": "mp-rewrite bf16 --assign lists",
           "ours_freeze": "mp-rewrite --freeze --assign lists",
           "ours_cost": "mp-rewrite --freeze --assign cost",
           "ours_tuned": "mp-rewrite --freeze --tune",
@@ -142,17 +143,18 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
               "processes on a shared machine):", ""] + table(rows, "cpu_ms")
     lines += ["", "Conversion (`convert_saved_model`, bfloat16, in-process median of 3; CLI wall time includes "
               "starting TensorFlow):", "", "| model | SavedModel MB | --freeze MB | convert s | --freeze s | CLI s "
-              "(--freeze) | --assign cost s | --tune s | INC s | --tune chose | nodes converted | casts | "
-              "matmul/conv FLOPs in bf16 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "(--freeze) | --assign cost s | default, no --batch-size s | --tune s | INC s | --tune chose | nodes "
+              "converted | casts | matmul/conv FLOPs in bf16 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, f in facts.items():
         cli = "{:.1f} ({:.1f})".format(*cli_seconds[name]) if name in cli_seconds else "-"
         lines.append(f"| {name} | {f['size_mb']:.0f} | {f['freeze_mb']:.0f} | {f['convert_s']:.2f} | "
-                     f"{f['freeze_s']:.2f} | {cli} | {_seconds(f.get('cost_s'))} | {_seconds(f.get('tune_s'))} | "
+                     f"{f['freeze_s']:.2f} | {cli} | {_seconds(f.get('cost_s'))} | {_seconds(f.get('any_s'))} | "
+                     f"{_seconds(f.get('tune_s'))} | "
                      f"{_seconds(f['inc_s'])} | "
                      f"{f['tuned']} | {f['converted']} | {f['casts']} | "
                      f"{f['flop_share']:.1%} |")
     lines += ["", "What the cost assignment predicted at conversion (converted at the batch it is timed at, as "
-              "`--batch-size` does; ms per run of the candidate ops, from the costs it measured in the model: "
+              "`--batch-size` does, or once without it: batch \"any\"; ms per run of the candidate ops, from the costs it measured in the model: "
               "float32, Grappler's lists, the cut, and the bound -- each op at its faster precision, casts not "
               "counted):", "",
               "| model | batch | variant | float32 | lists | cut | bound | cut over bound | kept float32 | where the "
