@@ -37,8 +37,8 @@ from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
-from .graph_runs import (LOG, FunctionRunner, Runner, VariantError, made_up_values, opened, race, saved_model_copy,
-                         traced_times)
+from .graph_runs import (LOG, WARMUP, FunctionRunner, Runner, VariantError, made_up_values, opened, race,
+                         saved_model_copy, traced_times)
 from .op_costs import onednn_settings
 from .profile_cache import graph_bytes, load, profile_key, save
 from .run_times import counted_once, executed_kernels, executed_names, run_times
@@ -348,7 +348,7 @@ def _chosen_across(table, cut, racing, batches: dict, batch) -> tuple:
         for runner in runners:
             runner.feed(feeds)
         try:
-            ms[size] = race(runners, _race_runs(size, batch))
+            ms[size] = race(runners, *_race_runs(size, batch))
         except VariantError:  # none runs at this size (a shape fixed in the graph): best_across leaves it out
             ms[size] = [np.inf] * len(runners)
         if not with_cut:
@@ -394,10 +394,12 @@ def best_across(ms: dict, with_cut: bool = True) -> tuple:
     return ("" if best == mine else best), said
 
 
-def _race_runs(size: int, batch) -> int:
-    """Untraced runs of each variant at a batch size: RACE_RUNS at the measured batch, more at a smaller one (a run
-    is short, its time noisier), fewer (at least 5) at a larger one."""
-    return int(min(3 * RACE_RUNS, max(5, RACE_RUNS * (batch or 1) // size)))
+def _race_runs(size: int, batch) -> tuple:
+    """(runs, warm-up runs) of each variant at a batch size: RACE_RUNS at the measured batch, more at a smaller one
+    (a run is short, its time noisier), fewer at a larger one -- each size's race costs about what the measured
+    batch's does (ResNet-50's float32 runs ~4x longer at batch 32 than at 8) -- and a single warm-up there."""
+    runs = RACE_RUNS * (batch or 1) // size
+    return int(min(3 * RACE_RUNS, max(3, runs))), (WARMUP if size <= (batch or 1) else 1)
 
 
 def _saved(key: str, table: CostTable, walls) -> Profile:

@@ -303,14 +303,14 @@ def traced_times(runners, runs: int, progress=None):
     return [{name: float(np.median(ms)) for name, ms in s.items()} for s in samples], walls
 
 
-def race(runners, runs: int) -> list[float]:
-    """Median wall ms of one run of each runner (untraced), over `runs` alternated rounds after a warm-up. A runner
+def race(runners, runs: int, warmup: int = WARMUP) -> list[float]:
+    """Median wall ms of one run of each runner (untraced), over `runs` alternated rounds after `warmup`. A runner
     that raises is out of the race: its time is infinite (so any other wins), and a line on the `mp_rewrite`
     logger says why in TensorFlow's words. If every runner fails, VariantError (the first's)."""
     out = {}
     for i, runner in enumerate(runners):
         try:
-            for _ in range(WARMUP):
+            for _ in range(warmup):
                 _run_variant(runner, i)
         except VariantError as e:
             out[i] = e
