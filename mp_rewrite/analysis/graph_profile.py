@@ -124,7 +124,7 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
 
 
 def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,
-                        runs: int = RUNS, progress=None, batches=()) -> Profile:
+                        runs: int = RUNS, progress=None, batches=(), source=None) -> Profile:
     """Measure the cost table of a SavedModel's MetaGraph (its main graph and every function body its signatures
     call) by running it as it is and as the lists rewrite it in place, each loaded in a TF1 session (which inlines
     the function calls: a body node is timed under its call nodes' names, "StatefulPartitionedCall_1/.../name").
@@ -136,6 +136,8 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
             are fed (an unknown dimension is `batch`, default 1).
         fetches: the signature output tensor names to run.
         options, machine, batch, runs, progress, batches: as for profile_costs.
+        source: the MetaGraphDef as the directory holds it, when `meta_graph` is a rewrite of it (the rules'): it
+            is raced too, and kept (the table's keep "source") unless a variant beats it.
 
     Returns:
         A Profile.
@@ -146,16 +148,17 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
     feeds_at = _feeds_at(list(inputs), list(inputs.values()))
     tags = list(meta_graph.meta_info_def.tags)
     with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as work:
-        def run(result):
+        def run(result, graph=None):
             # float32 is `meta_graph` as given, which need not be the directory's own: in place, the rules
             # canonicalize the functions first (savedmodel.in_place.rules_before_pass), and the directory's graph
             # would be timed under names (and function names) the rewritten graph does not have.
-            graph = result.meta_graph_def if result else meta_graph
+            graph = graph or (result.meta_graph_def if result else meta_graph)
             return Runner.of_saved_model(saved_model_copy(export_dir, graph, tempfile.mkdtemp(dir=work)), tags,
                                          feeds_at(batch), fetches)
         return _profile(meta_graph.graph_def, lambda opts: rewrite_meta_graph_def(meta_graph, options=opts), run,
                         [inputs, fetches], _inlined_prefixes(meta_graph.graph_def), options, machine, batch, runs,
-                        progress, False, fetches, batches=_distinct(batches, feeds_at))
+                        progress, False, fetches, batches=_distinct(batches, feeds_at),
+                        source=None if source is None else lambda: run(None, source))
 
 
 def profile_body(body, args, options, signatures, machine, batch: int | None = None, runs: int = RUNS,
@@ -212,16 +215,18 @@ def body_profileable(graph_def, args) -> str:
 
 
 def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, batch, runs, progress, refresh,
-             fetches, racer=None, batches=None) -> Profile:
+             fetches, racer=None, batches=None, source=None) -> Profile:
     """What every front end does: rewrite with the lists (`rewrite(options)` -> RewriteResult), run float32 and the
-    lists' variant (`run(None or RewriteResult)` -> Runner) traced, build the table, race the cut if it differs
-    (in those sessions, or as `racer(None or RewriteResult)` runs each variant) -- or, given `batches` ({batch
-    size: feeds}, two or more), race the variants at each batch size and keep the best across them -- and cache
-    the outcome, with what the runs measured (run_times.RunTimes), under a key of both graphs and `key_parts`."""
+    lists' variant (`run(None or RewriteResult)` -> Runner) traced, build the table, race the variants (`_raced`: in
+    those sessions, or as `racer(None or RewriteResult)` runs each; at each of `batches`, {batch size: feeds}, when
+    given; with `source()`, a Runner of the model as given before the rules, when it differs) and keep the best,
+    and cache the outcome, with what the runs measured (run_times.RunTimes), under a key of both graphs and
+    `key_parts`."""
     lists = rewrite(_lists(options))
     # The model is timed here, under this process's oneDNN settings, whatever machine table prices its casts.
     key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), *key_parts, batch, runs,
-                      machine.machine, machine.precision, racer is not None, onednn_settings(), sorted(batches or ()))
+                      machine.machine, machine.precision, racer is not None, onednn_settings(), sorted(batches or ()),
+                      source is not None)
     cached = None if refresh else _cached(key)
     if cached is not None:
         return cached
@@ -233,20 +238,17 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
         table = _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches)
         cut = rewrite(dataclasses.replace(options, assign="cost", costs=table))
 
-        def racing(with_cut=True):  # the float32, lists and cut runners to race (closed on the way out)
+        def racing(with_cut: bool):  # the float32, lists, cut and source runners to race (closed on the way out)
             if racer is None:
-                if with_cut:
-                    runners.append(run(cut))
+                runners.extend(([run(cut)] if with_cut else []) + ([source()] if source else []))
                 return runners
             while runners:  # done with: their copies of the variables go before the racers make theirs
                 runners.pop().close()
             for result in (None, lists, cut):
                 runners.append(racer(result))
             return runners
-        if batches and len(batches) > 1:
-            table, raced = _chosen_across(table, cut, racing, batches, batch)
-        else:
-            table, raced = _checked(table, cut, racing, "" if racer is None else " as the function runs")
+        table, raced = _raced(table, cut, racing, batches or {batch: None}, batch,
+                              "" if racer is None else " as the function runs", source is not None)
         names = [executed_names(graph_def, prefixes), executed_names(lists.graph_def, prefixes)]
         measured = run_times([r.samples for r in traced], names, kernels, _medians(walls),
                              tuple(min(r.walls) for r in traced), raced)
@@ -310,95 +312,93 @@ def _cached(key: str) -> Profile | None:
     return Profile(dataclasses.replace(table, note=f"{table.note}; cached in {path}"), fp32_ms, lists_ms)
 
 
-def _checked(table, cut, racing, where: str) -> tuple:
-    """The table, with what running the cut's graph showed: a cut that differs from the lists is raced against the
-    lists' graph and float32 (`racing()` -> their three runners); if one of those runs faster by more than the
-    timing resolves, the table says so, and the assignment keeps that one (core.assignment: a prediction is checked
-    against the run). Returns (table, the raced (float32, lists, cut) ms, or ())."""
-    demoted = sum(len(r.assignment.demoted) for r in (cut, *cut.functions.values()) if r.assignment)
-    if not demoted or not table.low_units:
+def _raced(table, cut, racing, batches: dict, batch, where: str, source: bool) -> tuple:
+    """The table with the variant the runs chose: float32, the lists, the cut (when it differs from the lists) and,
+    with `source`, the model as given before the rules, raced untraced (`racing(with_cut)` -> their runners) at
+    each of `batches` ({batch size: feeds, or None to run on the runners' own}), `best_across` choosing. Nothing
+    is raced where there is nothing to choose (one batch, the cut the lists', no source): the traced runs already
+    compared float32 with the lists and the cut followed. Returns (table, the raced (float32, lists, cut) ms at
+    `batch`, or ())."""
+    with_cut = any(r.assignment.demoted for r in (cut, *cut.functions.values()) if r.assignment)
+    if not table.low_units or (len(batches) == 1 and not with_cut and not source):
         return table, ()
-    raced = race(racing(), RACE_RUNS)
-    return verdict(table, raced, where), tuple(raced)
+    runners = racing(with_cut)
+    names = ("float32", "lists") + (("cut",) if with_cut else ()) + (("source",) if source else ())
+    ms = {}
+    for size, feeds in batches.items():
+        if feeds is not None:
+            for runner in runners:
+                runner.feed(feeds)
+        try:
+            ms[size] = race(runners, *_race_runs(size, batch), names=[_named(v) for v in names])
+        except VariantError:  # none runs at this size (a shape fixed in the graph): best_across leaves it out
+            ms[size] = [np.inf] * len(runners)
+    keep, said = best_across(ms, names, where)
+    at = ms.get(batch)
+    raced = () if at is None else (at[0], at[1], at[names.index("cut")] if with_cut else at[1])
+    return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}"), raced
 
 
 def verdict(table, raced, where: str = "") -> CostTable:
-    """The table with what one race showed (raced: float32, lists, cut ms per run): float32 or the lists kept when
-    one ran faster than the cut by more than the timing resolves."""
-    from ..core.assignment import RESOLUTION
-    fp32_ms, lists_ms, cut_ms = raced
-    ran = f"ran{where} float32 {fp32_ms:.1f} ms, the lists {lists_ms:.1f} ms, the cut {cut_ms:.1f} ms per run"
-    best = min(("float32", fp32_ms), ("lists", lists_ms), key=lambda c: c[1])
-    if best[1] < (1 - RESOLUTION) * cut_ms:
-        return dataclasses.replace(table, keep=best[0], note=f"{table.note}; {ran}: {best[0]} kept")
-    return dataclasses.replace(table, note=f"{table.note}; {ran}")
+    """The table with what one race of float32, the lists and the cut (ms per run, in that order) showed, as
+    `best_across` decides (analysis.step_profile's race of a training step)."""
+    keep, said = best_across({None: list(raced)}, ("float32", "lists", "cut"), where)
+    return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}")
 
 
-def _chosen_across(table, cut, racing, batches: dict, batch) -> tuple:
-    """The table with the variant best across several batch sizes (`batches`: {batch size: feeds}): float32, the
-    lists and the cut (the lists alone when the cut is theirs) raced at each, untraced, in the sessions of the
-    traced runs, and `best_across` choosing. Returns (table, the raced (float32, lists, cut) ms at `batch`, the
-    batch the costs were measured at)."""
-    if not table.low_units:
-        return table, ()
-    with_cut = any(r.assignment.demoted for r in (cut, *cut.functions.values()) if r.assignment)
-    runners = racing(with_cut)
-    ms = {}
-    for size, feeds in batches.items():
-        for runner in runners:
-            runner.feed(feeds)
-        try:
-            ms[size] = race(runners, *_race_runs(size, batch))
-        except VariantError:  # none runs at this size (a shape fixed in the graph): best_across leaves it out
-            ms[size] = [np.inf] * len(runners)
-        if not with_cut:
-            ms[size].append(ms[size][1])
-    keep, said = best_across(ms, with_cut)
-    table = dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}")
-    return table, tuple(ms[batch]) if batch in ms else ()
+def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "") -> tuple:
+    """Which variant to keep, given each one's ms per run ({batch size, or None: [ms per variant in `names`]}).
 
-
-def best_across(ms: dict, with_cut: bool = True) -> tuple:
-    """Which variant to keep, given each one's ms per run at several batch sizes ({batch: [float32, lists, cut]}):
-    a variant slower than float32 by more than SLOWER at any batch is out (float32 never is); of the rest, the one whose time over
-    float32's has the least geometric mean across the batches wins -- the cut, unless another gains more than
-    RESOLUTION on it. A batch float32 could not run at (infinite) is left out. Without a cut of its own
-    (`with_cut` False: it is the lists'), the choice is between float32 and the lists.
+    The baseline is the model as given: "source" where it was raced (the rules changed it), else "float32". A
+    variant slower than the baseline by more than SLOWER at any batch is out (the baseline never is); of the rest,
+    the one whose time over the baseline's has the least geometric mean across the batches wins -- what the
+    assignment keeps by itself (the cut, or the lists when there is no cut of their own), unless another gains
+    more than RESOLUTION on it. A batch the baseline could not run at (infinite) is left out, and said.
 
     Returns:
-        (keep, line): the table's `keep` ("" for the cut, or "lists", "float32") and what the race showed.
+        (keep, line): the table's `keep` ("" for what the assignment keeps by itself, else "lists", "float32" or
+        "source") and what the race showed.
     """
     from ..core.assignment import RESOLUTION
-    failed = [b for b, t in ms.items() if not np.isfinite(t[0])]
+    base = names.index("source") if "source" in names else 0
+    failed = [b for b, t in ms.items() if not np.isfinite(t[base])]
     ms = {b: t for b, t in ms.items() if b not in failed}
-    names = ("float32", "lists", "cut") if with_cut else ("float32", "lists")
+    sizes = ", ".join(map(str, failed))
     if not ms:
-        return "float32", f"float32 did not run at batch {', '.join(map(str, failed))}: float32 kept"
-    ratio = {v: [t[i] / t[0] for t in ms.values()] for i, v in enumerate(names)}
+        return names[base], f"{_named(names[base])} did not run at batch {sizes}: it is kept"
+    ratio = {v: [t[i] / t[base] for t in ms.values()] for i, v in enumerate(names)}
     score = {v: float(np.exp(np.mean(np.log(r)))) for v, r in ratio.items() if max(r) <= 1 + SLOWER}
     best = min(score, key=score.get)
-    mine = names[-1]  # what the assignment keeps without a `keep`: the cut, or the lists when they are the cut
+    mine = "cut" if "cut" in names else "lists"
     if mine in score and score[mine] <= (1 + RESOLUTION) * score[best]:
         best = mine
-    each = "; ".join(f"{v if v == 'float32' else 'the ' + v} " + " / ".join(f"{t[i]:.1f}" for t in ms.values())
-                     for i, v in enumerate(names))
-    worst = {v: max(zip(r, ms)) for v, r in ratio.items()}  # (ratio, batch) where each is slowest against float32
-    out = [f"the {v} {worst[v][0]:.2f}x at batch {worst[v][1]}" for v in names if v not in score]
-    ratio_kept, at = worst[best]
-    said = (f"raced at batch {', '.join(map(str, ms))} ({each} ms per run): "
-            f"{best if best == 'float32' else 'the ' + best} kept, the best across them"
-            + (f" (out, over {1 + SLOWER:.2f}x float32's time at a batch: {', '.join(out)})" if out else "")
-            + (f"; it runs {ratio_kept:.2f}x float32's time at batch {at} (--batch-size {at} chooses for that batch)"
-               if ratio_kept > 1 + RESOLUTION else "")
-            + (f"; float32 did not run at batch {', '.join(map(str, failed))}" if failed else ""))
+    at = f" at batch {', '.join(map(str, ms))}" if None not in ms else ""
+    each = "; ".join(f"{_named(v)} " + " / ".join(f"{t[i]:.1f}" for t in ms.values()) for i, v in enumerate(names))
+    worst = {v: max(zip(r, ms)) for v, r in ratio.items()}  # (ratio, batch) where each is slowest
+    out = [f"{_named(v)} {worst[v][0]:.2f}x" + (f" at batch {worst[v][1]}" if at else "")
+           for v in names if v not in score]
+    slower, where_slower = worst[best]
+    said = (f"raced{where}{at} ({each} ms per run): {_named(best)} kept"
+            + (", the best across them" if len(ms) > 1 else "")
+            + (f" (out, over {1 + SLOWER:.2f}x {_named(names[base])}'s time: {', '.join(out)})" if out else "")
+            + (f"; it runs {slower:.2f}x {_named(names[base])}'s time at batch {where_slower} (--batch-size "
+               f"{where_slower} chooses for that batch)" if len(ms) > 1 and slower > 1 + RESOLUTION else "")
+            + (f"; {_named(names[base])} did not run at batch {sizes}" if failed else ""))
     return ("" if best == mine else best), said
 
 
-def _race_runs(size: int, batch) -> tuple:
-    """(runs, warm-up runs) of each variant at a batch size: RACE_RUNS at the measured batch, more at a smaller one
-    (a run is short, its time noisier), fewer at a larger one -- each size's race costs about what the measured
-    batch's does (ResNet-50's float32 runs ~4x longer at batch 32 than at 8) -- and a single warm-up there."""
-    runs = RACE_RUNS * (batch or 1) // size
+def _named(variant: str) -> str:
+    return {"float32": "float32", "source": "the model as given (no rules)"}.get(variant, f"the {variant}")
+
+
+def _race_runs(size, batch) -> tuple:
+    """(runs, warm-up runs) of each variant at a batch size: RACE_RUNS at the measured batch (or an unknown one),
+    more at a smaller one (a run is short, its time noisier), fewer at a larger one -- each size's race costs about
+    what the measured batch's does (ResNet-50's float32 runs ~4x longer at batch 32 than at 8) -- and a single
+    warm-up there."""
+    if size is None or batch is None:
+        return RACE_RUNS, WARMUP
+    runs = RACE_RUNS * batch // size
     return int(min(3 * RACE_RUNS, max(3, runs))), (WARMUP if size <= (batch or 1) else 1)
 
 

@@ -303,10 +303,11 @@ def traced_times(runners, runs: int, progress=None):
     return [{name: float(np.median(ms)) for name, ms in s.items()} for s in samples], walls
 
 
-def race(runners, runs: int, warmup: int = WARMUP) -> list[float]:
+def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS) -> list[float]:
     """Median wall ms of one run of each runner (untraced), over `runs` alternated rounds after `warmup`. A runner
     that raises is out of the race: its time is infinite (so any other wins), and a line on the `mp_rewrite`
-    logger says why in TensorFlow's words. If every runner fails, VariantError (the first's)."""
+    logger says why in TensorFlow's words, naming it by `names`. If every runner fails, VariantError (the
+    first's)."""
     out = {}
     for i, runner in enumerate(runners):
         try:
@@ -314,7 +315,8 @@ def race(runners, runs: int, warmup: int = WARMUP) -> list[float]:
                 _run_variant(runner, i)
         except VariantError as e:
             out[i] = e
-            LOG.warning("%s; it is out of the race, the conversion goes on with what runs", e)
+            LOG.warning("%s failed to run: %s; it is out of the race, the conversion goes on with what runs",
+                        names[i] if i < len(names) else variant_name(i), e.reason)
     if len(out) == len(runners):
         raise out[0]
     walls = [[] for _ in runners]

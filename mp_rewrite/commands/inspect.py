@@ -89,15 +89,19 @@ def rewrite_with_costs(args):
     """As load_and_rewrite, and the costs the rewrite read: a CostTable, a machine or file table (the rewrite
     made the graph's table from it), or None for Grappler's lists. Returns (LoadedModel, result, costs)."""
     from ..model.loaded import load_model, rewrite_model
-    from ..savedmodel.in_place import rules_after_pass, rules_before_pass
+    from ..savedmodel.in_place import rules_after_pass, rules_and_costs, rules_before_pass
+    from .verify import stderr_status
     model = load_model(args.model, args.tag_set, say)
     say_opaque(model, args.precision)
     options = options_from_args(args, **assign_from_args(args))
     records = {}
     if model.meta_graph is not None:  # what convert rewrites in place: with the cost assignment, after the rules
-        meta_graph, records = rules_before_pass(model.meta_graph, options)
+        if _in_model(args, model, options):
+            with stderr_status(TIMING):
+                meta_graph, options, records = rules_and_costs(model.meta_graph, options, model.path)
+        else:
+            meta_graph, records = rules_before_pass(model.meta_graph, options)
         model = dataclasses.replace(model, meta_graph=meta_graph, graph_def=meta_graph.graph_def)
-    options = _measured_in_model(args, model, options)
     result = rewrite_model(model, fetches=args.fetch, options=options)
     if model.meta_graph is not None:
         rules_after_pass(result, records, options)
@@ -158,13 +162,23 @@ def _json_with_opaque(result, function, tables, model) -> str:
     return json.dumps(report, indent=1)
 
 
+TIMING = "timing the model's ops on this machine (once: the times are cached)"
+
+
+def _in_model(args, model, options) -> bool:
+    """Whether the costs are measured in the model, as convert measures them: a SavedModel directory, the whole
+    model (no --fetch), this machine's costs."""
+    from ..savedmodel.measured_costs import measuring
+    return model.kind == "saved_model" and os.path.isdir(model.path) and args.fetch is None and measuring(options)
+
+
 def _measured_in_model(args, model, options):
     """The options with the SavedModel's costs measured in the model (or cached), as convert measures them."""
-    from ..savedmodel.measured_costs import in_place_costs, measuring
+    from ..savedmodel.measured_costs import in_place_costs
     from .verify import stderr_status
-    if not (model.kind == "saved_model" and os.path.isdir(model.path) and args.fetch is None and measuring(options)):
+    if not _in_model(args, model, options):
         return options
-    with stderr_status("timing the model's ops on this machine (once: the times are cached)"):
+    with stderr_status(TIMING):
         return in_place_costs(options, model.path, model.meta_graph)
 
 

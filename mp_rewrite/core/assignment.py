@@ -33,6 +33,7 @@ _SCALE = 1e6  # ms -> integer ns: integer capacities make the cut exact and dete
 # The share of the lists' predicted time a cut must save to replace Grappler's coloring: measured op times vary by
 # a few percent from run to run, and a cut that saves less is within that noise.
 RESOLUTION = 0.01
+SOURCE = "source"  # a CostTable's keep: the model as given, without the graph rules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +50,9 @@ class CostTable:
         low_units: False when the machine has no low-precision units: every candidate then stays float32.
         note: one line on where the numbers come from (machine, or why everything stays float32).
         keep: "lists" or "float32" when the graph was run with the cut's choice and that coloring ran faster (the
-            prediction checked against the run, analysis.graph_profile); the assignment then keeps it.
+            prediction checked against the run, analysis.graph_profile); the assignment then keeps it. SOURCE
+            ("source"): the model as given, before the graph rules rewrote it, ran fastest; every candidate stays
+            float32, and the caller writes the model without the rules (savedmodel.in_place).
         runs: what running the model measured beside the costs (analysis.run_times.RunTimes: every op's time, the
             whole runs), for reports; None when the table was not measured in the model. The assignment never
             reads it.
@@ -214,7 +217,9 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
     if table.low_units and table.keep:
         # The model was run with the cut's choice, and the lists' coloring (or float32) ran faster: it stays.
         low = [table.keep == "lists"] * len(nodes)
-        low_why = fp32_why = f"the model ran faster with {table.keep} than with the cut, so {table.keep} stays"
+        low_why = fp32_why = (f"the model ran faster with {table.keep} than with the cut, so {table.keep} stays"
+                              if table.keep != SOURCE else "the model as given, without the graph rules, ran "
+                              "fastest, so it is written unchanged")
     elif table.low_units and unresolved and lists_cost <= fp32_cost:
         # A gain the timing cannot resolve is no evidence against Grappler's choice (and casts cost what the
         # table does not see): the lists' coloring stays.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tensorflow.core.protobuf import saved_model_pb2
 
+from ..core.assignment import SOURCE
 from ..core.rewrite import rewrite_meta_graph_def
 from ..model.signatures import signature_keys
 from ..model.tags import select_meta_graphs, tag_text
@@ -53,10 +54,9 @@ def rewrite_in_place(source_dir: Path, saved_model, options, keys=None, tag_set=
         if index not in chosen:
             new.meta_graphs.add().CopyFrom(meta_graph)
             continue
-        meta_graph, records = rules_before_pass(meta_graph, options, keys)
-        result = rewrite_meta_graph_def(meta_graph, options=in_place_costs(options, source_dir, meta_graph, keys),
-                                        signatures=keys, progress=progress)
-        rules_after_pass(result, records, options, keys)
+        meta_graph, options_here, records = rules_and_costs(meta_graph, options, source_dir, keys)
+        result = rewrite_meta_graph_def(meta_graph, options=options_here, signatures=keys, progress=progress)
+        rules_after_pass(result, records, options_here, keys)
         new.meta_graphs.add().CopyFrom(result.meta_graph_def)
         label = tag_text(meta_graph) if meta_graph.meta_info_def.tags else f"metagraph {index}"
         graphs[label if label not in graphs else f"{label} ({index})"] = result
@@ -78,11 +78,23 @@ def rules_before_pass(meta_graph, options, keys=None) -> tuple[object, dict]:
     return canonicalize_library(meta_graph, keys, RULES if getattr(options.costs, "low_units", True) else FLOAT32_RULES)
 
 
+def rules_and_costs(meta_graph, options, source_dir, keys=None) -> tuple:
+    """(the MetaGraph to rewrite, the options with its costs, {function name: [Record]}): the rules' canonical
+    MetaGraph (rules_before_pass) with the costs measured in it (measured_costs.in_place_costs), the MetaGraph as
+    given raced beside it -- or, where that ran fastest (the costs' keep is SOURCE), the MetaGraph as given, which
+    the rewrite then leaves as it is (every candidate float32) and no rule touches."""
+    canonical, records = rules_before_pass(meta_graph, options, keys)
+    options = in_place_costs(options, source_dir, canonical, keys, source=meta_graph)
+    if getattr(options.costs, "keep", "") == SOURCE:
+        return meta_graph, options, {}
+    return canonical, options, records
+
+
 def rules_after_pass(result, records: dict, options, keys=None) -> None:
     """With the cost assignment, the rules that follow the pass (rules.PLACEMENT_RULES: Casts moved where they cost
     less, a BatchNorm of a Conv2D the pass left float32 as the FusedBatchNorm TF fuses into it) in
     `result.meta_graph_def`, and each function's RewriteResult given its rules' records (what convert prints)."""
-    if options.assign != "cost":
+    if options.assign != "cost" or getattr(options.costs, "keep", "") == SOURCE:
         return
     result.meta_graph_def, placed = canonicalize_library(result.meta_graph_def, keys, PLACEMENT_RULES)
     for name, body in result.functions.items():

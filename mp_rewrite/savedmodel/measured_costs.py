@@ -61,9 +61,11 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict):
     return dataclasses.replace(options, costs=profile.table)
 
 
-def in_place_costs(options, source_dir, meta_graph, keys=None):
+def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
     """The options with the costs of one MetaGraph of the SavedModel at `source_dir`, profiled through the
-    signatures (`keys`, else every one) whose inputs random data can make."""
+    signatures (`keys`, else every one) whose inputs random data can make. `source`: the MetaGraph as the directory
+    holds it, when `meta_graph` is the rules' rewrite of it: raced too, and kept where nothing beats it (the costs'
+    keep is then "source": savedmodel.in_place writes it without the rules)."""
     from ..analysis.graph_profile import profile_saved_model
     if not measuring(options):
         return options
@@ -87,7 +89,8 @@ def in_place_costs(options, source_dir, meta_graph, keys=None):
                          f"the {PROFILE_LIMIT / 2**30:.0f} GiB profiled (it would be loaded twice)")
     try:
         profile = profile_saved_model(str(source_dir), meta_graph, inputs, list(dict.fromkeys(fetches)), options,
-                                      options.costs, measured_batch(options), batches=raced_batches(options))
+                                      options.costs, measured_batch(options), batches=raced_batches(options),
+                                      source=None if source is None or source == meta_graph else source)
     except VariantError as e:
         return _without_failed(options, meta_graph.graph_def, graph_fetches, e)
     except Exception as e:  # noqa: BLE001 -- whatever TF's session loader refuses: the op table serves

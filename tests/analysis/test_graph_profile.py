@@ -97,7 +97,7 @@ def test_without_a_batch_size_the_variants_are_raced_at_three_and_the_best_acros
     p = predicted(next(iter(result.graphs.values())))
     assert "at batch 8 (" in p["source"] and "raced at batch 1, 8, 32 (float32 " in p["source"], p["source"]
     kept = p["source"].split("raced at batch")[1]
-    if "float32 kept" in kept:
+    if "float32 kept" in kept or "the model as given (no rules) kept" in kept:
         assert p["demoted"] == p["candidates"]
     elif "the lists kept" in kept:
         assert p["demoted"] == 0
@@ -113,18 +113,28 @@ def test_the_best_across_batches_loses_little_at_any_one_and_keeps_the_cut_withi
     # The lists gain more than the resolution on the cut across the batches: the lists.
     assert best_across({1: [1.0, 0.8, 0.99], 8: [10, 5.5, 5.6], 32: [40, 20, 23]})[0] == "lists"
     # A variant 15% slower than float32 at batch 1 is out, however fast at 8 and 32; the line says where.
-    keep, line = best_across({1: [1.0, 1.15], 8: [10, 6], 32: [40, 22]}, with_cut=False)
-    assert keep == "float32" and "float32's time at a batch: the lists 1.15x at batch 1)" in line, line
+    keep, line = best_across({1: [1.0, 1.15], 8: [10, 6], 32: [40, 22]}, ("float32", "lists"))
+    assert keep == "float32" and "float32's time: the lists 1.15x at batch 1)" in line, line
     # 6% slower at batch 1 for 1.7x faster at 8 and 32: kept, and the line says what it costs at batch 1.
-    keep, line = best_across({1: [1.0, 1.06], 8: [10, 6], 32: [40, 22]}, with_cut=False)
+    keep, line = best_across({1: [1.0, 1.06], 8: [10, 6], 32: [40, 22]}, ("float32", "lists"))
     assert keep == "" and "it runs 1.06x float32's time at batch 1 (--batch-size 1 chooses" in line, line
     # Without a cut of its own the lists are what the assignment keeps: no `keep` needed.
-    assert best_across({1: [1.0, 0.9], 8: [10, 6]}, with_cut=False)[0] == ""
+    assert best_across({1: [1.0, 0.9], 8: [10, 6]}, ("float32", "lists"))[0] == ""
     # Within the noise of float32 everywhere, nothing gained or lost: the cut stays.
     assert best_across({1: [1.0, 1.02, 1.01], 8: [10, 10.1, 10.0]})[0] == ""
     # A batch float32 cannot run at is left out, and said.
     keep, line = best_across({1: [inf, 1.0, 2.0], 8: [10, 6, 5.5]})
     assert keep == "" and "float32 did not run at batch 1" in line and "raced at batch 8 (" in line, line
+    # Beside the model as given (the rules changed it), it is the baseline: float32 with the rules 1.15x slower
+    # than it at batch 1 is out, and the source, best, is kept.
+    names = ("float32", "lists", "source")
+    keep, line = best_across({1: [1.15, 1.2, 1.0], 8: [10, 10.5, 9.9]}, names)
+    assert keep == "source" and "the model as given (no rules) kept" in line, line
+    assert "over 1.10x the model as given (no rules)'s time: float32 1.15x at batch 1, the lists 1.20x" in line
+    # One batch (a training step's race): no "across them", no batch named.
+    keep, line = best_across({None: [10, 6, 7]}, where=" as the function runs")
+    assert keep == "lists" and line.startswith("raced as the function runs (float32 10.0; the lists 6.0; the cut "
+                                               "7.0 ms per run): the lists kept"), line
 
 
 def test_a_model_converted_again_here_reuses_its_measured_costs_and_the_same_choice(small_cnn, tmp_path):
@@ -271,3 +281,23 @@ def test_a_batch_size_the_graph_cannot_run_at_is_left_out_of_the_choice_and_said
     profile = profile_costs(graph.as_graph_def(), [(tf.TensorSpec([None, 64], tf.float32), "x:0")], ["y:0"],
                             make_options("bfloat16"), ["x"], machine, batch=8, batches=RACE_BATCHES)
     assert "raced at batch 8 (" in profile.table.note and "float32 did not run at batch 1, 32" in profile.table.note
+
+
+def test_where_the_model_as_given_ran_fastest_it_is_written_without_the_rules(small_cnn, tmp_path):
+    from mp_rewrite.core.assignment import SOURCE, CostTable
+    source = read_saved_model(small_cnn).meta_graphs[0]
+    for keep in ("float32", SOURCE):
+        # A table that says what the race chose (as a measured one would), so the choice is not left to timing.
+        result = convert_saved_model(small_cnn, tmp_path / keep, "bfloat16", assign="cost",
+                                     costs=CostTable("bfloat16", keep=keep))
+        written = read_saved_model(tmp_path / keep).meta_graphs[0]
+        same = {f.signature.name for f in written.graph_def.library.function} & \
+            {f.signature.name for f in source.graph_def.library.function}
+        bodies = lambda meta: {f.signature.name: f for f in meta.graph_def.library.function}  # noqa: E731
+        unchanged = all(bodies(written)[n] == bodies(source)[n] for n in same)
+        ruled = any(r.rules for graph in result.graphs.values() for r in graph.functions.values())
+        if keep == SOURCE:  # written as given: not a node converted, no rule applied
+            assert unchanged and not ruled and not result.converted_nodes
+        else:  # float32 with the rules: the BatchNorm folded, so the functions differ
+            assert not unchanged and ruled and not result.converted_nodes
+    assert verify_saved_models(str(small_cnn), str(tmp_path / SOURCE), precision="bfloat16").passed
