@@ -378,9 +378,14 @@ def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "") ->
     out = [f"{_named(v)} {worst[v][0]:.2f}x" + (f" at batch {worst[v][1]}" if at else "")
            for v in names if v not in score]
     slower, where_slower = worst[best]
+    gains = [(min(zip(r, ms)), v) for v, r in ratio.items() if v not in score and min(r) < score[best]]
+    hint = ""
+    if gains and at:  # what an excluded variant would have given at the batch it does best at
+        (fastest, size), variant = min(gains)
+        hint = f"; at batch {size} {_named(variant)} ran {fastest:.2f}x: --batch-size {size} chooses for that batch"
     said = (f"raced{where}{at} ({each} ms per run): {_named(best)} kept"
             + (", the best across them" if len(ms) > 1 else "")
-            + (f" (out, over {1 + SLOWER:.2f}x {_named(names[base])}'s time: {', '.join(out)})" if out else "")
+            + (f" (out, over {1 + SLOWER:.2f}x {_named(names[base])}'s time: {', '.join(out)}{hint})" if out else "")
             + (f"; it runs {slower:.2f}x {_named(names[base])}'s time at batch {where_slower} (--batch-size "
                f"{where_slower} chooses for that batch)" if len(ms) > 1 and slower > 1 + RESOLUTION else "")
             + (f"; {_named(names[base])} did not run at batch {sizes}" if failed else ""))

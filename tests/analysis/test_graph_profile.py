@@ -114,7 +114,8 @@ def test_the_best_across_batches_loses_little_at_any_one_and_keeps_the_cut_withi
     assert best_across({1: [1.0, 0.8, 0.99], 8: [10, 5.5, 5.6], 32: [40, 20, 23]})[0] == "lists"
     # A variant 15% slower than float32 at batch 1 is out, however fast at 8 and 32; the line says where.
     keep, line = best_across({1: [1.0, 1.15], 8: [10, 6], 32: [40, 22]}, ("float32", "lists"))
-    assert keep == "float32" and "float32's time: the lists 1.15x at batch 1)" in line, line
+    assert keep == "float32" and "float32's time: the lists 1.15x at batch 1; at batch 32 the lists ran 0.55x: " \
+        "--batch-size 32 chooses for that batch)" in line, line
     # 6% slower at batch 1 for 1.7x faster at 8 and 32: kept, and the line says what it costs at batch 1.
     keep, line = best_across({1: [1.0, 1.06], 8: [10, 6], 32: [40, 22]}, ("float32", "lists"))
     assert keep == "" and "it runs 1.06x float32's time at batch 1 (--batch-size 1 chooses" in line, line
