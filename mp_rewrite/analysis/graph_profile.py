@@ -375,13 +375,15 @@ def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "") ->
     at = f" at batch {', '.join(map(str, ms))}" if None not in ms else ""
     each = "; ".join(f"{_named(v)} " + " / ".join(f"{t[i]:.1f}" for t in ms.values()) for i, v in enumerate(names))
     worst = {v: max(zip(r, ms)) for v, r in ratio.items()}  # (ratio, batch) where each is slowest
-    out = [f"{_named(v)} {worst[v][0]:.2f}x" + (f" at batch {worst[v][1]}" if at else "")
-           for v in names if v not in score]
+    out = [f"{_named(v)} " + (f"{worst[v][0]:.2f}x" if np.isfinite(worst[v][0]) else "did not run")
+           + (f" at batch {worst[v][1]}" if at else "") for v in names if v not in score]
     slower, where_slower = worst[best]
-    gains = [(min(zip(r, ms)), v) for v, r in ratio.items() if v not in score and min(r) < score[best]]
+    # Where a variant left out ran faster than the one kept: a model for that batch alone would gain.
+    gains = [(x, size, v) for v, r in ratio.items() if v not in score
+             for x, size, kept in zip(r, ms, ratio[best]) if x < (1 - RESOLUTION) * kept]
     hint = ""
-    if gains and at:  # what an excluded variant would have given at the batch it does best at
-        (fastest, size), variant = min(gains)
+    if gains and at:
+        fastest, size, variant = min(gains)
         hint = f"; at batch {size} {_named(variant)} ran {fastest:.2f}x: --batch-size {size} chooses for that batch"
     said = (f"raced{where}{at} ({each} ms per run): {_named(best)} kept"
             + (", the best across them" if len(ms) > 1 else "")
