@@ -91,7 +91,7 @@ def profileable(graph_def, inputs) -> str:
 
 
 def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch: int | None = None,
-                  runs: int = RUNS, progress=None, refresh: bool = False, batches=()) -> Profile:
+                  runs: int = RUNS, progress=None, refresh: bool = False, batches=(), source=None) -> Profile:
     """Measure the cost table of one self-contained graph (a frozen signature) by running it in float32 and as the
     lists make it.
 
@@ -108,6 +108,8 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
         refresh: measure even when the cache holds this graph's costs (and cache the new ones).
         batches: the batch sizes the variants are raced at, to keep the one best across them (RACE_BATCHES when
             the user gave none); () races at `batch` alone, and only a cut that differs from the lists.
+        source: the graph before the rules rewrote it into `graph_def` (None: they did not): it is raced too, as
+            the baseline, and kept (the table's keep "source") where it runs fastest.
 
     Returns:
         A Profile.
@@ -120,7 +122,8 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
                     lambda result: Runner.of_graph(result.graph_def if result else graph_def, feeds_at(batch),
                                                    fetches),
                     [specs, fetches], {MAIN: [""]}, options, machine, batch, runs, progress, refresh, fetches,
-                    batches=_distinct(batches, feeds_at))
+                    batches=_distinct(batches, feeds_at),
+                    source=None if source is None else lambda: Runner.of_graph(source, feeds_at(batch), fetches))
 
 
 def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,

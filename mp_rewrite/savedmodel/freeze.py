@@ -25,6 +25,8 @@ import shutil
 import tempfile
 
 from ..analysis.grappler import FOLDING, optimize_graph
+from ..analysis.graph_profile import PROFILE_LIMIT
+from ..core.assignment import SOURCE
 from ..core.rewrite import rewrite_graph_def
 from ..errors import ModelError, OptionError
 from ..model.files import MODEL_FILES, read_saved_model
@@ -187,15 +189,23 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     fetches = frozen.fetches
     # BatchNorms folded into their convolutions, and the patterns TF's remapper fuses written the way it sees them.
     shapes = {name: variable.shape.as_list() for name, variable in frozen.variables.items()}
-    folded, records = canonicalize(optimize_graph(frozen.graph_def, fetches, FOLDING), fetches, shapes=shapes)
+    given = optimize_graph(frozen.graph_def, fetches, FOLDING)
+    folded, records = canonicalize(given, fetches, shapes=shapes)
     folded = prune(folded, fetches)
-    names.update(node.name for node in folded.node)
-    options = _keep_fused(options, records, {node.name for node in folded.node}, names)
+    # Without the rules, raced beside them where the graph is measured (a copy of the weights held meanwhile).
+    given = prune(given, fetches) if given.ByteSize() <= PROFILE_LIMIT else None
     # The placeholders the signature's arguments (and captures) feed keep their dtypes, like Grappler's feeds.
     fed = {name.split(":")[0]: "fed by the signature" for name in [*(n for _, n in frozen.inputs),
                                                                    *(n for n, _ in frozen.captured), *frozen.variables]}
-    result = rewrite_graph_def(folded, fetches=fetches, preserve=fed,
-                               options=frozen_costs(options, folded, frozen, fetches, fed))
+    covered = set()
+    options = _keep_fused(options, records, {node.name for node in folded.node}, covered)
+    options = frozen_costs(options, folded, frozen, fetches, fed, source=given)
+    if getattr(options.costs, "keep", "") == SOURCE:  # the graph as folded, without the rules, ran fastest
+        folded, records, covered = given, [], set()
+    del given
+    names.update(node.name for node in folded.node)
+    names.update(covered)
+    result = rewrite_graph_def(folded, fetches=fetches, preserve=fed, options=options)
     result.rules = records
     captured = list(frozen.captured)
     if frozen.variables:

@@ -42,8 +42,10 @@ def measuring(options) -> bool:
     return options.assign == "cost" and getattr(costs, "measure", False) and costs.low_units
 
 
-def frozen_costs(options, graph_def, frozen, fetches, fed: dict):
-    """The options with the costs of one frozen signature's graph (frozen_signature.FrozenSignature)."""
+def frozen_costs(options, graph_def, frozen, fetches, fed: dict, source=None):
+    """The options with the costs of one frozen signature's graph (frozen_signature.FrozenSignature); `source`: the
+    graph before the rules rewrote it, raced as the baseline where they changed it (keep "source" where it ran
+    fastest: savedmodel.freeze then rewrites it instead)."""
     from ..analysis.graph_profile import profile_costs, profileable
     if not measuring(options):
         return options
@@ -55,7 +57,8 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict):
         return _op_table(options, _with_variable_shapes(graph_def, frozen.variables), fetches, why)
     try:
         profile = profile_costs(graph_def, frozen.inputs, fetches, options, fed, options.costs,
-                                measured_batch(options), batches=raced_batches(options))
+                                measured_batch(options), batches=raced_batches(options),
+                                source=None if source is None or source == graph_def else source)
     except VariantError as e:
         return _without_failed(options, graph_def, fetches, e)
     return dataclasses.replace(options, costs=profile.table)

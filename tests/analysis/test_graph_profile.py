@@ -74,12 +74,13 @@ def test_a_conversion_with_costs_measured_in_the_model_verifies_and_keeps_its_si
     if costs.low_units:
         assert p["source"].startswith("costs measured in this graph on this machine"), p["source"]
         assert p["candidates"] > 0 and p["bound"] <= p["cost"] + 1e-9
-        if p["source"].endswith("lists kept"):  # the cut's graph ran slower than the lists': their coloring stays
+        kept = _kept(p["source"])
+        if kept == "the lists":  # the cut's graph ran slower than the lists': their coloring stays
             assert p["demoted"] == 0
-        elif p["source"].endswith("float32 kept"):
+        elif kept in ("float32", "the model as given (no rules)"):
             assert p["demoted"] == p["candidates"]
-        else:  # the cut's choice: never predicted slower than the lists or float32
-            assert p["cost"] <= min(p["lists_cost"], p["fp32_cost"]) + 1e-9
+        else:  # the cut's choice (or not raced: the cut is the lists'): never predicted slower than either
+            assert kept in ("the cut", None) and p["cost"] <= min(p["lists_cost"], p["fp32_cost"]) + 1e-9
     else:  # no bfloat16 units: nothing is measured, every candidate stays float32, and the note says why
         assert "every op stays float32" in p["note"] and not result.converted_nodes
     assert set(tf.saved_model.load(str(out)).signatures) == set(tf.saved_model.load(str(small_cnn)).signatures)
@@ -96,13 +97,13 @@ def test_without_a_batch_size_the_variants_are_raced_at_three_and_the_best_acros
     result = convert_saved_model(small_cnn, tmp_path / "out", "bfloat16", assign="cost", costs=costs, freeze=freeze)
     p = predicted(next(iter(result.graphs.values())))
     assert "at batch 8 (" in p["source"] and "raced at batch 1, 8, 32 (float32 " in p["source"], p["source"]
-    kept = p["source"].split("raced at batch")[1]
-    if "float32 kept" in kept or "the model as given (no rules) kept" in kept:
+    kept = _kept(p["source"])
+    if kept in ("float32", "the model as given (no rules)"):
         assert p["demoted"] == p["candidates"]
-    elif "the lists kept" in kept:
+    elif kept == "the lists":
         assert p["demoted"] == 0
     else:
-        assert "the cut kept" in kept and p["cost"] <= min(p["lists_cost"], p["fp32_cost"]) + 1e-9
+        assert kept == "the cut" and p["cost"] <= min(p["lists_cost"], p["fp32_cost"]) + 1e-9
     assert verify_saved_models(str(small_cnn), str(tmp_path / "out"), precision="bfloat16").passed
 
 
@@ -136,6 +137,13 @@ def test_the_best_across_batches_loses_little_at_any_one_and_keeps_the_cut_withi
     keep, line = best_across({None: [10, 6, 7]}, where=" as the function runs")
     assert keep == "lists" and line.startswith("raced as the function runs (float32 10.0; the lists 6.0; the cut "
                                                "7.0 ms per run): the lists kept"), line
+
+
+def _kept(note: str):
+    """The variant a race kept, as its line says (None: not raced)."""
+    import re
+    found = re.search(r" ms per run\): (float32|the lists|the cut|the model as given \(no rules\)) kept", note)
+    return found.group(1) if found else None
 
 
 def test_a_model_converted_again_here_reuses_its_measured_costs_and_the_same_choice(small_cnn, tmp_path):
@@ -282,6 +290,18 @@ def test_a_batch_size_the_graph_cannot_run_at_is_left_out_of_the_choice_and_said
     profile = profile_costs(graph.as_graph_def(), [(tf.TensorSpec([None, 64], tf.float32), "x:0")], ["y:0"],
                             make_options("bfloat16"), ["x"], machine, batch=8, batches=RACE_BATCHES)
     assert "raced at batch 8 (" in profile.table.note and "float32 did not run at batch 1, 32" in profile.table.note
+
+
+def test_where_the_frozen_graph_without_the_rules_ran_fastest_it_is_rewritten_instead(small_cnn, tmp_path):
+    from mp_rewrite.core.assignment import SOURCE, CostTable
+    ruled = {}
+    for keep in ("float32", SOURCE):
+        result = convert_saved_model(small_cnn, tmp_path / keep, "bfloat16", assign="cost", freeze=True,
+                                     costs=CostTable("bfloat16", keep=keep))
+        ruled[keep] = [r for graph in result.graphs.values() for r in graph.rules if r.applied]
+        assert not result.converted_nodes
+    assert ruled["float32"] and not ruled[SOURCE]  # the BatchNorm folded with the rules, not without
+    assert verify_saved_models(str(small_cnn), str(tmp_path / SOURCE), precision="bfloat16").passed
 
 
 def test_where_the_model_as_given_ran_fastest_it_is_written_without_the_rules(small_cnn, tmp_path):
