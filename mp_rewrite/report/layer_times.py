@@ -5,15 +5,20 @@ Where the cost table was measured in the model (analysis.graph_profile) it carri
 running longest then), in float32 and in Grappler's coloring, the kernels TF ran, and the whole runs untraced. A
 layer's time is its nodes' times and the arithmetic on its weights done every call; the total adds the Casts on
 edges, the nodes no box holds or reads, and what ran elsewhere (other graphs, and TF's own nodes: function-call
-plumbing, Grappler's additions), so it accounts for the whole run and can be held against the measured one. Casts the result inserted are priced per
-tensor as the assignment prices them (this machine's cast times by size), unless the result is the lists'
-coloring, whose Casts ran in the measured runs.
+plumbing, Grappler's additions), so it accounts for the whole run and can be held against the measured one.
 
 Rendered, never decided: a node counts in the precision its row says it computes in (the cut's or the lists'
-choice): its time in the lists' run if low, else in float32's (all of the lists' run for the lists' coloring). A
-node TF fused into another kernel, or folded away, ran no kernel of its own: the kernel that ran it has the time,
-in the box of the op the kernel starts from (a convolution's, not the activation's TF names it after:
-time_owners).
+choice). With runs, the time as converted comes from one run as far as it can: the lists' coloring is all of the
+lists' run; the cut's is the lists' run too -- it is the lists' graph but for the nodes it moved to float32 -- with
+those nodes at their float32 run's time (lists_run_time). A node's time counted once depends on which kernels ran
+beside it in that run (MobileNetV2's filter scaling at each call, float32 in both runs, read 1.0 ms more in the
+float32 run than in the lists'), so a sum taking each float32 node from the float32 run and each low one from the
+lists' run counted the instants they shared twice (docs/pictures.md has the measured gaps). A Cast the result
+inserted is priced as it ran in the lists' run when that run had it (the same name: the same tensor, the same
+way), else per tensor as the assignment prices it (this machine's cast times by size, timed alone: 1.2-1.8x what
+the same Casts took in the model). A node TF fused into another kernel, or folded away, ran no kernel of its own:
+the kernel that ran it has the time, in the box of the op the kernel starts from (a convolution's, not the
+activation's TF names it after: time_owners).
 A table without runs (the op table, a cost file: ops timed alone) times the candidates only; the rest is counted
 as untimed, not guessed.
 """
@@ -154,7 +159,31 @@ def converted_variant(costs, result) -> str:
     return getattr(costs, "keep", "") or ("cut" if demoted else "lists")
 
 
-def node_times(tables, costs, variant: str = "lists") -> dict:
+def demoted_nodes(result) -> dict:
+    """{graph name: frozenset of nodes}: the nodes the cut moved to float32 from the lists' coloring, per graph
+    ("" the main graph)."""
+    return {name: frozenset(sub.assignment.demoted) for name, sub in (("", result), *result.functions.items())
+            if sub.assignment is not None}
+
+
+def lists_run_time(row, variant: str, demoted: dict, profiled: bool) -> bool:
+    """Whether a row's time as converted is its time in the lists' run (else in float32's).
+
+    Args:
+        row: a node_table.NodeRow of the result.
+        variant: converted_variant(costs, result).
+        demoted: demoted_nodes(result).
+        profiled: the table has runs (run_times.RunTimes); without them (ops timed alone) a row's precision alone
+            decides.
+    """
+    if not profiled:
+        return row.node_class == "allow"
+    if variant == "cut":  # the lists' graph but for what the cut moved to float32
+        return row.name not in demoted.get(row.graph, ())
+    return variant == "lists"
+
+
+def node_times(tables, costs, variant: str = "lists", demoted: dict | None = None) -> dict:
     """{graph name: {node: (float32 ms, ms as converted)}} of the nodes with a time and the inserted Casts (a Cast
     costs nothing in float32, where it does not exist).
 
@@ -162,10 +191,11 @@ def node_times(tables, costs, variant: str = "lists") -> dict:
         tables: node_table.build_tables(result).
         costs: the core.assignment.CostTable the rewrite read (or one measured for it).
         variant: converted_variant(costs, result).
+        demoted: demoted_nodes(result) (needed for the cut's coloring).
     """
     from ..analysis.graph_costs import MAIN
     from ..core.assignment import DEFAULT_CAST_MS
-    runs = getattr(costs, "runs", None)
+    runs, demoted = getattr(costs, "runs", None), demoted or {}
     out = {}
     for table in tables:
         label = table.name or MAIN
@@ -174,15 +204,16 @@ def node_times(tables, costs, variant: str = "lists") -> dict:
         times = out[table.name] = {}
         for name, row in table.rows.items():
             if row.cast is not None:
-                if runs is not None and variant == "lists" and name in timed:
-                    times[name] = (0.0, timed[name][1])  # the lists' Casts ran in the measured runs
-                    continue
-                to_low, to_fp32 = priced.get((row.cast.src, row.cast.src_port), (DEFAULT_CAST_MS,) * 2)
-                times[name] = (0.0, to_low if row.cast.to_low else to_fp32)
+                if runs is not None and variant != "float32" and name in timed:
+                    times[name] = (0.0, timed[name][1])  # a Cast the lists' run ran, as it ran there
+                elif runs is None or variant != "lists":
+                    to_low, to_fp32 = priced.get((row.cast.src, row.cast.src_port), (DEFAULT_CAST_MS,) * 2)
+                    times[name] = (0.0, to_low if row.cast.to_low else to_fp32)
+                # else a Cast the lists' own run did not run under its name: TF folded it, or Grappler moved and
+                # renamed it (its time is then with TF's own nodes, `elsewhere`): priced, it was counted twice
             elif name in timed:
                 fp32, low = timed[name]
-                whole_lists = runs is not None and variant == "lists"
-                times[name] = (fp32, low if row.node_class == "allow" or whole_lists else fp32)
+                times[name] = (fp32, low if lists_run_time(row, variant, demoted, runs is not None) else fp32)
     return out
 
 
@@ -242,12 +273,12 @@ def time_view(graph, tables, costs, result) -> TimeView:
         costs: the CostTable the rewrite read (or one measured for it).
         result: the RewriteResult (which variant the measured whole runs stand for).
     """
-    variant = converted_variant(costs, result)
+    variant, demoted = converted_variant(costs, result), demoted_nodes(result)
     runs = getattr(costs, "runs", None)
-    times = node_times(tables, costs, variant)
+    times = node_times(tables, costs, variant, demoted)
     by_name = {t.name: t for t in tables}
     calls = {n.name: called_functions(n) for n in graph.table.result.graph_def.node if n.name in graph.box_of}
-    kernel, float32_kernel = _kernel_of(runs, variant), _kernel_of(runs, "float32")
+    kernel, float32_kernel = _kernel_of(runs, variant, demoted), _kernel_of(runs, "float32", {})
     owners = weight_owners(graph)
     homes = [fused_homes(graph, times, float32_kernel, 0), fused_homes(graph, times, kernel, 1)]
     layers, counted, ran = {}, set(), {}
@@ -266,49 +297,57 @@ def time_view(graph, tables, costs, result) -> TimeView:
     drawn = set(graph.box_of) | inside | on_edges | set(owners)
     undrawn = tuple(sum(t[i] for name, t in own.items() if name not in drawn) for i in (0, 1))
     counted |= {(graph.table.name, name) for name in own}
-    elsewhere = _elsewhere(times, runs, variant, counted)
+    elsewhere = _elsewhere(times, runs, variant, counted, graph.table.name)
     total_fp32 = sum(t.fp32 for t in layers.values()) + undrawn[0] + elsewhere[0]
     total = sum(t.ms for t in layers.values()) + edge_casts + undrawn[1] + elsewhere[1]
     return TimeView(result.precision, layers, edges, edge_casts, undrawn, elsewhere, total_fp32, total,
                     measured_totals(costs, result, graph.table.name), costs.note, times, runs is not None, ran)
 
 
-def _kernel_of(runs, variant: str):
-    """row -> the fused kernel TF ran under its name in the run its time as `variant` comes from (the lists' run
-    for a low row or the lists' coloring, float32's otherwise; "" when none, or without runs)."""
+def _kernel_of(runs, variant: str, demoted: dict):
+    """row -> the fused kernel TF ran under its name in the run its time as `variant` comes from (lists_run_time;
+    "" when none, or without runs)."""
     from ..analysis.graph_costs import MAIN
     if runs is None or not runs.kernels:
         return lambda row: ""
-    return lambda row: runs.kernel(row.graph or MAIN, row.name,
-                                   variant != "float32" and (row.node_class == "allow" or variant == "lists"))
+    return lambda row: runs.kernel(row.graph or MAIN, row.name, lists_run_time(row, variant, demoted, True))
 
 
-def _elsewhere(times: dict, runs, variant: str, counted: set) -> tuple:
-    """(float32 ms, ms) of what ran and no box, edge or undrawn line counts: the other graphs' timed nodes (in the
-    precision their rows say; a graph without rows, as the variant ran it) and TF's own nodes."""
+def _elsewhere(times: dict, runs, variant: str, counted: set, drawn: str) -> tuple:
+    """(float32 ms, ms) per call of the drawn graph (`drawn`) of what ran and no box, edge or undrawn line counts:
+    the other graphs' timed nodes (in the precision their rows say; a graph without rows, as the variant ran it)
+    and TF's own nodes. A run that called the drawn graph n times (a Keras export's two signatures) ran TF's own
+    nodes and a graph it ran once (the signatures' wrappers) once for the n calls: 1/n of them is one call's.
+    TF's own nodes as converted are the lists' run's for the lists' coloring, else float32's: the lists' run's
+    hold the Casts Grappler moved and renamed, which the cut's coloring prices per tensor (node_times)."""
     from ..analysis.graph_costs import MAIN
     if runs is None:
         return (0.0, 0.0)
-    fp32 = runs.elsewhere[0]
-    ms = runs.elsewhere[1] if variant == "lists" else runs.elsewhere[0]
+    per = max(1, runs.calls.get(drawn or MAIN, 1))
+
+    def share(label: str) -> float:  # one call's share of a graph's time per call site
+        return runs.calls.get(label or MAIN, 1) / per
+    fp32 = runs.elsewhere[0] / per
+    ms = (runs.elsewhere[1] if variant == "lists" else runs.elsewhere[0]) / per
     for graph, nodes in times.items():
         for name, t in nodes.items():
             if (graph, name) not in counted:
-                fp32, ms = fp32 + t[0], ms + t[1]
+                fp32, ms = fp32 + t[0] * share(graph), ms + t[1] * share(graph)
     for label, nodes in runs.nodes.items():
         graph = "" if label == MAIN else label
         if graph in times:
             continue
         for a, b in nodes.values():
-            fp32, ms = fp32 + a, ms + (b if variant == "lists" else a)
+            fp32, ms = fp32 + a * share(label), ms + (b if variant == "lists" else a) * share(label)
     return fp32, ms
 
 
 def measured_totals(costs, result, graph_name: str = "") -> dict:
     """The whole model's measured time per call, float32 and as converted, when the table was profiled in the model
     ({} otherwise): the untraced runs made beside the traced ones the nodes' times come from, and for the cut's
-    coloring its ratio to float32 in the runs that raced it. "As converted" is the variant the result is (converted_variant). A run that
-    called the drawn graph n times (every signature of a Keras export calls the model) counts as n calls."""
+    coloring its ratio to the lists' in the runs that raced it. "As converted" is the variant the result is
+    (converted_variant). A run that called the drawn graph n times (every signature of a Keras export calls the
+    model) counts as n calls."""
     from ..analysis.graph_costs import MAIN
     from ..analysis.graph_profile import measured_runs
     runs = measured_runs(costs)
@@ -318,21 +357,27 @@ def measured_totals(costs, result, graph_name: str = "") -> dict:
     if "untraced" not in runs:
         return {}
     fp32, lists = (ms / calls for ms in runs["untraced"])
-    raced_fp32, _, raced_cut = runs.get("raced", (0.0, 0.0, 0.0))
-    if variant == "cut" and 0 < raced_fp32 < float("inf"):
+    raced = runs.get("raced", (0.0, 0.0, 0.0))
+    if variant == "cut":
         # The cut's graph ran only in the race, whose medians a busy machine puts far above the fastest runs the
         # layers add up to (MobileNetV2 at load 4: float32 31.5 ms raced, 12.7 ms at its fastest): the cut's time
-        # is its ratio to float32 there, measured side by side, times float32's fastest run.
-        return {"float32": fp32, "converted": fp32 * raced_cut / raced_fp32,
-                "how": f"fastest whole runs untraced; as converted, float32's times the cut's ratio to it in the race "
-                       f"({raced_cut / raced_fp32:.2f}, medians of alternated runs){per}"}
+        # is its ratio there, measured side by side, to the run its layers' times come from (the lists', but for
+        # the nodes it demoted: node_times), times that run's fastest -- float32's where the lists' failed.
+        for base, name, ms in ((1, "the lists'", lists), (0, "float32's", fp32)):
+            if 0 < raced[base] < float("inf"):
+                ratio = raced[2] / raced[base]
+                return {"float32": fp32, "converted": ms * ratio,
+                        "how": f"fastest whole runs untraced; as converted, {name} times the cut's ratio to it in "
+                               f"the race ({ratio:.2f}, medians of alternated runs){per}"}
     return {"float32": fp32, "converted": fp32 if variant == "float32" else lists,
             "how": f"fastest whole runs, untraced{per}"}
 
 
 def explained_times(tables, costs, result) -> dict | None:
     """node_times for explain and the node table, or None when the table has no times to show."""
-    return node_times(tables, costs, converted_variant(costs, result)) if has_times(costs) else None
+    if not has_times(costs):
+        return None
+    return node_times(tables, costs, converted_variant(costs, result), demoted_nodes(result))
 
 
 def has_times(costs) -> bool:

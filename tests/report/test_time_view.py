@@ -15,7 +15,7 @@ from mp_rewrite.analysis.graph_costs import MAIN
 from mp_rewrite.analysis.graph_profile import measured_runs
 from mp_rewrite.analysis.run_times import RunTimes, counted_once
 from mp_rewrite.commands.cli import main as cli_main
-from mp_rewrite.core.assignment import CostTable
+from mp_rewrite.core.assignment import DEFAULT_CAST_MS, CostTable
 from mp_rewrite.report.explanation import explain_all
 from mp_rewrite.report.layer_times import ms_text, node_times
 from mp_rewrite.report.node_table import build_tables
@@ -120,12 +120,14 @@ def test_with_runs_every_op_counts_and_the_total_is_the_whole_run(timed):
     view = picture_times(graph, tables, dataclasses.replace(table, runs=runs), result)
     assert view.complete
     ran = sum(len(nodes) for nodes in runs.nodes.values())
-    # every node ran 1 ms in float32 (and TF's own 0.25 ms): all of it is in the layers, undrawn or elsewhere
-    assert view.total_fp32 == pytest.approx(ran * 1.0 + 0.25)
+    # every node ran 1 ms in float32 per call, TF's own nodes 0.25 ms per run of two calls: all of it is in the
+    # layers, undrawn or elsewhere
+    assert view.total_fp32 == pytest.approx(ran * 1.0 + 0.125)
     assert sum(t.fp32 for t in view.layers.values()) + view.undrawn[0] + view.elsewhere[0] == \
         pytest.approx(view.total_fp32)
-    # the lists' coloring: every op at its lists' time, whatever its class
-    assert view.total == pytest.approx(ran * 0.5 + 0.25 + view.edge_casts, rel=0.05)
+    # the lists' coloring: every op at its lists' time, whatever its class; a Cast its run did not run (none here)
+    # adds nothing
+    assert view.total == pytest.approx(ran * 0.5 + 0.125) and view.edge_casts == 0
     # two calls per run (two signatures): the measured whole run is halved to one call
     assert view.measured["float32"] == 25.0 and view.measured["converted"] == 15.0
     assert "2 calls of the model each" in view.measured["how"]
@@ -158,23 +160,41 @@ def test_each_run_s_fused_kernel_goes_to_the_box_of_the_op_it_starts_from(timed)
     assert t["relu"].fp32 == 0.0 and t["relu"].ms == pytest.approx(0.4, abs=0.05) and not t["relu"].kernels
 
 
-def test_the_cuts_measured_time_is_its_ratio_to_float32_in_the_race(timed):
+def test_the_cut_is_the_lists_run_but_for_what_it_demoted_and_its_measured_time_the_race_ratio(timed):
     from mp_rewrite.core.options import make_options
     from mp_rewrite.model.loaded import load_model, rewrite_model
-    path, result, *_ = timed
-    table = made_up_table(result)
+    path, lists, *_ = timed
+    table = made_up_table(lists)
     # one candidate made slower in bfloat16: the cut keeps it float32, so the result is the cut's
     label, nodes = next((label, nodes) for label, nodes in table.nodes.items() if nodes)
     slow = dict(nodes, **{sorted(nodes)[0]: (0.1, 10.0)})
     table = dataclasses.replace(table, nodes={**table.nodes, label: slow})
     cut = rewrite_model(load_model(path), "bfloat16", options=make_options("bfloat16", assign="cost", costs=table))
-    runs = dataclasses.replace(_runs(cut, table), raced=(30.0, 33.0, 24.0))  # medians, on a busier machine
+    name = "" if label == MAIN else label
+    sub, ran_lists = (cut.functions.get(name, cut), lists.functions.get(name, lists))
+    demoted = sorted(sub.assignment.demoted)
+    shared = [c.name for c in sub.casts if c.name in {c.name for c in ran_lists.casts}]
+    new = [c for c in sub.casts if c.name not in {c.name for c in ran_lists.casts}]
+    assert demoted and shared and new
+    runs = _runs(cut, table)
+    # the lists' run: the demoted node ran in bfloat16 (10 ms), every Cast it shares with the cut 0.3 ms
+    own = {**runs.nodes[label], **{n: (0.1, 10.0) for n in demoted}, **{c: (0.0, 0.3) for c in shared}}
+    runs = dataclasses.replace(runs, nodes={**runs.nodes, label: own}, raced=(30.0, 33.0, 24.0))
     tables = build_tables(cut, with_flops=False)
     graph, _, _ = layer_picture(cut, None, 150, tables)
     view = picture_times(graph, tables, dataclasses.replace(table, runs=runs), cut)
-    # float32's fastest untraced run is 25 ms; the cut ran at 0.8 of float32 in the race: 20 ms, not the 24 ms median
-    assert view.measured["float32"] == 25.0 and view.measured["converted"] == pytest.approx(20.0)
-    assert "ratio to it in the race (0.80" in view.measured["how"]
+    times = view.nodes[name]
+    kept = next(n for n, row in graph.table.rows.items() if row.node_class == "untouched" and n in own)
+    # a node float32 in both runs takes the lists' run's time (the cut's graph is the lists' but for what it
+    # demoted), a demoted one float32's, a Cast the lists' run ran its time there, a new one its price per tensor
+    assert times[kept] == (1.0, 0.5) and all(times[n] == (0.1, 0.1) for n in demoted)
+    assert all(times[c] == (0.0, 0.3) for c in shared)
+    priced = {c.name: table.casts[label].get((c.src, c.src_port), (DEFAULT_CAST_MS,) * 2) for c in new}
+    assert all(times[c.name] == (0.0, priced[c.name][0 if c.to_low else 1]) for c in new)
+    # the lists' fastest untraced run is 15 ms, and the cut ran at 24/33 of the lists' in the race (medians, on
+    # a busier machine): 10.9 ms, not the 24 ms median
+    assert view.measured["float32"] == 25.0 and view.measured["converted"] == pytest.approx(15.0 * 24 / 33)
+    assert "the lists' times the cut's ratio to it in the race (0.73" in view.measured["how"]
 
 
 def test_counted_once_gives_each_instant_to_the_oldest_running_kernel():
