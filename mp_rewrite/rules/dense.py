@@ -50,8 +50,6 @@ def match_dense_bias(graph: EditableGraph, reshape) -> Match | None:
         return None
     if bias.op == "BiasAdd" and bias.attr["data_format"].s not in (b"", b"NHWC"):
         return Match().fail(f"BiasAdd '{bias.name}' is {bias.attr['data_format'].s.decode()}")
-    if graph.is_kept(bias):
-        return Match().fail(f"'{bias.name}' is fetched: it must stay a {bias.op} (the rewrite makes it the {reshape.op})")
     reason = _contraction_problem(graph, matmul, reshape)
     if reason is not None:
         return Match().fail(reason)

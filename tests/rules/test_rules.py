@@ -118,20 +118,6 @@ def test_a_shared_contraction_output_declines_with_the_reason():
     assert "read by 2 nodes" in reasons["bias_add"] and "read by 2 nodes" in reasons["batchnorm_fold"]
 
 
-def test_a_dense_bias_that_is_fetched_keeps_its_op_and_declines():
-    def body(x):  # a Dense on 3-D inputs, written as TF writes it: rows, MatMul, Reshape back, bias
-        rows = tf.matmul(tf.reshape(x, [-1, 32]), W2)
-        return tf.reshape(rows, [-1, 16, 64]) + B2
-    graph_def, fetches, _ = _tf_graph(body, (8, 16, 32))
-    graph_def = frozen_fold(graph_def, fetches)
-    add = next(n.name for n in graph_def.node if n.op in ("AddV2", "Add"))
-    _, records = canonicalize(graph_def, [f"{add}:0"])
-    [record] = [r for r in records if r.rule == "dense_bias"]
-    assert not record.applied and f"'{add}' is fetched" in record.reason, record
-    new, records = canonicalize(graph_def, fetches)  # fetched through the Identity: the bias is free to move
-    assert "dense_bias" in _applied(records)
-
-
 def frozen_fold(graph_def, fetches):
     from mp_rewrite.analysis.grappler import FOLDING, optimize_graph
     return optimize_graph(graph_def, fetches, FOLDING)
