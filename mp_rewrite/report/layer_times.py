@@ -153,10 +153,13 @@ def kernel_text(t: LayerTime, limit: int = 2) -> str:
 
 
 def converted_variant(costs, result) -> str:
-    """Which measured variant the result is: "float32" or "lists" when the run kept that coloring, "cut" when the
-    cut demoted something, else "lists"."""
+    """Which measured variant the result is: "float32" or "lists" when the run kept that coloring ("float32" too
+    for the model as given, kept without the rules: its float32 run is the nearest measured), "cut" when the cut
+    demoted something, else "lists"."""
+    from ..core.assignment import SOURCE
     demoted = any(r.assignment is not None and r.assignment.demoted for r in (result, *result.functions.values()))
-    return getattr(costs, "keep", "") or ("cut" if demoted else "lists")
+    keep = getattr(costs, "keep", "")
+    return "float32" if keep == SOURCE else keep or ("cut" if demoted else "lists")
 
 
 def demoted_nodes(result) -> dict:
