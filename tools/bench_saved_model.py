@@ -497,7 +497,7 @@ def main(argv=None) -> int:
             paths = dict(prepared[name][0])
             if batch != TUNE_BATCH and {"ours", "ours_cost"} & set(wanted):  # measured at the batch they serve
                 cost_paths, facts[name]["predicted"][batch] = convert_by_cost(paths["fp32"], workdir / name, batch)[:2]
-                paths.update(cost_paths)
+                paths.update({v: path for v, path in cost_paths.items() if v in wanted})
             rows.append(measure(name, batch, paths, workdir, args.rounds, args.block_seconds, args.openvino_python))
             print("\n".join(table(rows[-1:])[2:]), flush=True)
     note = chart(rows, Path(args.out))

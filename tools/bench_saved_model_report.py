@@ -60,15 +60,16 @@ def machine() -> dict:
 def table(rows: list[dict], key: str = "ms") -> list[str]:
     """Markdown table: median ms per variant (wall latency, or CPU time with key="cpu_ms"), then every variant's
     speed-up over float32 (float32 ms / its ms; > 1 is faster than float32)."""
-    measured = variants(rows[0])
+    measured = [v for v in LABELS if any(v in row[key] for row in rows)]  # a row may lack one: "-"
     others = [v for v in measured if v != "fp32"]
     head = ("| model | batch | " + " | ".join(f"{LABELS[v]} ms" for v in measured) + " | " +
             " | ".join(f"{LABELS[v]} vs float32" for v in others) + " | TF runs the same nodes for ours (lists) and TF AMP |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         ms = row[key]
-        lines.append(f"| {row['model']} | {row['batch']} | " + " | ".join(f"{ms[v]:.1f}" for v in measured) + " | " +
-                     " | ".join(f"{ms['fp32'] / ms[v]:.2f}x" for v in others) +
+        lines.append(f"| {row['model']} | {row['batch']} | " +
+                     " | ".join(f"{ms[v]:.1f}" if v in ms else "-" for v in measured) + " | " +
+                     " | ".join(f"{ms['fp32'] / ms[v]:.2f}x" if v in ms else "-" for v in others) +
                      f" | {SAME[row['same_graph_as_tf_amp']]} |")
     return lines
 
