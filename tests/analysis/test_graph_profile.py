@@ -322,3 +322,16 @@ def test_where_the_model_as_given_ran_fastest_it_is_written_without_the_rules(sm
         else:  # float32 with the rules: the BatchNorm folded, so the functions differ
             assert not unchanged and ruled and not result.converted_nodes
     assert verify_saved_models(str(small_cnn), str(tmp_path / SOURCE), precision="bfloat16").passed
+
+
+def test_twin_signatures_are_run_once_per_profiled_run(small_cnn):
+    from mp_rewrite.savedmodel.measured_costs import in_place_costs
+    meta = read_saved_model(small_cnn).meta_graphs[0]
+    assert {"serve", "serving_default"} <= set(meta.signature_def)  # Keras' export: one function, two names
+    costs = this_machine("bfloat16")
+    if not costs.low_units:
+        pytest.skip("without bfloat16 units nothing is measured")
+    costs.batch = 2
+    table = in_place_costs(make_options("bfloat16", assign="cost", costs=costs), small_cnn, meta).costs
+    # Both signatures in one session run ran the model twice at once, on two cores: each call timed contended.
+    assert table.runs is not None and table.runs.calls and set(table.runs.calls.values()) == {1}, table.runs.calls
