@@ -319,11 +319,11 @@ def _raced(table, cut, racing, batches: dict, batch, where: str, source: bool) -
     """The table with the variant the runs chose: float32, the lists, the cut (when it differs from the lists) and,
     with `source`, the model as given before the rules, raced untraced (`racing(with_cut)` -> their runners) at
     each of `batches` ({batch size: feeds, or None to run on the runners' own}), `best_across` choosing. Nothing
-    is raced where there is nothing to choose (one batch, the cut the lists', no source): the traced runs already
-    compared float32 with the lists and the cut followed. Returns (table, the raced (float32, lists, cut) ms at
-    `batch`, or ())."""
+    is raced where there is nothing to choose (the traced batch alone, the cut the lists', no source): the traced runs
+    already compared float32 with the lists, and the cut followed. Returns (table, the raced (float32, lists,
+    cut) ms at `batch`, or ())."""
     with_cut = any(r.assignment.demoted for r in (cut, *cut.functions.values()) if r.assignment)
-    if not table.low_units or (len(batches) == 1 and not with_cut and not source):
+    if not table.low_units or (list(batches) in ([batch], [None]) and not with_cut and not source):
         return table, ()
     runners = racing(with_cut)
     names = ("float32", "lists") + (("cut",) if with_cut else ()) + (("source",) if source else ())
