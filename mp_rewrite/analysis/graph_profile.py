@@ -37,21 +37,13 @@ from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
-from .graph_runs import (LOG, WARMUP, FunctionRunner, Runner, VariantError, made_up_values, opened, race,
-                         saved_model_copy, traced_times)
+from .graph_runs import LOG, FunctionRunner, Runner, SignatureRunner, opened, saved_model_copy, traced_times
 from .op_costs import onednn_settings
 from .profile_cache import graph_bytes, load, profile_key, save
 from .run_times import counted_once, executed_kernels, executed_names, run_times
+from .variant_race import distinct, feeds_by_batch, race_variants
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
-RACE_RUNS = 9  # untraced runs of each variant when the cut's graph is checked against the lists' and float32
-# Without a batch size from the user, the variants are raced at each of these (where an input's batch is unknown)
-# and the one best across them is kept: a model is served at batches nobody told the conversion.
-RACE_BATCHES = (1, 8, 32)
-# A variant slower than float32 by more than this at any raced batch is out, however much faster at the others: a
-# Transformer's bfloat16 ran 1.07x float32's time at batch 1 and 0.38x at batch 32 (a few percent at batch 1 for a
-# large gain elsewhere is kept, and said; a real loss at one batch is not traded for gains at others).
-SLOWER = 0.10
 INLINED_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # what a TF1 session inlines
 MAX_PREFIXES = 8  # call sites followed per function
 PROFILE_LIMIT = 2**30  # bytes of weights above which nothing is profiled: every variant run holds its own copy
@@ -106,8 +98,7 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
         runs: traced runs of each variant.
         progress: optional callable (done, total).
         refresh: measure even when the cache holds this graph's costs (and cache the new ones).
-        batches: the batch sizes the variants are raced at, to keep the one best across them (RACE_BATCHES when
-            the user gave none); () races at `batch` alone, and only a cut that differs from the lists.
+        batches: the batch sizes the variants are raced at (variant_race); () races them at `batch`.
         source: the graph before the rules rewrote it into `graph_def` (None: they did not): it is raced too, as
             the baseline, and kept (the table's keep "source") where it runs fastest.
 
@@ -116,13 +107,13 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
     """
     from ..core.rewrite import rewrite_graph_def
     specs = [(spec.dtype.as_datatype_enum, spec.shape.as_list()) for spec, _ in inputs]
-    feeds_at = _feeds_at([name for _, name in inputs], specs)
+    feeds_at = feeds_by_batch([name for _, name in inputs], specs)
     return _profile(graph_def, lambda opts: rewrite_graph_def(graph_def, fetches=fetches, preserve=preserve,
                                                               options=opts),
                     lambda result: Runner.of_graph(result.graph_def if result else graph_def, feeds_at(batch),
                                                    fetches),
                     [specs, fetches], {MAIN: [""]}, options, machine, batch, runs, progress, refresh, fetches,
-                    batches=_distinct(batches, feeds_at),
+                    batches=distinct(batches, feeds_at),
                     source=None if source is None else lambda: Runner.of_graph(source, feeds_at(batch), fetches))
 
 
@@ -148,20 +139,26 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
     import tempfile
     from ..core.rewrite import rewrite_meta_graph_def
     export_dir = os.path.abspath(export_dir)  # the rewritten copies link to its variables
-    feeds_at = _feeds_at(list(inputs), list(inputs.values()))
+    feeds_at = feeds_by_batch(list(inputs), list(inputs.values()))
     tags = list(meta_graph.meta_info_def.tags)
     with tempfile.TemporaryDirectory(prefix="mp_rewrite_profile_") as work:
-        def run(result, graph=None):
+        def copy(result, graph=None) -> str:
             # float32 is `meta_graph` as given, which need not be the directory's own: in place, the rules
             # canonicalize the functions first (savedmodel.in_place.rules_before_pass), and the directory's graph
             # would be timed under names (and function names) the rewritten graph does not have.
             graph = graph or (result.meta_graph_def if result else meta_graph)
-            return Runner.of_saved_model(saved_model_copy(export_dir, graph, tempfile.mkdtemp(dir=work)), tags,
-                                         feeds_at(batch), fetches)
-        return _profile(meta_graph.graph_def, lambda opts: rewrite_meta_graph_def(meta_graph, options=opts), run,
+            return saved_model_copy(export_dir, graph, tempfile.mkdtemp(dir=work))
+
+        def served(result, graph=None):  # the race: each variant as TF2 serves it
+            return SignatureRunner(copy(result, graph), tags, called, feeds_at(batch))
+        called = {key: {arg: info.name for arg, info in signature.inputs.items()}
+                  for key, signature in sorted(meta_graph.signature_def.items())
+                  if signature.inputs and all(info.name in inputs for info in signature.inputs.values())}
+        return _profile(meta_graph.graph_def, lambda opts: rewrite_meta_graph_def(meta_graph, options=opts),
+                        lambda result: Runner.of_saved_model(copy(result), tags, feeds_at(batch), fetches),
                         [inputs, fetches], _inlined_prefixes(meta_graph.graph_def), options, machine, batch, runs,
-                        progress, False, fetches, batches=_distinct(batches, feeds_at),
-                        source=None if source is None else lambda: run(None, source))
+                        progress, False, fetches, served, distinct(batches, feeds_at),
+                        None if source is None else lambda: served(None, source), " as TF serves it")
 
 
 def profile_body(body, args, options, signatures, machine, batch: int | None = None, runs: int = RUNS,
@@ -195,7 +192,7 @@ def profile_body(body, args, options, signatures, machine, batch: int | None = N
                     lambda result: Runner.of_body(result.graph_def if result else body.graph_def, args,
                                                   body.retvals, targets, batch),
                     [specs, body.retvals, targets], {MAIN: [""]}, options, machine, batch, runs, progress, False,
-                    body.retvals, racer)
+                    body.retvals, racer, where=" as the function runs")
 
 
 def body_profileable(graph_def, args) -> str:
@@ -218,13 +215,13 @@ def body_profileable(graph_def, args) -> str:
 
 
 def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, batch, runs, progress, refresh,
-             fetches, racer=None, batches=None, source=None) -> Profile:
+             fetches, racer=None, batches=None, source=None, where: str = "") -> Profile:
     """What every front end does: rewrite with the lists (`rewrite(options)` -> RewriteResult), run float32 and the
-    lists' variant (`run(None or RewriteResult)` -> Runner) traced, build the table, race the variants (`_raced`: in
-    those sessions, or as `racer(None or RewriteResult)` runs each; at each of `batches`, {batch size: feeds}, when
-    given; with `source()`, a Runner of the model as given before the rules, when it differs) and keep the best,
-    and cache the outcome, with what the runs measured (run_times.RunTimes), under a key of both graphs and
-    `key_parts`."""
+    lists' variant (`run(None or RewriteResult)` -> Runner) traced, build the table, race the variants
+    (variant_race.race_variants: in those sessions, or as `racer(None or RewriteResult)` runs each, `where` saying
+    how; at each of `batches`, {batch size: feeds}; with `source()`, a runner of the model as given before the
+    rules) and keep the best, and cache it all, with what the runs measured (run_times.RunTimes), under a key of
+    both graphs and `key_parts`."""
     lists = rewrite(_lists(options))
     # The model is timed here, under this process's oneDNN settings, whatever machine table prices its casts.
     key = profile_key(graph_bytes(graph_def), graph_bytes(lists.graph_def), *key_parts, batch, runs,
@@ -247,11 +244,11 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
                 return runners
             while runners:  # done with: their copies of the variables go before the racers make theirs
                 runners.pop().close()
-            for result in (None, lists, cut):
-                runners.append(racer(result))
+            runners.extend(racer(result) for result in (None, lists, *([cut] if with_cut else [])))
+            runners.extend([source()] if source else [])
             return runners
-        table, raced = _raced(table, cut, racing, batches or {batch: None}, batch,
-                              "" if racer is None else " as the function runs", source is not None)
+        table, raced = race_variants(table, cut, racing, batches or {batch: None}, batch, where,
+                                     source is not None)
         names = [executed_names(graph_def, prefixes), executed_names(lists.graph_def, prefixes)]
         measured = run_times([r.samples for r in traced], names, kernels, _medians(walls),
                              tuple(min(r.walls) for r in traced), raced)
@@ -281,24 +278,6 @@ class _Recorded:
         self.runner.close()
 
 
-def _feeds_at(names, specs):
-    """feeds_at(batch) -> {input name: made-up value} with an unknown dimension at that batch size."""
-    return lambda batch: dict(zip(names, made_up_values(specs, batch)))
-
-
-def _distinct(batches, feeds_at) -> dict:
-    """{batch size: feeds} for each of `batches` whose inputs differ in shape from the smaller ones' (an input of
-    fixed batch has one)."""
-    found, shapes = {}, set()
-    for batch in sorted(batches):
-        feeds = feeds_at(batch)
-        key = tuple(np.shape(v) for v in feeds.values())
-        if key not in shapes:
-            shapes.add(key)
-            found[batch] = feeds
-    return found
-
-
 def _lists(options):
     return dataclasses.replace(options, assign="lists", costs=None)
 
@@ -313,103 +292,6 @@ def _cached(key: str) -> Profile | None:
                     "only: measuring the model again (once; the cache then holds every op's time)", path)
         return None
     return Profile(dataclasses.replace(table, note=f"{table.note}; cached in {path}"), fp32_ms, lists_ms)
-
-
-def _raced(table, cut, racing, batches: dict, batch, where: str, source: bool) -> tuple:
-    """The table with the variant the runs chose: float32, the lists, the cut (when it differs from the lists) and,
-    with `source`, the model as given before the rules, raced untraced (`racing(with_cut)` -> their runners) at
-    each of `batches` ({batch size: feeds, or None to run on the runners' own}), `best_across` choosing. Nothing
-    is raced where there is nothing to choose (the traced batch alone, the cut the lists', no source): the traced runs
-    already compared float32 with the lists, and the cut followed. Returns (table, the raced (float32, lists,
-    cut) ms at `batch`, or ())."""
-    with_cut = any(r.assignment.demoted for r in (cut, *cut.functions.values()) if r.assignment)
-    if not table.low_units or (list(batches) in ([batch], [None]) and not with_cut and not source):
-        return table, ()
-    runners = racing(with_cut)
-    names = ("float32", "lists") + (("cut",) if with_cut else ()) + (("source",) if source else ())
-    ms = {}
-    for size, feeds in batches.items():
-        if feeds is not None:
-            for runner in runners:
-                runner.feed(feeds)
-        try:
-            ms[size] = race(runners, *_race_runs(size, batch), names=[_named(v) for v in names])
-        except VariantError:  # none runs at this size (a shape fixed in the graph): best_across leaves it out
-            ms[size] = [np.inf] * len(runners)
-    keep, said = best_across(ms, names, where)
-    at = ms.get(batch)
-    raced = () if at is None else (at[0], at[1], at[names.index("cut")] if with_cut else at[1])
-    return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}"), raced
-
-
-def verdict(table, raced, where: str = "") -> CostTable:
-    """The table with what one race of float32, the lists and the cut (ms per run, in that order) showed, as
-    `best_across` decides (analysis.step_profile's race of a training step)."""
-    keep, said = best_across({None: list(raced)}, ("float32", "lists", "cut"), where)
-    return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}")
-
-
-def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "") -> tuple:
-    """Which variant to keep, given each one's ms per run ({batch size, or None: [ms per variant in `names`]}).
-
-    The baseline is the model as given: "source" where it was raced (the rules changed it), else "float32". A
-    variant slower than the baseline by more than SLOWER at any batch is out (the baseline never is); of the rest,
-    the one whose time over the baseline's has the least geometric mean across the batches wins -- what the
-    assignment keeps by itself (the cut, or the lists when there is no cut of their own), unless another gains
-    more than RESOLUTION on it. A batch the baseline could not run at (infinite) is left out, and said.
-
-    Returns:
-        (keep, line): the table's `keep` ("" for what the assignment keeps by itself, else "lists", "float32" or
-        "source") and what the race showed.
-    """
-    from ..core.assignment import RESOLUTION
-    base = names.index("source") if "source" in names else 0
-    failed = [b for b, t in ms.items() if not np.isfinite(t[base])]
-    ms = {b: t for b, t in ms.items() if b not in failed}
-    sizes = ", ".join(map(str, failed))
-    if not ms:
-        return names[base], f"{_named(names[base])} did not run at batch {sizes}: it is kept"
-    ratio = {v: [t[i] / t[base] for t in ms.values()] for i, v in enumerate(names)}
-    score = {v: float(np.exp(np.mean(np.log(r)))) for v, r in ratio.items() if max(r) <= 1 + SLOWER}
-    best = min(score, key=score.get)
-    mine = "cut" if "cut" in names else "lists"
-    if mine in score and score[mine] <= (1 + RESOLUTION) * score[best]:
-        best = mine
-    at = f" at batch {', '.join(map(str, ms))}" if None not in ms else ""
-    each = "; ".join(f"{_named(v)} " + " / ".join(f"{t[i]:.1f}" for t in ms.values()) for i, v in enumerate(names))
-    worst = {v: max(zip(r, ms)) for v, r in ratio.items()}  # (ratio, batch) where each is slowest
-    out = [f"{_named(v)} " + (f"{worst[v][0]:.2f}x" if np.isfinite(worst[v][0]) else "did not run")
-           + (f" at batch {worst[v][1]}" if at else "") for v in names if v not in score]
-    slower, where_slower = worst[best]
-    # Where a variant left out ran faster than the one kept: a model for that batch alone would gain.
-    gains = [(x, size, v) for v, r in ratio.items() if v not in score
-             for x, size, kept in zip(r, ms, ratio[best]) if x < (1 - RESOLUTION) * kept]
-    hint = ""
-    if gains and at:
-        fastest, size, variant = min(gains)
-        hint = f"; at batch {size} {_named(variant)} ran {fastest:.2f}x: --batch-size {size} chooses for that batch"
-    said = (f"raced{where}{at} ({each} ms per run): {_named(best)} kept"
-            + (", the best across them" if len(ms) > 1 else "")
-            + (f" (out, over {1 + SLOWER:.2f}x {_named(names[base])}'s time: {', '.join(out)}{hint})" if out else "")
-            + (f"; it runs {slower:.2f}x {_named(names[base])}'s time at batch {where_slower} (--batch-size "
-               f"{where_slower} chooses for that batch)" if len(ms) > 1 and slower > 1 + RESOLUTION else "")
-            + (f"; {_named(names[base])} did not run at batch {sizes}" if failed else ""))
-    return ("" if best == mine else best), said
-
-
-def _named(variant: str) -> str:
-    return {"float32": "float32", "source": "the model as given (no rules)"}.get(variant, f"the {variant}")
-
-
-def _race_runs(size, batch) -> tuple:
-    """(runs, warm-up runs) of each variant at a batch size: RACE_RUNS at the measured batch (or an unknown one),
-    more at a smaller one (a run is short, its time noisier), fewer at a larger one -- each size's race costs about
-    what the measured batch's does (ResNet-50's float32 runs ~4x longer at batch 32 than at 8) -- and a single
-    warm-up there."""
-    if size is None or batch is None:
-        return RACE_RUNS, WARMUP
-    runs = RACE_RUNS * batch // size
-    return int(min(3 * RACE_RUNS, max(3, runs))), (WARMUP if size <= (batch or 1) else 1)
 
 
 def _saved(key: str, table: CostTable, walls) -> Profile:

@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from .graph_costs import MAIN, measure_casts
-from .graph_profile import RACE_RUNS, RUNS, Profile, _lists, _saved, _table, verdict
+from .graph_profile import RUNS, Profile, _lists, _saved, _table
+from .variant_race import RACE_RUNS, verdict
 from .graph_runs import WARMUP, FunctionRunner, Runner, VariantError, _run_variant, variant_name
 from .profile_cache import graph_bytes, load, profile_key
 

@@ -34,7 +34,7 @@ def measured_batch(options) -> int:
 def raced_batches(options) -> tuple:
     """The batch sizes the variants are raced at to choose among them: --batch-size alone, else RACE_BATCHES (the
     best across them is kept)."""
-    from ..analysis.graph_profile import RACE_BATCHES
+    from ..analysis.variant_race import RACE_BATCHES
     return (options.costs.batch,) if options.costs.batch else RACE_BATCHES
 
 

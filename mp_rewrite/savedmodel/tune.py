@@ -87,8 +87,8 @@ def _candidate_lists(name: str, base):
 
 def tune_saved_model(source, output, precision: str = "bfloat16", *, options=None, freeze: bool = False,
                      overwrite: bool = False, lists=None, rounds: int = 5, calls: int = 3, inputs=None, seed: int = 0,
-                     batch_size: int = DEFAULT_BATCH, tag_set=None, signatures=None, weights: str = "keep", progress=None,
-                     allow_opaque_xla: bool = False, **rewrite_options):
+                     batch_size: int = DEFAULT_BATCH, tag_set=None, signatures=None, weights: str = "keep",
+                     progress=None, allow_opaque_xla: bool = False, **rewrite_options):
     """Convert each candidate, time and verify it here, and write the fastest that verifies to `output`.
 
     Args:

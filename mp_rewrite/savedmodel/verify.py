@@ -144,8 +144,8 @@ def function_identity(function) -> tuple:
     return fdef.SerializeToString(deterministic=True), tuple(id(t) for t in function.captured_inputs)
 
 
-def verify_saved_models(original, converted, *, signatures=None, inputs=None, batch_size: int = DEFAULT_BATCH, seed: int = 0,
-                        rtol: float | None = None, atol: float | None = None, precision: str | None = None,
+def verify_saved_models(original, converted, *, signatures=None, inputs=None, batch_size: int = DEFAULT_BATCH,
+                        seed: int = 0, rtol: float | None = None, atol: float | None = None, precision: str | None = None,
                         input_shapes: str | dict | None = None, dim: int = DEFAULT_DIM, tag_set=None,
                         progress=None, converted_runs: dict | None = None) -> VerifyReport:
     """Run every (or the given) signature of both SavedModels on the same inputs and compare the outputs.

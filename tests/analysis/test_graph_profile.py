@@ -12,8 +12,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from mp_rewrite.analysis.graph_profile import (_fused_into, _inlined_prefixes, best_across, profile_saved_model,  # noqa: E402
-                                              profileable)
+from mp_rewrite.analysis.graph_profile import _fused_into, _inlined_prefixes, profile_saved_model, profileable  # noqa: E402,E501
+from mp_rewrite.analysis.variant_race import best_across  # noqa: E402
 from mp_rewrite.analysis.op_costs import this_machine  # noqa: E402
 from mp_rewrite.commands.list_options import predicted  # noqa: E402
 from mp_rewrite.core.options import make_options  # noqa: E402
@@ -96,7 +96,7 @@ def test_without_a_batch_size_the_variants_are_raced_at_three_and_the_best_acros
     assert costs.batch is None
     result = convert_saved_model(small_cnn, tmp_path / "out", "bfloat16", assign="cost", costs=costs, freeze=freeze)
     p = predicted(next(iter(result.graphs.values())))
-    assert "at batch 8 (" in p["source"] and "raced at batch 1, 8, 32 (float32 " in p["source"], p["source"]
+    assert "at batch 8 (" in p["source"] and " at batch 1, 8, 32 (float32 " in p["source"], p["source"]
     kept = _kept(p["source"])
     if kept in ("float32", "the model as given (no rules)"):
         assert p["demoted"] == p["candidates"]
@@ -278,7 +278,8 @@ def test_a_body_whose_variables_pass_the_profiled_size_is_not_run():
 
 def test_a_batch_size_the_graph_cannot_run_at_is_left_out_of_the_choice_and_said():
     import numpy as np
-    from mp_rewrite.analysis.graph_profile import RACE_BATCHES, profile_costs
+    from mp_rewrite.analysis.graph_profile import profile_costs
+    from mp_rewrite.analysis.variant_race import RACE_BATCHES
     machine = this_machine("bfloat16")
     if not machine.low_units:
         pytest.skip("without bfloat16 units nothing is raced")
@@ -335,3 +336,14 @@ def test_twin_signatures_are_run_once_per_profiled_run(small_cnn):
     table = in_place_costs(make_options("bfloat16", assign="cost", costs=costs), small_cnn, meta).costs
     # Both signatures in one session run ran the model twice at once, on two cores: each call timed contended.
     assert table.runs is not None and table.runs.calls and set(table.runs.calls.values()) == {1}, table.runs.calls
+
+
+def test_a_small_batch_size_is_raced_at_its_size_from_node_times_measured_at_8(small_cnn, tmp_path):
+    costs = this_machine("bfloat16")
+    if not costs.low_units:
+        pytest.skip("without bfloat16 units nothing is measured or raced")
+    costs.batch = 1
+    result = convert_saved_model(small_cnn, tmp_path / "out", "bfloat16", assign="cost", costs=costs, freeze=True)
+    note = predicted(next(iter(result.graphs.values())))["source"]
+    # Per-node times at batch 1 are mostly per-op overhead: measured at 8, the variants raced where they will run.
+    assert "costs measured in this graph on this machine at batch 8 (" in note and "raced at batch 1 (" in note, note
