@@ -73,7 +73,7 @@ def race_variants(table, cut, racing, batches: dict, batch, where: str, source: 
     return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}"), raced
 
 
-def verdict(table, raced, where: str = "") :
+def verdict(table, raced, where: str = ""):
     """The table with what one race of float32, the lists and the cut (ms per run, in that order) showed, as
     `best_across` decides (analysis.step_profile's race of a training step)."""
     keep, said = best_across({None: list(raced)}, ("float32", "lists", "cut"), where)
