@@ -140,4 +140,4 @@ def _race_runs(size, batch) -> tuple:
     if size is None or batch is None:
         return RACE_RUNS, WARMUP
     runs = RACE_RUNS * batch // size
-    return int(min(3 * RACE_RUNS, max(3, runs))), (WARMUP if size <= (batch or 1) else 1)
+    return int(min(3 * RACE_RUNS, max(3, runs))), (WARMUP if size <= batch else 1)

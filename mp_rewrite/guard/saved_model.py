@@ -71,8 +71,8 @@ def body_nodes(kept, graph_def) -> tuple:
 
 
 def guard_saved_model(source, inputs=None, signature: str | None = None, precision: str = "float16",
-                      rtol: float | None = None, atol: float | None = None, *, batch_size: int = DEFAULT_BATCH, seed: int = 0,
-                      tag_set=None, **rewrite_options) -> SavedModelGuard:
+                      rtol: float | None = None, atol: float | None = None, *, batch_size: int = DEFAULT_BATCH,
+                      seed: int = 0, tag_set=None, **rewrite_options) -> SavedModelGuard:
     """Run the accuracy guard on one signature of a SavedModel.
 
     Args:

@@ -46,3 +46,17 @@ def require_signatures(known, path) -> list[str]:
         raise ModelError(f"'{path}' has no signatures, so there is nothing to run; export the model with signatures "
                          "(model.export(path) or tf.saved_model.save(obj, path, signatures=...))")
     return sorted(known)
+
+
+def function_key(fdef) -> bytes:
+    """A FunctionDef as written, but for its name and the names its arguments were given by the user (traced twice,
+    one function gets two names): equal for a Keras export's "serve" and "serving_default". An attr with no value
+    still tells two apart."""
+    fdef_copy = type(fdef)()
+    fdef_copy.CopyFrom(fdef)
+    fdef_copy.signature.name = ""
+    for attrs in fdef_copy.arg_attr.values():
+        name = attrs.attr.get("_user_specified_name")
+        if name is not None and name.WhichOneof("value") == "s":
+            name.s = b""
+    return fdef_copy.SerializeToString(deterministic=True)

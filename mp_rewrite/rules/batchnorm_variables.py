@@ -103,7 +103,8 @@ def _checked(graph: EditableGraph, add, mul, contraction, bias, scale: str | Non
         if shape is None or None in shape or int(np.prod(shape)) != channels or (shape and shape[-1] != channels):
             return Match().fail(f"the {role} '{tensor}' is not one value per output channel of the {channels} "
                                 f"(shape {shape})")
-    nodes = {"contraction": contraction, "add": add, **({"bias": bias} if bias else {}), **({"mul": mul} if mul else {})}
+    nodes = {"contraction": contraction, "add": add, **({"bias": bias} if bias else {}),
+             **({"mul": mul} if mul else {})}
     return Match(nodes=nodes, values={"scale": scale, "shift": shift, "parameters": parameters, "channels": channels,
                                       "filter": tuple(weights)})
 

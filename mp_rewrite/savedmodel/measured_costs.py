@@ -15,6 +15,7 @@ from pathlib import Path
 from ..analysis.graph_profile import PROFILE_LIMIT  # weights (or a frozen graph) above it are not profiled
 from ..analysis.graph_runs import VariantError, onednn_cap, tf_reason
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
+from ..model.signatures import function_key
 from ..rules.graph import resource_source
 from .inputs import DEFAULT_DIM, unfeedable_inputs
 
@@ -120,14 +121,10 @@ def _call_identity(meta_graph, signature):
     parts = []
     for output in sorted(info.name for info in signature.outputs.values()):
         node = nodes.get(output.split(":")[0])
-        if node is None or node.attr["f"].func.name not in fdefs:
+        # `"f" in node.attr` first: reading a missing key of a proto map would add it to the graph to be written.
+        if node is None or "f" not in node.attr or node.attr["f"].func.name not in fdefs:
             return None
-        fdef = type(fdefs[node.attr["f"].func.name])()
-        fdef.CopyFrom(fdefs[node.attr["f"].func.name])
-        fdef.signature.name = ""
-        for attrs in fdef.arg_attr.values():
-            attrs.attr.pop("_user_specified_name", None)
-        parts.append((output.partition(":")[2], fdef.SerializeToString(deterministic=True),
+        parts.append((output.partition(":")[2], function_key(fdefs[node.attr["f"].func.name]),
                       tuple(t if t.split(":")[0] not in fed else "" for t in node.input)))
     return tuple(parts)
 

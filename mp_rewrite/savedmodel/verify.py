@@ -21,7 +21,7 @@ from ..analysis.graph_runs import tf_reason
 from ..errors import ModelError
 from ..model.files import read_saved_model
 from ..model.runtime import load_saved_model
-from ..model.signatures import check_signature_keys, require_signatures
+from ..model.signatures import check_signature_keys, function_key, require_signatures
 from ..model.tags import load_tags, parse_tag_set, single_meta_graph
 from .inputs import (DEFAULT_BATCH, DEFAULT_DIM, DEFAULT_ID_LIMIT, InputRecipe, check_given_keys, check_input_options,
                      id_limit_from_error, load_inputs, missing_inputs, parse_input_shapes, signature_inputs)
@@ -134,19 +134,13 @@ def function_identity(function) -> tuple:
     each is called once. Its first call costs the most (TF's graph optimizers run over the whole graph, a frozen
     one's weights included: ~3 s for ResNet-50), and a twin would pay it again. An attr with no value, or another
     variable captured, still tells them apart."""
-    fdef = type(function.function_def)()
-    fdef.CopyFrom(function.function_def)
-    fdef.signature.name = ""
-    for attrs in fdef.arg_attr.values():
-        name = attrs.attr.get("_user_specified_name")
-        if name is not None and name.WhichOneof("value") == "s":
-            name.s = b""
-    return fdef.SerializeToString(deterministic=True), tuple(id(t) for t in function.captured_inputs)
+    return function_key(function.function_def), tuple(id(t) for t in function.captured_inputs)
 
 
 def verify_saved_models(original, converted, *, signatures=None, inputs=None, batch_size: int = DEFAULT_BATCH,
-                        seed: int = 0, rtol: float | None = None, atol: float | None = None, precision: str | None = None,
-                        input_shapes: str | dict | None = None, dim: int = DEFAULT_DIM, tag_set=None,
+                        seed: int = 0, rtol: float | None = None, atol: float | None = None,
+                        precision: str | None = None, input_shapes: str | dict | None = None, dim: int = DEFAULT_DIM,
+                        tag_set=None,
                         progress=None, converted_runs: dict | None = None) -> VerifyReport:
     """Run every (or the given) signature of both SavedModels on the same inputs and compare the outputs.
 

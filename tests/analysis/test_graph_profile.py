@@ -347,3 +347,17 @@ def test_a_small_batch_size_is_raced_at_its_size_from_node_times_measured_at_8(s
     note = predicted(next(iter(result.graphs.values())))["source"]
     # Per-node times at batch 1 are mostly per-op overhead: measured at 8, the variants raced where they will run.
     assert "costs measured in this graph on this machine at batch 8 (" in note and "raced at batch 1 (" in note, note
+
+
+def test_a_signature_whose_output_is_no_function_call_has_no_identity_and_its_graph_is_left_as_it_was():
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    from mp_rewrite.savedmodel.measured_costs import _call_identity
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.graph_def.node.add(name="x", op="Placeholder")
+    meta.graph_def.node.add(name="y", op="Identity", input=["x"])
+    signature = meta.signature_def["serving_default"]
+    signature.inputs["x"].name, signature.outputs["y"].name = "x:0", "y:0"
+    before = meta.SerializeToString(deterministic=True)
+    assert _call_identity(meta, signature) is None  # a TF1 export's output: nothing to tell a twin by
+    assert meta.SerializeToString(deterministic=True) == before  # no empty "f" attr added to the node
