@@ -9,9 +9,12 @@ Casts per call, 1.59x float32, while Grappler's lists reached 2.05x.
 `profile_costs` (a frozen graph), `profile_saved_model` (a SavedModel's MetaGraph) and `profile_body` (a function
 body the training hook rewrites: a whole training step, run with copies of its variables) measure instead what
 TensorRT's builder measures: the graph as it will run. Each runs the model as it is (float32) and as Grappler's
-lists rewrite it (every candidate low precision), in alternation, with TF's step stats, in a session configured as
-TF serves (remapper and oneDNN fusions on), and reads each node's time in context. A TF1 session inlines a
-SavedModel's function calls, so a body's node is timed under the names of the call nodes that lead to it. A node
+lists rewrite it (every candidate low precision), in alternation, traced, and reads each node's time in context:
+a graph or a body in a session configured as TF serves (remapper and oneDNN fusions on), with TF's step stats; a
+TF2 SavedModel as TF2 serves it, each signature called under TF's profiler (analysis.served_trace). A session
+fuses less than a signature call (its inlined functions lose their traced shapes, and the remapper then leaves
+ResNet-50's residual adds and Relus standalone), so the cut was priced for a model the user never runs. A
+function body's node is timed under the names of the call nodes that lead to it (analysis.call_names). A node
 TF fused into another has no time of its own: it is tied to the consumer that carries the fused kernel's time
 (splitting them costs the kernel's time, so the cut keeps a fusion whole). Casts are priced per tensor size from
 this machine's cast times (analysis.op_costs). The costs are cached per graph and machine
@@ -40,12 +43,11 @@ from .graph_costs import MAIN, cast_costs, constant_names, within_noise
 from .graph_runs import LOG, FunctionRunner, Runner, SignatureRunner, opened, saved_model_copy, traced_times
 from .op_costs import onednn_settings
 from .profile_cache import graph_bytes, load, profile_key, save
-from .run_times import counted_once, executed_kernels, executed_names, run_times
+from .call_names import INLINED_CALLS, call_nodes, executed_names, inlined_prefixes
+from .run_times import counted_once, run_times
 from .variant_race import distinct, feeds_by_batch, race_variants
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
-INLINED_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # what a TF1 session inlines
-MAX_PREFIXES = 8  # call sites followed per function
 PROFILE_LIMIT = 2**30  # bytes of weights above which nothing is profiled: every variant run holds its own copy
 UNFUSED = frozenset({"Const", "Identity", "Placeholder", "_Arg", "_Retval"})  # no time of their own, never fused
 
@@ -120,8 +122,9 @@ def profile_costs(graph_def, inputs, fetches, options, preserve, machine, batch:
 def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, machine, batch: int | None = None,
                         runs: int = RUNS, progress=None, batches=(), source=None) -> Profile:
     """Measure the cost table of a SavedModel's MetaGraph (its main graph and every function body its signatures
-    call) by running it as it is and as the lists rewrite it in place, each loaded in a TF1 session (which inlines
-    the function calls: a body node is timed under its call nodes' names, "StatefulPartitionedCall_1/.../name").
+    call) by running it as it is and as the lists rewrite it in place: a TF2 export's signatures as TF2 serves
+    them (graph_runs.SignatureRunner, each call traced by TF's profiler), a TF1 export's main graph in a TF1
+    session; a body node is timed under its call nodes' names, "StatefulPartitionedCall_1/.../name".
 
     Args:
         export_dir: the SavedModel directory (its variables are read, nothing is written there).
@@ -149,15 +152,17 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
             graph = graph or (result.meta_graph_def if result else meta_graph)
             return saved_model_copy(export_dir, graph, tempfile.mkdtemp(dir=work))
 
-        def served(result, graph=None):  # the race: each variant as TF2 serves it
-            return SignatureRunner(copy(result, graph), tags, called, feeds_at(batch))
+        def served(result, graph=None):  # each variant as TF2 serves it
+            return SignatureRunner(copy(result, graph), tags, called, feeds_at(batch), calls)
         called = {key: {arg: info.name for arg, info in signature.inputs.items()}
                   for key, signature in sorted(meta_graph.signature_def.items())
                   if signature.inputs and all(info.name in inputs for info in signature.inputs.values())}
+        calls = call_nodes(meta_graph, called)
         return _profile(meta_graph.graph_def, lambda opts: rewrite_meta_graph_def(meta_graph, options=opts),
-                        lambda result: Runner.of_saved_model(copy(result), tags, feeds_at(batch), fetches),
-                        [inputs, fetches], _inlined_prefixes(meta_graph.graph_def), options, machine, batch, runs,
-                        progress, False, fetches, served, distinct(batches, feeds_at),
+                        served if calls else (lambda result: Runner.of_saved_model(copy(result), tags,
+                                                                                    feeds_at(batch), fetches)),
+                        [inputs, fetches, bool(calls)], inlined_prefixes(meta_graph.graph_def), options, machine,
+                        batch, runs, progress, False, fetches, None if calls else served, distinct(batches, feeds_at),
                         None if source is None else lambda: served(None, source), " as TF serves it")
 
 
@@ -233,8 +238,9 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
     with opened([]) as runners:
         traced = [_Recorded(run(None)), _Recorded(run(lists))]
         runners += traced
-        times, walls = traced_times(runners, runs, progress)
-        kernels = [executed_kernels(r.runner) for r in traced]
+        times = traced_times(runners, runs, progress)[0]
+        walls = [r.traced for r in traced]
+        kernels = [r.runner.kernels() for r in traced]
         table = _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches)
         cut = rewrite(dataclasses.replace(options, assign="cost", costs=table))
 
@@ -261,11 +267,13 @@ class _Recorded:
     machine is as busy as it was for them."""
 
     def __init__(self, runner):
-        self.runner, self.samples, self.walls = runner, [], []
+        self.runner, self.samples, self.traced, self.walls = runner, [], [], []
 
     def run(self, metadata=None) -> None:
+        begin = time.perf_counter()
         self.runner.run(metadata)
         if metadata is not None:
+            self.traced.append((time.perf_counter() - begin) * 1e3)
             self.samples.append(counted_once(metadata.step_stats))
             begin = time.perf_counter()
             self.runner.run()
@@ -343,21 +351,6 @@ def _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetch
             + (f"; {len(untimed)} loop or branch bodies from the op table)" if untimed else ")"))
     return CostTable(machine.precision, nodes, casts, fusions, machine.low_units,
                      note if machine.low_units else machine.no_units_note())
-
-
-def _inlined_prefixes(graph_def) -> dict:
-    """{label: [prefix]}: how a TF1 session names the nodes of each function it inlines -- the names of the call
-    nodes that lead to it, joined by "/" ("" for the main graph). A function called from two places has two."""
-    fdefs = {f.signature.name: f for f in graph_def.library.function}
-    prefixes, stack = {MAIN: [""]}, [("", graph_def.node)]
-    while stack:
-        prefix, nodes = stack.pop()
-        for node in nodes:
-            called = node.attr["f"].func.name if node.op in INLINED_CALLS else ""
-            if called in fdefs and len(prefixes.get(called, ())) < MAX_PREFIXES:
-                prefixes.setdefault(called, []).append(f"{prefix}{node.name}/")
-                stack.append((f"{prefix}{node.name}/", fdefs[called].node_def))
-    return prefixes
 
 
 def _fused_into(graph_def, timed: dict) -> dict:

@@ -159,6 +159,16 @@ class Runner:
         options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE) if metadata else None
         self.session.run(self.fetches, self.feed_dict, options=options, run_metadata=metadata)
 
+    def kernels(self) -> dict:
+        """{executed node name: kernel label} of one run, from the partition graphs TF reports: the op it ran, and
+        the ops fused into it ("_MklNativeFusedConv2D: BiasAdd+Relu6"; run_times.kernel_label)."""
+        from tensorflow.core.protobuf import config_pb2
+        from .run_times import kernel_label
+        metadata = config_pb2.RunMetadata()
+        self.session.run(self.fetches, self.feed_dict, options=config_pb2.RunOptions(output_partition_graphs=True),
+                         run_metadata=metadata)
+        return {node.name: kernel_label(node) for graph in metadata.partition_graphs for node in graph.node}
+
     def close(self) -> None:
         self.session.close()
 
@@ -198,27 +208,52 @@ class FunctionRunner:
 
 class SignatureRunner:
     """A SavedModel variant run as TF2 serves it: loaded with tf.saved_model.load, each signature in `signatures`
-    ({key: {argument: input tensor name}}) called with the values `feeds` gives those names. No step stats: it is
-    for `race`. A TF1 session of the same SavedModel is no stand-in for that: it inlines the signatures' functions
-    without the shapes they were traced with, and TF's remapper then leaves a convolution's residual add and Relu
-    unfused (ResNet-50's bfloat16 at batch 32: 446 ms per run in a session, 220 ms served; float32 1118 ms in
-    both)."""
+    ({key: {argument: input tensor name}}) called with the values `feeds` gives those names. A TF1 session of the
+    same SavedModel is no stand-in for that: it inlines the signatures' functions without the shapes they were
+    traced with, and TF's remapper then leaves a convolution's residual add and Relu unfused (ResNet-50's bfloat16
+    at batch 32: 446 ms per run in a session, 220 ms served; float32 1118 ms in both).
 
-    def __init__(self, export_dir: str, tags, signatures: dict, feeds: dict):
+    A traced run (`run(metadata)`) fills the RunMetadata's step stats from TF's profiler (analysis.served_trace),
+    each node named as a TF1 session of the SavedModel names it: under `prefixes[key]`, the main graph's call node
+    of the signature ("StatefulPartitionedCall_1/"). `kernels()` are those of the first call, which TF records as
+    it builds the signatures' graphs."""
+
+    def __init__(self, export_dir: str, tags, signatures: dict, feeds: dict, prefixes: dict | None = None):
         import tensorflow as tf
         self.loaded = tf.saved_model.load(export_dir, tags=list(tags))
-        self.signatures = signatures
+        self.signatures, self.prefixes = signatures, prefixes or {}
         self.feed(feeds)
+        self._kernels = None
 
     def feed(self, feeds) -> None:
         """Call on these inputs from now on ({input tensor name: value})."""
         import tensorflow as tf
-        self.calls = [(self.loaded.signatures[key], {arg: tf.constant(feeds[name]) for arg, name in args.items()})
+        self.calls = [(key, self.loaded.signatures[key], {arg: tf.constant(feeds[name]) for arg, name in args.items()})
                       for key, args in self.signatures.items()]
 
-    def run(self) -> None:
-        for function, arguments in self.calls:
-            function(**arguments)
+    def run(self, metadata=None) -> None:
+        from .served_trace import traced_call
+        if self._kernels is None:  # the first call: TF records the graphs it builds
+            self._kernels = self._first_kernels()
+            if metadata is None:
+                return
+        for key, function, arguments in self.calls:
+            if metadata is None:
+                function(**arguments)
+            else:
+                metadata.step_stats.MergeFrom(traced_call(lambda: function(**arguments), self.prefixes.get(key, "")))
+
+    def kernels(self) -> dict:
+        """{executed node name (as a session names it): kernel label} of the first call (run_times.kernel_label)."""
+        if self._kernels is None:
+            self._kernels = self._first_kernels()
+        return self._kernels
+
+    def _first_kernels(self) -> dict:
+        from .execution import executed_nodes
+        from .run_times import kernel_label
+        return {self.prefixes.get(key, "") + node.name: kernel_label(node)
+                for key, function, arguments in self.calls for node in executed_nodes(function, **arguments)}
 
     def close(self) -> None:
         self.loaded, self.calls = None, []
@@ -324,7 +359,8 @@ def traced_times(runners, runs: int, progress=None):
             walls[i].append((time.perf_counter() - begin) * 1e3)
             for device in metadata.step_stats.dev_stats:
                 for stat in device.node_stats:
-                    ms = (stat.op_end_rel_micros - stat.op_start_rel_micros) / 1e3
+                    ms = ((stat.op_end_rel_nanos - stat.op_start_rel_nanos) / 1e6 if stat.op_end_rel_nanos
+                          else (stat.op_end_rel_micros - stat.op_start_rel_micros) / 1e3)
                     samples[i].setdefault(stat.node_name.split(":")[0], []).append(ms)
         if progress is not None:
             progress(done + 1, runs)

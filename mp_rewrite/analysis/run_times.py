@@ -124,16 +124,6 @@ def typical(samples: list) -> dict:
     return {name: scale * float(np.mean([s.get(name, 0.0) for s in samples])) for name in names}
 
 
-def executed_kernels(runner) -> dict:
-    """{executed node name: kernel label} of one run of an analysis.graph_runs.Runner, from the partition graphs
-    TF reports: the op it ran, and the ops fused into it ("_MklNativeFusedConv2D: BiasAdd+Relu6")."""
-    from tensorflow.core.protobuf import config_pb2
-    metadata = config_pb2.RunMetadata()
-    runner.session.run(runner.fetches, runner.feed_dict, options=config_pb2.RunOptions(output_partition_graphs=True),
-                       run_metadata=metadata)
-    return {node.name: kernel_label(node) for graph in metadata.partition_graphs for node in graph.node}
-
-
 def kernel_label(node) -> str:
     """An executed node's kernel as TF ran it: its op, and the ops fused into it ("_MklNativeFusedConv2D:
     BiasAdd+Relu6")."""
@@ -148,23 +138,9 @@ def same_op(kernel: str, op: str) -> bool:
     return kernel == op or any(kernel == prefix + op for prefix in MKL_PREFIXES)
 
 
-def executed_names(graph_def, prefixes: dict) -> dict:
-    """{executed node name: (graph label, node name, op)}: the main graph's nodes as they are, a function body's
-    under each prefix a TF1 session inlines it by (graph_profile._inlined_prefixes)."""
-    from .graph_costs import MAIN
-    out = {node.name: (MAIN, node.name, node.op) for node in graph_def.node}
-    fdefs = {f.signature.name: f for f in graph_def.library.function}
-    for label, called in prefixes.items():
-        if label == MAIN or label not in fdefs:
-            continue
-        for prefix in called:
-            out.update((prefix + node.name, (label, node.name, node.op)) for node in fdefs[label].node_def)
-    return out
-
-
 def by_graph(times: dict, names: dict) -> tuple:
     """({label: {node: ms}}, ms of names no graph node has) of one variant's {executed name: ms} (`names`:
-    executed_names); a function body
+    call_names.executed_names); a function body
     called from several places gets the mean of its call sites (the time of one call, as the picture counts it)."""
     out, elsewhere, sites = {}, 0.0, {}
     for executed, ms in times.items():
@@ -186,8 +162,8 @@ def run_times(samples: list, names: list, kernels: list, traced: tuple, untraced
 
     Args:
         samples: per variant, [counted_once(...)] of each traced run.
-        names: per variant, executed_names of the graph it ran.
-        kernels: per variant, executed_kernels of one run.
+        names: per variant, call_names.executed_names of the graph it ran.
+        kernels: per variant, the kernels of one run (graph_runs.Runner.kernels).
         traced, untraced, raced: the whole runs (RunTimes).
     """
     per, elsewhere, ran, calls = [], [], {}, {}

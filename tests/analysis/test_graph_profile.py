@@ -12,7 +12,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from mp_rewrite.analysis.graph_profile import _fused_into, _inlined_prefixes, profile_saved_model, profileable  # noqa: E402,E501
+from mp_rewrite.analysis.call_names import inlined_prefixes  # noqa: E402
+from mp_rewrite.analysis.graph_profile import _fused_into, profile_saved_model, profileable  # noqa: E402
 from mp_rewrite.analysis.variant_race import best_across  # noqa: E402
 from mp_rewrite.analysis.op_costs import this_machine  # noqa: E402
 from mp_rewrite.commands.list_options import predicted  # noqa: E402
@@ -41,7 +42,7 @@ def test_a_fused_node_is_tied_to_the_node_that_runs_its_kernel():
 
 def test_a_metagraph_profile_times_the_function_bodies_through_their_inlined_names(small_cnn):
     meta = read_saved_model(small_cnn).meta_graphs[0]
-    prefixes = _inlined_prefixes(meta.graph_def)
+    prefixes = inlined_prefixes(meta.graph_def)
     signature = meta.signature_def["serving_default"]
     inputs = {info.name: (info.dtype, [d.size if d.size >= 0 else None for d in info.tensor_shape.dim])
               for info in signature.inputs.values()}
