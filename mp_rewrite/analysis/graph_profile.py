@@ -44,7 +44,7 @@ from .graph_runs import LOG, FunctionRunner, Runner, SignatureRunner, opened, sa
 from .op_costs import onednn_settings
 from .profile_cache import graph_bytes, load, profile_key, save
 from .call_names import INLINED_CALLS, call_nodes, executed_names, inlined_prefixes
-from .run_times import counted_once, run_times
+from .run_times import between_kernels, counted_once, run_times
 from .variant_race import distinct, feeds_by_batch, race_variants
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
@@ -257,17 +257,17 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
                                      source is not None)
         names = [executed_names(graph_def, prefixes), executed_names(lists.graph_def, prefixes)]
         measured = run_times([r.samples for r in traced], names, kernels, _medians(walls),
-                             tuple(min(r.walls) for r in traced), raced)
+                             tuple(min(r.walls) for r in traced), raced, [r.gaps for r in traced])
     return _saved(key, dataclasses.replace(table, runs=measured), walls)
 
 
 class _Recorded:
-    """A Runner whose traced runs are kept as each node's time counted once (run_times.counted_once), each followed
-    by an untraced run whose wall ms is kept too: the whole run the nodes' times add up to, measured while the
-    machine is as busy as it was for them."""
+    """A Runner whose traced runs are kept as each node's time counted once (run_times.counted_once) and the time
+    between its kernels (run_times.between_kernels), each followed by an untraced run whose wall ms is kept too: the
+    whole run the nodes' times add up to, measured while the machine is as busy as it was for them."""
 
     def __init__(self, runner):
-        self.runner, self.samples, self.traced, self.walls = runner, [], [], []
+        self.runner, self.samples, self.gaps, self.traced, self.walls = runner, [], [], [], []
 
     def run(self, metadata=None) -> None:
         begin = time.perf_counter()
@@ -275,6 +275,7 @@ class _Recorded:
         if metadata is not None:
             self.traced.append((time.perf_counter() - begin) * 1e3)
             self.samples.append(counted_once(metadata.step_stats))
+            self.gaps.append(between_kernels(metadata.step_stats, self.samples[-1]))
             begin = time.perf_counter()
             self.runner.run()
             self.walls.append((time.perf_counter() - begin) * 1e3)

@@ -18,7 +18,7 @@ from .op_costs import cache_dir
 from .run_times import RunTimes
 
 FORMAT = "mp_rewrite-profile"
-VERSION = 4
+VERSION = 5
 
 
 def profile_key(*parts) -> str:

@@ -44,6 +44,9 @@ class RunTimes:
             op than the graph says ("" when that variant ran the graph's op).
         calls: graph label -> how many times a run ran the graph (a function body the signatures reach through two
             call sites: Keras exports "serve" and "serving_default", and a profile runs every signature).
+        between: (float32 ms, lists ms) per run while no kernel ran, between the first kernel's start and the last
+            one's end (between_kernels; the median over the traced runs): TF's executor scheduling the next kernel,
+            which a model of many small ops pays for each (a keras-hub BERT of 2 x d128 at batch 8: ~0.4 of 2.9 ms).
     """
 
     traced: tuple
@@ -53,6 +56,7 @@ class RunTimes:
     elsewhere: tuple = (0.0, 0.0)
     kernels: dict = dataclasses.field(default_factory=dict)
     calls: dict = dataclasses.field(default_factory=dict)
+    between: tuple = (0.0, 0.0)
 
     def as_data(self) -> dict:
         """Plain JSON data (from_data reads it back)."""
@@ -60,7 +64,7 @@ class RunTimes:
                 "elsewhere": list(self.elsewhere),
                 "nodes": {label: {name: list(ms) for name, ms in nodes.items()} for label, nodes in self.nodes.items()},
                 "kernels": {label: {name: list(k) for name, k in ks.items()} for label, ks in self.kernels.items()},
-                "calls": dict(self.calls)}
+                "calls": dict(self.calls), "between": list(self.between)}
 
     @classmethod
     def from_data(cls, data: dict) -> "RunTimes":
@@ -76,7 +80,8 @@ class RunTimes:
                    tuple(float(x) for x in data["elsewhere"]),
                    {label: {name: (str(k[0]), str(k[1])) for name, k in ks.items()}
                     for label, ks in data["kernels"].items()},
-                   {label: int(n) for label, n in data["calls"].items()})
+                   {label: int(n) for label, n in data["calls"].items()},
+                   tuple(float(x) for x in data["between"]))
 
     def kernel(self, label: str, name: str, low: bool) -> str:
         """The fused kernel TF ran under a node's name in the lists' run (`low`) or float32's; "" when it ran the
@@ -86,9 +91,8 @@ class RunTimes:
         return pair[1 if low else 0] if pair else ""
 
 
-def counted_once(step_stats) -> dict:
-    """{executed node name: ms} of one traced run: every instant while some kernel runs goes to the one that has
-    been running longest (ties: the first in the step stats); instants when none runs go to none."""
+def _spans(step_stats) -> list:
+    """[(begin ns, end ns, node name)] of each kernel of one traced run."""
     spans = []
     for device in step_stats.dev_stats:
         for stat in device.node_stats:
@@ -96,6 +100,23 @@ def counted_once(step_stats) -> dict:
             begin = start + (stat.op_start_rel_nanos or stat.op_start_rel_micros * 1000)
             end = start + (stat.op_end_rel_nanos or stat.op_end_rel_micros * 1000)
             spans.append((begin, max(end, begin), stat.node_name.split(":")[0]))
+    return spans
+
+
+def between_kernels(step_stats, counted: dict) -> float:
+    """ms of one traced run, from its first kernel's start to its last one's end, when no kernel ran: TF's executor
+    at work between them (`counted`: counted_once of the same run)."""
+    spans = _spans(step_stats)
+    if not spans:
+        return 0.0
+    return max(0.0, (max(e for _, e, _ in spans) - min(b for b, _, _ in spans)) / 1e6 - sum(counted.values()))
+
+
+def counted_once(step_stats) -> dict:
+    """{executed node name: ms} of one traced run: every instant while some kernel runs goes to the one that has
+    been running longest (ties: the first in the step stats); instants when none runs go to none (between_kernels
+    has them)."""
+    spans = _spans(step_stats)
     events = sorted([(b, 1, i) for i, (b, _, _) in enumerate(spans)] + [(e, 0, i) for i, (_, e, _) in enumerate(spans)])
     own = dict.fromkeys((name for *_, name in spans), 0.0)
     running, ended, last = [], set(), None
@@ -157,11 +178,13 @@ def by_graph(times: dict, names: dict) -> tuple:
             calls)
 
 
-def run_times(samples: list, names: list, kernels: list, traced: tuple, untraced: tuple, raced: tuple) -> RunTimes:
+def run_times(samples: list, names: list, kernels: list, traced: tuple, untraced: tuple, raced: tuple,
+              gaps: list) -> RunTimes:
     """The RunTimes of the float32 and the lists' variants.
 
     Args:
         samples: per variant, [counted_once(...)] of each traced run.
+        gaps: per variant, [between_kernels(...)] of each traced run.
         names: per variant, call_names.executed_names of the graph it ran.
         kernels: per variant, the kernels of one run (graph_runs.Runner.kernels).
         traced, untraced, raced: the whole runs (RunTimes).
@@ -181,4 +204,5 @@ def run_times(samples: list, names: list, kernels: list, traced: tuple, untraced
     nodes = {label: {name: (per[0].get(label, {}).get(name, 0.0), per[1].get(label, {}).get(name, 0.0))
                      for name in set(per[0].get(label, {})) | set(per[1].get(label, {}))} for label in labels}
     kernels_out = {label: {name: tuple(pair) for name, pair in ks.items()} for label, ks in ran.items()}
-    return RunTimes(tuple(traced), tuple(untraced), tuple(raced), nodes, tuple(elsewhere), kernels_out, calls)
+    return RunTimes(tuple(traced), tuple(untraced), tuple(raced), nodes, tuple(elsewhere), kernels_out, calls,
+                    tuple(float(np.median(g)) if g else 0.0 for g in gaps))

@@ -67,7 +67,8 @@ def _add_times(data: dict, graph, node_index: dict, times, casts: dict) -> None:
     data["casts"] = [own.get(name, (0.0, 0.0))[1] for name in casts]
     data["noTime"] = NO_TIME_FILL
     data["totals"] = {"total": times.total, "fp32": times.total_fp32, "edgeCasts": times.edge_casts,
-                      "undrawn": list(times.undrawn), "elsewhere": list(times.elsewhere)}
+                      "undrawn": list(times.undrawn), "elsewhere": list(times.elsewhere),
+                      "between": list(times.between)}
     data["ops"] = {}
     for name in graph.box_of:
         if name in own and name in node_index:

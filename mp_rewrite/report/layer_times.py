@@ -76,13 +76,15 @@ class TimeView:
             weights a box reads, done every call, is in that box: LayerTime.weights), Casts no drawn edge carries.
         elsewhere: (float32 ms, ms) of what ran outside the drawn graph: the other graphs' nodes no box counts, and
             TF's own nodes (run_times.RunTimes.elsewhere); (0, 0) without runs.
-        total_fp32, total: per call, float32 and as converted: the sum of the layers, edge_casts, undrawn and
-            elsewhere.
+        total_fp32, total: per call, float32 and as converted: the sum of the layers, edge_casts, undrawn,
+            elsewhere and between.
         measured: {"float32": ms, "converted": ms, "how": phrase} of whole runs, or {} (see measured_totals).
         source: where the times come from (the cost table's note).
         nodes: graph name -> node -> (float32 ms, ms as converted), for explain and the node table.
         complete: every executed op is timed (the table has runs), not only the candidates.
         kernels: (graph name, node) -> the fused kernel TF ran for it as converted, for the boxes' ops.
+        between: (float32 ms, ms) per call while no kernel ran, between the run's first kernel and its last: TF's
+            executor scheduling the next (run_times.RunTimes.between); (0, 0) without runs.
     """
 
     precision: str
@@ -98,6 +100,7 @@ class TimeView:
     nodes: dict
     complete: bool = False
     kernels: dict = dataclasses.field(default_factory=dict)
+    between: tuple = (0.0, 0.0)
 
     def slowest(self, n: int = TOP) -> list:
         """The `n` slowest boxes as converted, [(key, LayerTime)], slowest first (ties: float32 time)."""
@@ -301,10 +304,23 @@ def time_view(graph, tables, costs, result) -> TimeView:
     undrawn = tuple(sum(t[i] for name, t in own.items() if name not in drawn) for i in (0, 1))
     counted |= {(graph.table.name, name) for name in own}
     elsewhere = _elsewhere(times, runs, variant, counted, graph.table.name)
-    total_fp32 = sum(t.fp32 for t in layers.values()) + undrawn[0] + elsewhere[0]
-    total = sum(t.ms for t in layers.values()) + edge_casts + undrawn[1] + elsewhere[1]
+    between = _between(runs, variant, graph.table.name)
+    total_fp32 = sum(t.fp32 for t in layers.values()) + undrawn[0] + elsewhere[0] + between[0]
+    total = sum(t.ms for t in layers.values()) + edge_casts + undrawn[1] + elsewhere[1] + between[1]
     return TimeView(result.precision, layers, edges, edge_casts, undrawn, elsewhere, total_fp32, total,
-                    measured_totals(costs, result, graph.table.name), costs.note, times, runs is not None, ran)
+                    measured_totals(costs, result, graph.table.name), costs.note, times, runs is not None, ran,
+                    between)
+
+
+def _between(runs, variant: str, drawn: str) -> tuple:
+    """(float32 ms, ms) per call of the drawn graph while no kernel ran, between the first and the last
+    (run_times.RunTimes.between): the lists' run's for the lists' coloring and the cut's (whose kernels are
+    nearly all the lists'), else float32's."""
+    from ..analysis.graph_costs import MAIN
+    if runs is None:
+        return (0.0, 0.0)
+    per = max(1, runs.calls.get(drawn or MAIN, 1))
+    return runs.between[0] / per, runs.between[1 if variant in ("lists", "cut") else 0] / per
 
 
 def _kernel_of(runs, variant: str, demoted: dict):

@@ -79,8 +79,9 @@ def total_line(times) -> str:
         line += (f", the nodes no box holds or reads ({ms_text(times.undrawn[0])} → {ms_text(times.undrawn[1])} "
                  "ms)")
     if times.complete:
-        line += (f" and what ran outside the layers (TF's own nodes, other graphs: {ms_text(times.elsewhere[0])} → "
-                 f"{ms_text(times.elsewhere[1])} ms)")
+        line += (f", what ran outside the layers (TF's own nodes, other graphs: {ms_text(times.elsewhere[0])} → "
+                 f"{ms_text(times.elsewhere[1])} ms) and TF's executor between kernels, when none ran "
+                 f"({ms_text(times.between[0])} → {ms_text(times.between[1])} ms)")
     measured = times.measured
     if measured:
         line += (f"; measured: float32 {ms_text(measured['float32'])} ms → {ms_text(measured['converted'])} ms "

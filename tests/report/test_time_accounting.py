@@ -5,13 +5,14 @@ on edges, the nodes no box reads and what ran outside the layers are the rest).
 
 Whatever the load, the totals are the runs' own, each executed node counted once: float32's total is the float32
 run's, and the lists' coloring drawn from the same runs totals the lists' run (a Cast Grappler renamed was counted
-twice, and TF's own nodes, run once for the two calls of a run, whole in each call). Against the measured untraced
-whole runs, the float32 total is asserted on MobileNetV2 only, within 40%, and the as-converted one printed: on this
-shared 2-core machine a profile keeps the fastest of 5 traced and of 5 untraced runs, and under load the two move
-apart (float32 at load 2-4 on 2026-11-27: MobileNetV2 -6.3 to +7.5% in four profiles, +39% and +77% in two others;
-ResNet-50 +0.9 to +9.9%; BERT -1.5 to +23.6%; as converted, the lists' coloring, whose sum is its traced run, +5.2
-to +37.5% on MobileNetV2). 40% still fails what an accounting error does: the kernels' own intervals summed instead
-of counted once (1.7-1.9x the busy time), a per-run total taken as per-call (2 calls per run: 2x), a function body's
+twice, and TF's own nodes, run once for the two calls of a run, whole in each call), the time TF's executor spent
+between kernels included. Against the measured untraced whole runs, the float32 total is asserted on MobileNetV2
+and ResNet-50, within 40%, and the as-converted one printed. Since the nodes are timed as TF2 serves the model
+(TF's profiler, no step stats), idle: MobileNetV2 +3.1%, ResNet-50 -6.2%, BERT -17.0% (its 2 x d128 layers take
+3.7 ms of a 4.4 ms call; the rest is the signature call's own Python and dispatch, outside every kernel). Under
+load the fastest traced and untraced runs move apart (with step stats at load 2-4: MobileNetV2 +39% and +77% in two
+of six profiles). 40% still fails what an accounting error does: the kernels' own intervals summed instead of
+counted once (1.7-1.9x the busy time), a per-run total taken as per-call (2 calls per run: 2x), a function body's
 times lost (half or more). The measured gaps and how they were measured: docs/pictures.md.
 Skipped without bfloat16 units (nothing is measured there)."""
 
@@ -82,10 +83,11 @@ def time_view_of(model, options, records, keep: str | None = None):
 
 def run_per_call(runs, drawn: str, column: int) -> float:
     """What one traced run's executed nodes took, counted once (0: float32's run, 1: the lists'), per call of the
-    drawn graph: each graph's nodes as often as the run ran it, TF's own nodes, over the drawn graph's calls."""
+    drawn graph: each graph's nodes as often as the run ran it, TF's own nodes and the time between kernels, over
+    the drawn graph's calls."""
     per = max(1, runs.calls.get(drawn or MAIN, 1))
     ran = sum(t[column] * runs.calls.get(label, 1) for label, nodes in runs.nodes.items() for t in nodes.values())
-    return (ran + runs.elsewhere[column]) / per
+    return (ran + runs.elsewhere[column] + runs.between[column]) / per
 
 
 @pytest.fixture(autouse=True)
@@ -102,10 +104,12 @@ def test_every_layer_is_timed_and_the_layers_hold_the_time(which, tmp_path):
     layers_fp32 = sum(t.fp32 for t in view.layers.values())
     gap, gap_converted = view.total_fp32 / measured["float32"] - 1, view.total / measured["converted"] - 1
     print(f"{which}: float32 layers {layers_fp32:.2f} + undrawn {view.undrawn[0]:.2f} + elsewhere "
-          f"{view.elsewhere[0]:.2f} = {view.total_fp32:.2f} ms against {measured['float32']:.2f} ms measured "
+          f"{view.elsewhere[0]:.2f} + between kernels {view.between[0]:.2f} = {view.total_fp32:.2f} ms against {measured['float32']:.2f} ms measured "
           f"({100 * gap:+.1f}%); as converted {view.total:.2f} against {measured['converted']:.2f} ms "
           f"({100 * gap_converted:+.1f}%; {options.costs.keep or 'the cut or the lists'})")
-    assert layers_fp32 >= 0.8 * view.total_fp32  # the boxes hold the time, not the lines beside them
+    # The boxes hold the kernels' time, not the lines beside them (the executor's time between kernels is no box's:
+    # a fifth of this small BERT's call).
+    assert layers_fp32 >= 0.8 * (view.total_fp32 - view.between[0])
     # Every box that computes something has a time or names the box whose fused kernel ran its ops; the rest (ops
     # TF folded away) are few.
     unexplained = [k for k, t in view.layers.items()
@@ -118,5 +122,31 @@ def test_every_layer_is_timed_and_the_layers_hold_the_time(which, tmp_path):
     assert view.total_fp32 == pytest.approx(run_per_call(runs, drawn, 0), rel=1e-6)
     lists, _ = time_view_of(model, options, records, keep="lists")
     assert lists.total == pytest.approx(run_per_call(runs, drawn, 1), rel=1e-6)
-    if which == "mobilenet_v2":
+    if which in ("mobilenet_v2", "resnet50"):
         assert abs(gap) <= 0.4, f"float32 layers and the rest sum to {100 * gap:+.1f}% of the measured run"
+
+
+def test_a_model_kept_as_given_is_drawn_as_its_times_were_measured(tmp_path, monkeypatch, capsys):
+    """Where the model as given ran fastest (the table keeps SOURCE), its times are still those of the rules'
+    float32 graph: inspect draws that graph, not the model as given, whose nodes the rules rewrote have none (the
+    total fell 10 of 65 ms short on ResNet-50). The profile is real; only the race's verdict is set."""
+    from mp_rewrite.commands.cli import build_parser
+    from mp_rewrite.commands.inspect import rewrite_with_costs
+    from mp_rewrite.core.assignment import SOURCE
+    from mp_rewrite.savedmodel import in_place
+    measured = in_place.in_place_costs
+
+    def kept_as_given(*args, **kwargs):
+        options = measured(*args, **kwargs)
+        return dataclasses.replace(options, costs=dataclasses.replace(options.costs, keep=SOURCE))
+    monkeypatch.setattr(in_place, "in_place_costs", kept_as_given)
+    path = _export("resnet50", str(tmp_path / "resnet50"))
+    args = build_parser().parse_args(["inspect", path, "--precision", "bfloat16", "--show", "time", "--assign",
+                                      "cost"])
+    _, result, costs = rewrite_with_costs(args)
+    assert "the model as given ran fastest" in capsys.readouterr().err
+    tables = build_tables(result, with_flops=False)
+    graph, _, _ = layer_picture(result, None, 150, tables)
+    view = picture_times(graph, tables, costs, result)
+    assert view.total_fp32 == pytest.approx(run_per_call(costs.runs, graph.table.name, 0), rel=1e-6)
+    assert view.total == pytest.approx(view.total_fp32)
