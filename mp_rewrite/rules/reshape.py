@@ -38,8 +38,14 @@ def rewrite_reshape_pair(graph: EditableGraph, match: Match) -> str:
 def match_static_reshape(graph: EditableGraph, reshape) -> Match | None:
     """A Reshape whose target is computed (Keras' `Shape -> Gather -> Prod -> Pack` of a Dense on 3-D inputs) but
     whose output shape TF's shape inference knows up to one dimension, or whose target shape_math evaluates to a
-    constant up to the batch; None when the target is a constant."""
+    constant up to the batch; None when the target is a constant, or when a FusedBatchNormV3's output is reshaped
+    to another tensor's Shape: tf_keras's LayerNorm, `Reshape(FusedBatchNormV3(Reshape(x)), Shape(x)) * gamma +
+    beta`, which TF's remapper fuses into _MklLayerNorm only where the output's shape is symbolically x's, unknown
+    batch and all (a constant target with -1 gives the output a batch dimension of its own)."""
     if graph.constant(reshape.input[1]) is not None:
+        return None
+    shaped, normalized = graph.producer(reshape.input[1]), graph.producer(reshape.input[0])
+    if shaped is not None and shaped.op == "Shape" and normalized is not None and normalized.op == "FusedBatchNormV3":
         return None
     shape = graph.inferred_shape(reshape.name)
     if shape is not None and sum(d is None for d in shape) <= 1:

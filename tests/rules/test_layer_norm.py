@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rules_support import canonical, fused, keras, runtime_graph, with_nonzero_biases
+from rules_support import canonical, executed, fused, keras, runtime_graph, with_nonzero_biases
 from mp_rewrite.rules import fusion_groups
 from mp_rewrite.rules.graph import EditableGraph
 from mp_rewrite.rules.layer_norm import match_layer_norm
@@ -59,3 +59,21 @@ def test_a_normalization_over_another_axis_declines_with_its_reason():
     means = [n for n in before.node if n.op == "Mean"]
     assert all(match_layer_norm(graph, graph.nodes[m.name]) is None or not match_layer_norm(
         graph, graph.nodes[m.name]).ok for m in means)
+
+
+def test_tf_keras_layer_norm_frozen_is_one_fused_kernel():
+    """tf_keras's LayerNormalization (epsilon at least 1.001e-5) is a FusedBatchNormV3 in training mode between
+    Reshapes, then `* gamma + beta`: TF's remapper fuses it (its first pattern) only where the output's shape is
+    symbolically the input's, so the Reshape back by `Shape(x)` must stay one (static_reshape made it a constant
+    with -1, a batch dimension of its own, and the frozen model ran a FusedBatchNormV3, Fills and the Mul and Add)."""
+    import tf_keras
+    tf_keras.utils.set_random_seed(0)
+    inp = tf_keras.Input(X3.shape[1:])
+    norm = tf_keras.layers.LayerNormalization()(tf_keras.layers.Dense(48)(inp))
+    model = tf_keras.Model(inp, tf_keras.layers.Dense(24)(norm))
+    rng = np.random.default_rng(0)
+    for weight in model.weights:
+        weight.assign(rng.normal(0.5, 0.3, weight.shape).astype(np.float32))
+    _, after, _, fetches = canonical(model, X3)
+    ran = [op for op, _ in executed(after, "x:0", fetches[0], X3)]
+    assert "_MklLayerNorm" in ran and not [op for op in ran if "BatchNorm" in op or op in ("Fill", "Mul")], ran
