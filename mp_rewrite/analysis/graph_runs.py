@@ -154,10 +154,13 @@ class Runner:
             tf.compat.v1.saved_model.loader.load(session, tags, export_dir)
         return cls(session, feeds, fetches)
 
-    def run(self, metadata=None) -> None:
+    def run(self, metadata=None) -> float:
+        """One run (traced into `metadata`'s step stats when given); returns its wall ms."""
         from tensorflow.core.protobuf import config_pb2
         options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE) if metadata else None
+        begin = time.perf_counter()
         self.session.run(self.fetches, self.feed_dict, options=options, run_metadata=metadata)
+        return (time.perf_counter() - begin) * 1e3
 
     def kernels(self) -> dict:
         """{executed node name: kernel label} of one run, from the partition graphs TF reports: the op it ran, and
@@ -231,17 +234,24 @@ class SignatureRunner:
         self.calls = [(key, self.loaded.signatures[key], {arg: tf.constant(feeds[name]) for arg, name in args.items()})
                       for key, args in self.signatures.items()]
 
-    def run(self, metadata=None) -> None:
+    def run(self, metadata=None) -> float:
+        """One call of each signature (traced into `metadata`'s step stats when given); returns their wall ms,
+        without the profiler's own start and export."""
         from .served_trace import traced_call
+        begin = time.perf_counter()
         if self._kernels is None:  # the first call: TF records the graphs it builds
             self._kernels = self._first_kernels()
             if metadata is None:
-                return
+                return (time.perf_counter() - begin) * 1e3
+        took = 0.0
         for key, function, arguments in self.calls:
             if metadata is None:
                 function(**arguments)
             else:
-                metadata.step_stats.MergeFrom(traced_call(lambda: function(**arguments), self.prefixes.get(key, "")))
+                stats, ms = traced_call(lambda: function(**arguments), self.prefixes.get(key, ""))
+                metadata.step_stats.MergeFrom(stats)
+                took += ms
+        return took if metadata is not None else (time.perf_counter() - begin) * 1e3
 
     def kernels(self) -> dict:
         """{executed node name (as a session names it): kernel label} of the first call (run_times.kernel_label)."""

@@ -16,13 +16,15 @@ import os
 import re
 import shutil
 import tempfile
+import time
 
 NODE = re.compile(r"^([A-Za-z0-9.][A-Za-z0-9_.\-/>]*):([A-Za-z_][A-Za-z0-9_]*)$")  # "name:Type" of a kernel
 
 
-def traced_call(call, prefix: str = ""):
-    """StepStats of the kernels one `call()` ran (a signature's or tf.function's call), each node named `prefix` +
-    its name in the function (nested calls TF inlined under their call nodes' names, as a session names them)."""
+def traced_call(call, prefix: str = "") -> tuple:
+    """(StepStats of the kernels one `call()` ran, the call's wall ms without the profiler's start and export): a
+    signature's or tf.function's call, each node named `prefix` + its name in the function (nested calls TF inlined
+    under their call nodes' names, as a session names them)."""
     import tensorflow as tf
     from tensorflow.core.framework import step_stats_pb2
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -30,7 +32,9 @@ def traced_call(call, prefix: str = ""):
     try:
         tf.profiler.experimental.start(logdir)
         try:
+            begin = time.perf_counter()
             call()
+            wall = (time.perf_counter() - begin) * 1e3
         finally:
             tf.profiler.experimental.stop()
         space = xplane_pb2.XSpace()
@@ -48,11 +52,11 @@ def traced_call(call, prefix: str = ""):
                 match = NODE.match(names.get(event.metadata_id, ""))
                 if match is None:
                     continue
-                begin = line.timestamp_ns + event.offset_ps // 1000
-                took = event.duration_ps // 1000
+                start = line.timestamp_ns + event.offset_ps // 1000
+                nanos = event.duration_ps // 1000
                 node = device.node_stats.add(node_name=prefix + match.group(1),
                                              timeline_label=f"{prefix}{match.group(1)} = {match.group(2)}()",
-                                             all_start_nanos=begin, op_end_rel_nanos=took, all_end_rel_nanos=took,
-                                             all_start_micros=begin // 1000)
-                node.op_end_rel_micros = node.all_end_rel_micros = took // 1000
-    return stats
+                                             all_start_nanos=start, op_end_rel_nanos=nanos, all_end_rel_nanos=nanos,
+                                             all_start_micros=start // 1000)
+                node.op_end_rel_micros = node.all_end_rel_micros = nanos // 1000
+    return stats, wall
