@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import numpy as np
 
@@ -40,12 +39,13 @@ from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
-from .graph_runs import LOG, FunctionRunner, Runner, SignatureRunner, opened, saved_model_copy, traced_times
+from .graph_runs import (LOG, FunctionRunner, Runner, SignatureRunner, VariantError, opened, saved_model_copy,
+                         traced_times)
 from .op_costs import onednn_settings
 from .profile_cache import graph_bytes, load, profile_key, save
 from .call_names import INLINED_CALLS, call_nodes, executed_names, inlined_prefixes
-from .run_times import between_kernels, counted_once, run_times
-from .variant_race import distinct, feeds_by_batch, race_variants
+from .run_times import Recorded, run_times
+from .variant_race import demotes, distinct, feeds_by_batch, race_variants
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
 PROFILE_LIMIT = 2**30  # bytes of weights above which nothing is profiled: every variant run holds its own copy
@@ -236,17 +236,28 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
     if cached is not None:
         return cached
     with opened([]) as runners:
-        traced = [_Recorded(run(None)), _Recorded(run(lists))]
+        traced = [Recorded(run(None)), Recorded(run(lists))]
         runners += traced
         times = traced_times(runners, runs, progress)[0]
         walls = [r.traced for r in traced]
         kernels = [r.runner.kernels() for r in traced]
         table = _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches)
         cut = rewrite(dataclasses.replace(options, assign="cost", costs=table))
+        # The cut's own run, traced too where it is a graph of its own and runs where the others ran: reports of the
+        # cut read its nodes' times from it, not from the lists' run with its float32 nodes put back (which left
+        # out what the cut's Casts and split fusions cost: its sum fell ~20% short of its run).
+        mine = Recorded(run(cut)) if racer is None and demotes(cut) else None
+        if mine is not None:
+            runners.append(mine)
+            try:
+                traced_times([mine], runs)
+                kernels.append(mine.runner.kernels())  # before the race feeds it other batch sizes
+            except VariantError:  # it fails in the race too, which says so and goes on without it
+                mine.samples.clear()
 
         def racing(with_cut: bool):  # the float32, lists, cut and source runners to race (closed on the way out)
             if racer is None:
-                runners.extend(([run(cut)] if with_cut else []) + ([source()] if source else []))
+                runners.extend([source()] if source else [])
                 return runners
             while runners:  # done with: their copies of the variables go before the racers make theirs
                 runners.pop().close()
@@ -256,34 +267,15 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
         table, raced = race_variants(table, cut, racing, batches or {batch: None}, batch, where,
                                      source is not None)
         names = [executed_names(graph_def, prefixes), executed_names(lists.graph_def, prefixes)]
-        measured = run_times([r.samples for r in traced], names, kernels, _medians(walls),
+        measured = run_times([r.samples for r in traced], names, kernels[:2], _medians(walls),
                              tuple(min(r.walls) for r in traced), raced, [r.gaps for r in traced])
+        if mine is not None and mine.samples:
+            pair = (traced[0], mine)
+            measured = dataclasses.replace(measured, cut=run_times(
+                [r.samples for r in pair], [names[0], executed_names(cut.graph_def, prefixes)],
+                [kernels[0], kernels[2]], _medians([r.traced for r in pair]),
+                tuple(min(r.walls) for r in pair), raced, [r.gaps for r in pair]))
     return _saved(key, dataclasses.replace(table, runs=measured), walls)
-
-
-class _Recorded:
-    """A Runner whose traced runs are kept as each node's time counted once (run_times.counted_once) and the time
-    between its kernels (run_times.between_kernels), each followed by an untraced run whose wall ms is kept too: the
-    whole run the nodes' times add up to, measured while the machine is as busy as it was for them."""
-
-    def __init__(self, runner):
-        self.runner, self.samples, self.gaps, self.traced, self.walls = runner, [], [], [], []
-
-    def run(self, metadata=None) -> None:
-        ms = self.runner.run(metadata)
-        if metadata is not None:
-            self.traced.append(ms)
-            self.samples.append(counted_once(metadata.step_stats))
-            self.gaps.append(between_kernels(metadata.step_stats, self.samples[-1]))
-            begin = time.perf_counter()
-            self.runner.run()
-            self.walls.append((time.perf_counter() - begin) * 1e3)
-
-    def feed(self, feeds) -> None:
-        self.runner.feed(feeds)
-
-    def close(self) -> None:
-        self.runner.close()
 
 
 def _lists(options):

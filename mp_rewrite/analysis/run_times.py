@@ -1,21 +1,23 @@
 """What running a model measured, as data for reports: every executed node's time, the whole runs, the kernels.
 
-analysis.graph_profile times the model in float32 and as Grappler's lists rewrite it, with TF's step stats on.
-The cost table it makes for the assignment holds only the candidates' times; `RunTimes` keeps the rest of what
-those runs showed, so that the time view (report.layer_times) can account for the whole run:
+analysis.graph_profile times the model in float32 and as Grappler's lists rewrite it, traced (TF's step stats in
+a session; TF's profiler where a TF2 SavedModel is called as TF2 serves it, analysis.served_trace), each run
+recorded by `Recorded`. The cost table it makes for the assignment holds only the candidates' times; `RunTimes`
+keeps the rest of what those runs showed, so that the time view (report.layer_times) can account for the whole run:
 
 - each executed node's time **counted once**: every instant of a run goes to the kernel that has been running
   longest at that instant. On a machine whose kernels each use every core (oneDNN's primitives do), a kernel TF
   starts beside another mostly waits: step stats give a batch-norm add started beside a convolution 4 ms, the
   time of the convolution. Counted once, the nodes' times add up to the time some kernel ran -- measured on this
   2-core machine at 0.89-1.02 of the untraced whole run (MobileNetV2, ResNet-50, BERT), where the kernels' own
-  intervals, overlapping, add up to 1.16 of it. The gaps when no kernel runs are not counted: most of them are
-  step stats' own bookkeeping (a traced run of MobileNetV2 at 96x96 takes 12 ms, untraced 8 ms);
+  intervals, overlapping, add up to 1.16 of it;
+- the time between the first kernel and the last when none runs: TF's executor at work (`between`);
 - the time of executed nodes no graph node names (TF's own: the nodes inlining a function call makes, the
   executor's source node, Grappler's additions): `elsewhere`;
 - the whole runs, traced and untraced (`traced`, `untraced`);
 - the kernels TF ran where they fuse ops or are another op than the graph's (`kernels`: "_MklNativeFusedConv2D:
-  BiasAdd+Relu6"), from the partition graphs TF reports (RunMetadata), as it ran them.
+  BiasAdd+Relu6"), from the partition graphs TF reports (RunMetadata), as it ran them;
+- where the cut's coloring is a graph of its own, the same of the cut's own traced runs (`cut`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ class RunTimes:
             call sites: Keras exports "serve" and "serving_default", and a profile runs every signature).
         between: (float32 ms, lists ms) per run while no kernel ran, between the first kernel's start and the last
             one's end (between_kernels; the median over the traced runs): TF's executor scheduling the next kernel,
-            which a model of many small ops pays for each (a keras-hub BERT of 2 x d128 at batch 8: ~0.4 of 2.9 ms).
+            which a model of many small ops pays for each (a keras-hub BERT of 2 x d128 at batch 8: ~0.6 of 3.6 ms).
+        cut: where the cut's coloring is a graph of its own and was traced (graph_profile: not in a training step's
+            profile, nor a TF1 export's), the RunTimes of float32 and the cut's own traced runs (its second column
+            the cut's, in place of the lists'), else None.
     """
 
     traced: tuple
@@ -57,6 +62,7 @@ class RunTimes:
     kernels: dict = dataclasses.field(default_factory=dict)
     calls: dict = dataclasses.field(default_factory=dict)
     between: tuple = (0.0, 0.0)
+    cut: "RunTimes | None" = None
 
     def as_data(self) -> dict:
         """Plain JSON data (from_data reads it back)."""
@@ -64,7 +70,8 @@ class RunTimes:
                 "elsewhere": list(self.elsewhere),
                 "nodes": {label: {name: list(ms) for name, ms in nodes.items()} for label, nodes in self.nodes.items()},
                 "kernels": {label: {name: list(k) for name, k in ks.items()} for label, ks in self.kernels.items()},
-                "calls": dict(self.calls), "between": list(self.between)}
+                "calls": dict(self.calls), "between": list(self.between),
+                "cut": None if self.cut is None else self.cut.as_data()}
 
     @classmethod
     def from_data(cls, data: dict) -> "RunTimes":
@@ -81,7 +88,8 @@ class RunTimes:
                    {label: {name: (str(k[0]), str(k[1])) for name, k in ks.items()}
                     for label, ks in data["kernels"].items()},
                    {label: int(n) for label, n in data["calls"].items()},
-                   tuple(float(x) for x in data["between"]))
+                   tuple(float(x) for x in data["between"]),
+                   None if data["cut"] is None else cls.from_data(data["cut"]))
 
     def kernel(self, label: str, name: str, low: bool) -> str:
         """The fused kernel TF ran under a node's name in the lists' run (`low`) or float32's; "" when it ran the
@@ -105,7 +113,9 @@ def _spans(step_stats) -> list:
 
 def between_kernels(step_stats, counted: dict) -> float:
     """ms of one traced run, from its first kernel's start to its last one's end, when no kernel ran: TF's executor
-    at work between them (`counted`: counted_once of the same run)."""
+    at work between them (`counted`: counted_once of the same run). The call's own dispatch before the first kernel
+    and after the last is not counted: under TF's profiler the call runs 1.5-4 ms slower on MobileNetV2, most of it
+    there, so it cannot be told from the tracing's own cost."""
     spans = _spans(step_stats)
     if not spans:
         return 0.0
@@ -176,6 +186,30 @@ def by_graph(times: dict, names: dict) -> tuple:
     calls = {label: max(counts.values()) for label, counts in sites.items()}
     return ({label: {n: ms / sites[label][n] for n, ms in nodes.items()} for label, nodes in out.items()}, elsewhere,
             calls)
+
+
+class Recorded:
+    """An analysis.graph_runs Runner or SignatureRunner whose traced runs are kept (what `run_times` reads): each
+    node's time counted once (counted_once), the time between its kernels (between_kernels) and the run's wall ms,
+    each traced run followed by an untraced one whose wall ms is kept too: the whole run the nodes' times add up
+    to, measured while the machine is as busy as it was for them."""
+
+    def __init__(self, runner):
+        self.runner, self.samples, self.gaps, self.traced, self.walls = runner, [], [], [], []
+
+    def run(self, metadata=None) -> None:
+        ms = self.runner.run(metadata)
+        if metadata is not None:
+            self.traced.append(ms)
+            self.samples.append(counted_once(metadata.step_stats))
+            self.gaps.append(between_kernels(metadata.step_stats, self.samples[-1]))
+            self.walls.append(self.runner.run())
+
+    def feed(self, feeds) -> None:
+        self.runner.feed(feeds)
+
+    def close(self) -> None:
+        self.runner.close()
 
 
 def run_times(samples: list, names: list, kernels: list, traced: tuple, untraced: tuple, raced: tuple,

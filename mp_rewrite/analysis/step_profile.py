@@ -54,8 +54,9 @@ class StepMeasure:
         self.targets = sorted(name for name in body.control_outputs if not name.startswith("^"))
         self.lists = self._rewrite(_lists(options))
         specs = [(arg.dtype, list(arg.shape), arg.variable) for arg in args]
-        self.key = profile_key("step, raced against the traced body", _key_bytes(body.graph_def), _key_bytes(self.lists.graph_def), specs,
-                               body.retvals, self.targets, batch, runs, machine.machine, machine.precision)
+        self.key = profile_key("step, raced against the traced body", _key_bytes(body.graph_def),
+                               _key_bytes(self.lists.graph_def), specs, body.retvals, self.targets, batch, runs,
+                               machine.machine, machine.precision)
 
     @property
     def planned_runs(self) -> int:

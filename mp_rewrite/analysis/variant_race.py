@@ -53,7 +53,7 @@ def race_variants(table, cut, racing, batches: dict, batch, where: str, source: 
     is raced where there is nothing to choose (the traced batch alone, the cut the lists', no source): the traced runs
     already compared float32 with the lists, and the cut followed. Returns (table, the raced (float32, lists,
     cut) ms at `batch`, or ())."""
-    with_cut = any(r.assignment.demoted for r in (cut, *cut.functions.values()) if r.assignment)
+    with_cut = demotes(cut)
     if not table.low_units or (list(batches) in ([batch], [None]) and not with_cut and not source):
         return table, ()
     runners = racing(with_cut)
@@ -71,6 +71,11 @@ def race_variants(table, cut, racing, batches: dict, batch, where: str, source: 
     at = ms.get(batch)
     raced = () if at is None else (at[0], at[1], at[names.index("cut")] if with_cut else at[1])
     return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}"), raced
+
+
+def demotes(cut) -> bool:
+    """Whether the cut (a RewriteResult) moved some candidate of the lists to float32: a graph of its own."""
+    return any(r.assignment.demoted for r in (cut, *cut.functions.values()) if r.assignment)
 
 
 def verdict(table, raced, where: str = ""):

@@ -9,8 +9,10 @@ plumbing, Grappler's additions), so it accounts for the whole run and can be hel
 
 Rendered, never decided: a node counts in the precision its row says it computes in (the cut's or the lists'
 choice). With runs, the time as converted comes from one run as far as it can: the lists' coloring is all of the
-lists' run; the cut's is the lists' run too -- it is the lists' graph but for the nodes it moved to float32 -- with
-those nodes at their float32 run's time (lists_run_time). A node's time counted once depends on which kernels ran
+lists' run; a cut the profile kept is all of its own traced run (RunTimes.cut, drawn_runs); a cut without one is
+the lists' run -- it is the lists' graph but for the nodes it moved to float32 -- with those nodes at their float32
+run's time (lists_run_time), which misses what its own Casts and split fusions cost (its sum fell ~20% short of its
+run on MobileNetV2 and BERT). A node's time counted once depends on which kernels ran
 beside it in that run (MobileNetV2's filter scaling at each call, float32 in both runs, read 1.0 ms more in the
 float32 run than in the lists'), so a sum taking each float32 node from the float32 run and each low one from the
 lists' run counted the instants they shared twice (docs/pictures.md has the measured gaps). A Cast the result
@@ -172,6 +174,16 @@ def demoted_nodes(result) -> dict:
             if sub.assignment is not None}
 
 
+def drawn_runs(costs, variant: str) -> tuple:
+    """(the run_times.RunTimes a coloring's times come from, or None; the variant as that RunTimes holds it): the
+    cut's own traced runs where the profile made them (RunTimes.cut: float32 and the cut, the cut in the column the
+    lists' run holds otherwise, so it reads as "lists" there), else the table's runs as they are."""
+    runs = getattr(costs, "runs", None)
+    if variant == "cut" and runs is not None and runs.cut is not None:
+        return runs.cut, "lists"
+    return runs, variant
+
+
 def lists_run_time(row, variant: str, demoted: dict, profiled: bool) -> bool:
     """Whether a row's time as converted is its time in the lists' run (else in float32's).
 
@@ -201,7 +213,7 @@ def node_times(tables, costs, variant: str = "lists", demoted: dict | None = Non
     """
     from ..analysis.graph_costs import MAIN
     from ..core.assignment import DEFAULT_CAST_MS
-    runs, demoted = getattr(costs, "runs", None), demoted or {}
+    (runs, variant), demoted = drawn_runs(costs, variant), demoted or {}
     out = {}
     for table in tables:
         label = table.name or MAIN
@@ -280,8 +292,8 @@ def time_view(graph, tables, costs, result) -> TimeView:
         result: the RewriteResult (which variant the measured whole runs stand for).
     """
     variant, demoted = converted_variant(costs, result), demoted_nodes(result)
-    runs = getattr(costs, "runs", None)
     times = node_times(tables, costs, variant, demoted)
+    runs, variant = drawn_runs(costs, variant)
     by_name = {t.name: t for t in tables}
     calls = {n.name: called_functions(n) for n in graph.table.result.graph_def.node if n.name in graph.box_of}
     kernel, float32_kernel = _kernel_of(runs, variant, demoted), _kernel_of(runs, "float32", {})
@@ -313,9 +325,9 @@ def time_view(graph, tables, costs, result) -> TimeView:
 
 
 def _between(runs, variant: str, drawn: str) -> tuple:
-    """(float32 ms, ms) per call of the drawn graph while no kernel ran, between the first and the last
-    (run_times.RunTimes.between): the lists' run's for the lists' coloring and the cut's (whose kernels are
-    nearly all the lists'), else float32's."""
+    """(float32 ms, ms) per call of the drawn graph while no kernel ran (run_times.RunTimes.between): the second
+    run's for the lists' coloring and the cut's (its own run's, or the lists', whose kernels are nearly all its
+    kernels: drawn_runs), else float32's."""
     from ..analysis.graph_costs import MAIN
     if runs is None:
         return (0.0, 0.0)
@@ -363,19 +375,19 @@ def _elsewhere(times: dict, runs, variant: str, counted: set, drawn: str) -> tup
 
 def measured_totals(costs, result, graph_name: str = "") -> dict:
     """The whole model's measured time per call, float32 and as converted, when the table was profiled in the model
-    ({} otherwise): the untraced runs made beside the traced ones the nodes' times come from, and for the cut's
-    coloring its ratio to the lists' in the runs that raced it. "As converted" is the variant the result is
-    (converted_variant). A run that called the drawn graph n times (every signature of a Keras export calls the
-    model) counts as n calls."""
+    ({} otherwise): the untraced runs made beside the traced ones the nodes' times come from (the cut's own, where
+    the profile traced it: drawn_runs), and for a cut without runs of its own its ratio to the lists' in the runs
+    that raced it. "As converted" is the variant the result is (converted_variant). A run that called the drawn
+    graph n times (every signature of a Keras export calls the model) counts as n calls."""
     from ..analysis.graph_costs import MAIN
     from ..analysis.graph_profile import measured_runs
+    drawn, variant = drawn_runs(costs, converted_variant(costs, result))
     runs = measured_runs(costs)
-    variant = converted_variant(costs, result)
     calls = max(1, costs.runs.calls.get(graph_name or MAIN, 1)) if runs else 1
     per = f", {calls} calls of the model each (one per signature): per call" if calls > 1 else ""
     if "untraced" not in runs:
         return {}
-    fp32, lists = (ms / calls for ms in runs["untraced"])
+    fp32, lists = (ms / calls for ms in drawn.untraced)
     raced = runs.get("raced", (0.0, 0.0, 0.0))
     if variant == "cut":
         # The cut's graph ran only in the race, whose medians a busy machine puts far above the fastest runs the
@@ -388,8 +400,9 @@ def measured_totals(costs, result, graph_name: str = "") -> dict:
                 return {"float32": fp32, "converted": ms * ratio,
                         "how": f"fastest whole runs untraced; as converted, {name} times the cut's ratio to it in "
                                f"the race ({ratio:.2f}, medians of alternated runs){per}"}
+    mine = " (the cut's own runs)" if drawn is not costs.runs else ""
     return {"float32": fp32, "converted": fp32 if variant == "float32" else lists,
-            "how": f"fastest whole runs, untraced{per}"}
+            "how": f"fastest whole runs, untraced{mine}{per}"}
 
 
 def explained_times(tables, costs, result) -> dict | None:

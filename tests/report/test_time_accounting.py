@@ -122,6 +122,9 @@ def test_every_layer_is_timed_and_the_layers_hold_the_time(which, tmp_path):
     assert view.total_fp32 == pytest.approx(run_per_call(runs, drawn, 0), rel=1e-6)
     lists, _ = time_view_of(model, options, records, keep="lists")
     assert lists.total == pytest.approx(run_per_call(runs, drawn, 1), rel=1e-6)
+    if runs.cut is not None:  # the cut a graph of its own: it was traced, and its coloring totals its own run
+        cut, _ = time_view_of(model, options, records, keep="")
+        assert cut.total == pytest.approx(run_per_call(runs.cut, drawn, 1), rel=1e-6)
     if which in ("mobilenet_v2", "resnet50"):
         assert abs(gap) <= 0.4, f"float32 layers and the rest sum to {100 * gap:+.1f}% of the measured run"
 

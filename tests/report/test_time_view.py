@@ -197,6 +197,35 @@ def test_the_cut_is_the_lists_run_but_for_what_it_demoted_and_its_measured_time_
     assert "the lists' times the cut's ratio to it in the race (0.73" in view.measured["how"]
 
 
+def test_a_cut_with_runs_of_its_own_is_drawn_from_them(timed):
+    """Where the profile traced the cut it kept (RunTimes.cut), every node's time as converted, its Casts and its
+    measured whole run are the cut's own run's: none is put together from the lists' run and float32's."""
+    from mp_rewrite.core.options import make_options
+    from mp_rewrite.model.loaded import load_model, rewrite_model
+    path, lists, *_ = timed
+    table = made_up_table(lists)
+    label, nodes = next((label, nodes) for label, nodes in table.nodes.items() if nodes)
+    table = dataclasses.replace(table, nodes={**table.nodes, label: dict(nodes, **{sorted(nodes)[0]: (0.1, 10.0)})})
+    cut = rewrite_model(load_model(path), "bfloat16", options=make_options("bfloat16", assign="cost", costs=table))
+    name = "" if label == MAIN else label
+    sub = cut.functions.get(name, cut)
+    demoted, casts = sorted(sub.assignment.demoted), [c.name for c in sub.casts]
+    assert demoted and casts
+    runs = _runs(cut, table)  # float32 1 ms, the lists 0.5 ms a node
+    own = {label: {**{n: (1.0, 0.2) for n in runs.nodes[label]}, **{c: (0.0, 0.05) for c in casts}}}
+    mine = RunTimes((30.0, 12.0), (25.0, 9.0), (), own, (0.25, 0.1), {}, {label: 1}, (0.5, 0.3))
+    runs = dataclasses.replace(runs, raced=(30.0, 33.0, 24.0), cut=mine)
+    tables = build_tables(cut, with_flops=False)
+    graph, _, _ = layer_picture(cut, None, 150, tables)
+    view = picture_times(graph, tables, dataclasses.replace(table, runs=runs), cut)
+    times = view.nodes[name]
+    assert all(times[n] == (1.0, 0.2) for n in demoted)  # its own run's time, not float32's
+    assert all(times[c] == (0.0, 0.05) for c in casts)  # as its run ran them, not priced
+    assert view.measured["converted"] == 9.0 and "the cut's own runs" in view.measured["how"]
+    assert view.between == (0.5, 0.3)
+    assert RunTimes.from_data(json.loads(json.dumps(runs.as_data()))) == runs
+
+
 def test_counted_once_gives_each_instant_to_the_oldest_running_kernel():
     from tensorflow.core.framework import step_stats_pb2
     stats = step_stats_pb2.StepStats()
