@@ -39,12 +39,12 @@ from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
 from .graph_costs import MAIN, cast_costs, constant_names, within_noise
-from .graph_runs import (LOG, FunctionRunner, Runner, SignatureRunner, VariantError, opened, saved_model_copy,
-                         traced_times)
+from .graph_runs import LOG, FunctionRunner, Runner, VariantError, opened, saved_model_copy, traced_times
 from .op_costs import onednn_settings
 from .profile_cache import graph_bytes, load, profile_key, save
 from .call_names import INLINED_CALLS, call_nodes, executed_names, inlined_prefixes
 from .run_times import Recorded, run_times
+from .served_trace import SignatureRunner
 from .variant_race import demotes, distinct, feeds_by_batch, race_variants
 
 RUNS = 5  # traced runs of each variant, alternated; the median of each node's time is kept
@@ -123,7 +123,7 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
                         runs: int = RUNS, progress=None, batches=(), source=None) -> Profile:
     """Measure the cost table of a SavedModel's MetaGraph (its main graph and every function body its signatures
     call) by running it as it is and as the lists rewrite it in place: a TF2 export's signatures as TF2 serves
-    them (graph_runs.SignatureRunner, each call traced by TF's profiler), a TF1 export's main graph in a TF1
+    them (served_trace.SignatureRunner, each call traced by TF's profiler), a TF1 export's main graph in a TF1
     session; a body node is timed under its call nodes' names, "StatefulPartitionedCall_1/.../name".
 
     Args:

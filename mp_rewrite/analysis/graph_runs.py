@@ -4,7 +4,8 @@ Each variant -- a GraphDef, or a SavedModel directory -- runs in its own TF1 ses
 model (remapper and oneDNN fusions on, auto mixed precision off: the graph says its own dtypes), on the same
 made-up inputs, in alternation, so that whatever else runs on the machine disturbs them alike. `traced_times`
 reads each node's time from TF's step stats (analysis.graph_profile builds costs from them); `race` times whole
-runs, of sessions or of a tf.function body's variants in the eager function runtime (FunctionRunner).
+runs, of sessions, of a tf.function body's variants in the eager function runtime (FunctionRunner), or of
+SavedModels as TF2 serves them (analysis.served_trace.SignatureRunner).
 """
 
 from __future__ import annotations
@@ -207,66 +208,6 @@ class FunctionRunner:
     def close(self) -> None:
         self._ctx.remove_function(self.name)
         self._variables.clear()
-
-
-class SignatureRunner:
-    """A SavedModel variant run as TF2 serves it: loaded with tf.saved_model.load, each signature in `signatures`
-    ({key: {argument: input tensor name}}) called with the values `feeds` gives those names. A TF1 session of the
-    same SavedModel is no stand-in for that: it inlines the signatures' functions without the shapes they were
-    traced with, and TF's remapper then leaves a convolution's residual add and Relu unfused (ResNet-50's bfloat16
-    at batch 32: 446 ms per run in a session, 220 ms served; float32 1118 ms in both).
-
-    A traced run (`run(metadata)`) fills the RunMetadata's step stats from TF's profiler (analysis.served_trace),
-    each node named as a TF1 session of the SavedModel names it: under `prefixes[key]`, the main graph's call node
-    of the signature ("StatefulPartitionedCall_1/"). `kernels()` are those of the first call, which TF records as
-    it builds the signatures' graphs."""
-
-    def __init__(self, export_dir: str, tags, signatures: dict, feeds: dict, prefixes: dict | None = None):
-        import tensorflow as tf
-        self.loaded = tf.saved_model.load(export_dir, tags=list(tags))
-        self.signatures, self.prefixes = signatures, prefixes or {}
-        self.feed(feeds)
-        self._kernels = None
-
-    def feed(self, feeds) -> None:
-        """Call on these inputs from now on ({input tensor name: value})."""
-        import tensorflow as tf
-        self.calls = [(key, self.loaded.signatures[key], {arg: tf.constant(feeds[name]) for arg, name in args.items()})
-                      for key, args in self.signatures.items()]
-
-    def run(self, metadata=None) -> float:
-        """One call of each signature (traced into `metadata`'s step stats when given); returns their wall ms,
-        without the profiler's own start and export."""
-        from .served_trace import traced_call
-        begin = time.perf_counter()
-        if self._kernels is None:  # the first call: TF records the graphs it builds
-            self._kernels = self._first_kernels()
-            if metadata is None:
-                return (time.perf_counter() - begin) * 1e3
-        took = 0.0
-        for key, function, arguments in self.calls:
-            if metadata is None:
-                function(**arguments)
-            else:
-                stats, ms = traced_call(lambda: function(**arguments), self.prefixes.get(key, ""))
-                metadata.step_stats.MergeFrom(stats)
-                took += ms
-        return took if metadata is not None else (time.perf_counter() - begin) * 1e3
-
-    def kernels(self) -> dict:
-        """{executed node name (as a session names it): kernel label} of the first call (run_times.kernel_label)."""
-        if self._kernels is None:
-            self._kernels = self._first_kernels()
-        return self._kernels
-
-    def _first_kernels(self) -> dict:
-        from .execution import executed_nodes
-        from .run_times import kernel_label
-        return {self.prefixes.get(key, "") + node.name: kernel_label(node)
-                for key, function, arguments in self.calls for node in executed_nodes(function, **arguments)}
-
-    def close(self) -> None:
-        self.loaded, self.calls = None, []
 
 
 def _variable_value(arg):

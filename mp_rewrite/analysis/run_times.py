@@ -189,10 +189,10 @@ def by_graph(times: dict, names: dict) -> tuple:
 
 
 class Recorded:
-    """An analysis.graph_runs Runner or SignatureRunner whose traced runs are kept (what `run_times` reads): each
-    node's time counted once (counted_once), the time between its kernels (between_kernels) and the run's wall ms,
-    each traced run followed by an untraced one whose wall ms is kept too: the whole run the nodes' times add up
-    to, measured while the machine is as busy as it was for them."""
+    """An analysis.graph_runs.Runner or served_trace.SignatureRunner whose traced runs are kept (what `run_times`
+    reads): each node's time counted once (counted_once), the time between its kernels (between_kernels) and the
+    run's wall ms, each traced run followed by an untraced one whose wall ms is kept too: the whole run the nodes'
+    times add up to, measured while the machine is as busy as it was for them."""
 
     def __init__(self, runner):
         self.runner, self.samples, self.gaps, self.traced, self.walls = runner, [], [], [], []
@@ -214,14 +214,14 @@ class Recorded:
 
 def run_times(samples: list, names: list, kernels: list, traced: tuple, untraced: tuple, raced: tuple,
               gaps: list) -> RunTimes:
-    """The RunTimes of the float32 and the lists' variants.
+    """The RunTimes of the float32 and the lists' variants (or float32 and the cut: RunTimes.cut).
 
     Args:
         samples: per variant, [counted_once(...)] of each traced run.
-        gaps: per variant, [between_kernels(...)] of each traced run.
         names: per variant, call_names.executed_names of the graph it ran.
         kernels: per variant, the kernels of one run (graph_runs.Runner.kernels).
         traced, untraced, raced: the whole runs (RunTimes).
+        gaps: per variant, [between_kernels(...)] of each traced run.
     """
     per, elsewhere, ran, calls = [], [], {}, {}
     for i, (runs, named, executed) in enumerate(zip(samples, names, kernels)):

@@ -73,7 +73,7 @@ COST_RULES = ("cost_low", "cost_float32")  # the cost assignment's reasons, whic
 class Explainer:
     """Explains nodes of a set of GraphTables; builds each graph's consumer index once.
 
-    `times` (layer_times.node_times: graph -> node -> (float32 ms, ms as converted)), when a cost table exists,
+    `times` (node_times.node_times: graph -> node -> (float32 ms, ms as converted)), when a cost table exists,
     adds a node's times in one line where its reason does not already give them.
     """
 
@@ -229,7 +229,7 @@ def explain_all(result, node: str, function: str | None = None, tables=None, cos
     from .node_table import build_tables
     if tables is None:
         tables = build_tables(result, function, with_flops=False)
-    from .layer_times import explained_times
+    from .node_times import explained_times
     explainer = Explainer(tables, result.precision, explained_times(tables, costs, result))
     rows = explainer.find(node, function)
     graphs = [r.graph for r in rows]

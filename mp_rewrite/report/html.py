@@ -12,7 +12,7 @@ from ..errors import ModelError
 from .dot import is_whole_model, picture as make_picture, picture_svg
 from .explanation import Explainer
 from .html_assets import CSS, JS, PAGE
-from .layer_times import explained_times
+from .node_times import explained_times
 from .palette import CLASSES, FILL, dtype_label
 from .stats import summarize
 from .text import blocks

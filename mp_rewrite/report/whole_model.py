@@ -64,7 +64,8 @@ def whole_model_svg(result, function: str | None = None, max_nodes: int = 150, t
 def picture_times(graph, tables, costs, result):
     """The layer_times.TimeView of a picture's LayerGraph, or None when the table has no times (a machine without
     low-precision units measures nothing: its note says so)."""
-    from .layer_times import has_times, time_view
+    from .layer_times import time_view
+    from .node_times import has_times
     if not has_times(costs):
         return None
     return time_view(graph, tables, costs, result)

@@ -14,9 +14,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from mp_rewrite.analysis.call_names import call_nodes, executed_names, inlined_prefixes  # noqa: E402
-from mp_rewrite.analysis.graph_runs import SignatureRunner  # noqa: E402
 from mp_rewrite.analysis.run_times import counted_once  # noqa: E402
-from mp_rewrite.analysis.served_trace import traced_call  # noqa: E402
+from mp_rewrite.analysis.served_trace import SignatureRunner, traced_call  # noqa: E402
 from mp_rewrite.model.files import read_saved_model  # noqa: E402
 
 

@@ -17,7 +17,8 @@ from mp_rewrite.analysis.run_times import RunTimes, counted_once
 from mp_rewrite.commands.cli import main as cli_main
 from mp_rewrite.core.assignment import DEFAULT_CAST_MS, CostTable
 from mp_rewrite.report.explanation import explain_all
-from mp_rewrite.report.layer_times import ms_text, node_times
+from mp_rewrite.report.layer_times import ms_text
+from mp_rewrite.report.node_times import node_times
 from mp_rewrite.report.node_table import build_tables
 from mp_rewrite.report.palette import HEAT
 from mp_rewrite.report.whole_model import layer_picture, picture_times, whole_model_svg
