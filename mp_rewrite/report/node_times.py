@@ -12,8 +12,9 @@ float32 in both runs, read 1.0 ms more in the float32 run than in the lists'), s
 from the float32 run and each low one from the lists' run counted the instants they shared twice
 (docs/pictures.md has the measured gaps). A Cast the result inserted is priced as it ran in the lists' run when
 that run had it (the same name: the same tensor, the same way), else per tensor as the assignment prices it (this
-machine's cast times by size, timed alone: 1.2-1.8x what the same Casts took in the model). A node TF fused into another kernel, or folded away, ran no kernel of its own:
-the kernel that ran it has the time (report.layer_times puts it in the box of the op the kernel starts from).
+machine's cast times by size, timed alone: 1.2-1.8x what the same Casts took in the model). A node TF fused into
+another kernel, or folded away, ran no kernel of its own: the kernel that ran it has the time (report.layer_times
+puts it in the box of the op the kernel starts from).
 """
 
 from __future__ import annotations
