@@ -103,9 +103,12 @@ def rewrite_with_costs(args):
             if options.costs.keep == SOURCE:
                 # The times are those of the rules' float32 graph (the model as given was only raced): drawn on
                 # the model as given, the nodes the rules rewrote would have none (ResNet-50: 10 of 65 ms).
-                say("the model as given ran fastest: convert writes it unchanged; shown as its times were measured, "
-                    "with the graph rules' rewrites, in float32")
-                options = dataclasses.replace(options, costs=dataclasses.replace(options.costs, keep="float32"))
+                drawn = ("the model as given ran fastest: convert writes it unchanged; shown as its times were "
+                         "measured, with the graph rules' rewrites, in float32")
+                say(drawn)
+                costs = options.costs
+                options = dataclasses.replace(options, costs=dataclasses.replace(costs, keep="float32",
+                                                                                 note=f"{costs.note}; {drawn}"))
                 meta_graph, records = rules_before_pass(model.meta_graph, options)
         else:
             meta_graph, records = rules_before_pass(model.meta_graph, options)

@@ -152,4 +152,4 @@ def test_a_model_kept_as_given_is_drawn_as_its_times_were_measured(tmp_path, mon
     graph, _, _ = layer_picture(result, None, 150, tables)
     view = picture_times(graph, tables, costs, result)
     assert view.total_fp32 == pytest.approx(run_per_call(costs.runs, graph.table.name, 0), rel=1e-6)
-    assert view.total == pytest.approx(view.total_fp32)
+    assert view.total == pytest.approx(view.total_fp32) and "convert writes it unchanged" in view.source
