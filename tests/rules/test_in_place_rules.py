@@ -81,7 +81,20 @@ def test_dense_attention_and_gelu_fuse_with_variable_weights_and_outputs_stay_eq
 
 
 def test_the_default_conversion_applies_them_and_the_lists_do_not(transformer, tmp_path, capsys, monkeypatch):
+    """The cost assignment rewrites with the rules wherever it keeps a converted variant; which one a race on this
+    machine keeps depends on the machine (under load, the model as given won this small Transformer's race at batch
+    2 once, and the rules were rightly not applied), so the race's verdict is fixed here: the cut, as measured costs
+    that keep it say (a CostTable whose keep is "")."""
+    import dataclasses
+    from mp_rewrite.core.assignment import CostTable
+    from mp_rewrite.savedmodel import in_place
+
+    def the_cut_kept(options, *args, **kwargs):  # what in_place_costs gives where the race keeps the cut
+        if options.assign != "cost":
+            return options
+        return dataclasses.replace(options, costs=CostTable("bfloat16", keep="", note="the cut kept (fixed here)"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(in_place, "in_place_costs", the_cut_kept)
     base = ["--precision", "bfloat16", "--batch-size", "2"]
     assert cli.main(["convert", str(transformer), str(tmp_path / "cost"), *base, "--assign", "cost"]) == 0
     assert "fusions enabled for TensorFlow's remapper: " in capsys.readouterr().out
