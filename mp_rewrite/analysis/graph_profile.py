@@ -152,12 +152,13 @@ def profile_saved_model(export_dir, meta_graph, inputs: dict, fetches, options, 
             graph = graph or (result.meta_graph_def if result else meta_graph)
             return saved_model_copy(export_dir, graph, tempfile.mkdtemp(dir=work))
 
-        def served(result, graph=None):  # each variant as TF2 serves it
-            return SignatureRunner(copy(result, graph), tags, called, feeds_at(batch), calls)
         called = {key: {arg: info.name for arg, info in signature.inputs.items()}
                   for key, signature in sorted(meta_graph.signature_def.items())
                   if signature.inputs and all(info.name in inputs for info in signature.inputs.values())}
         calls = call_nodes(meta_graph, called)
+
+        def served(result, graph=None):  # each variant as TF2 serves it
+            return SignatureRunner(copy(result, graph), tags, called, feeds_at(batch), calls)
         return _profile(meta_graph.graph_def, lambda opts: rewrite_meta_graph_def(meta_graph, options=opts),
                         served if calls else (lambda result: Runner.of_saved_model(copy(result), tags,
                                                                                     feeds_at(batch), fetches)),

@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from .run_times import op_interval
+
 WARMUP = 2  # untimed runs of each variant first (graph optimization, oneDNN primitive caches)
 # What the runners given to traced_times and race are, by position: every caller (analysis.graph_profile) passes
 # float32 first, then Grappler's lists, then the cut.
@@ -310,9 +312,8 @@ def traced_times(runners, runs: int, progress=None):
             walls[i].append((time.perf_counter() - begin) * 1e3)
             for device in metadata.step_stats.dev_stats:
                 for stat in device.node_stats:
-                    ms = ((stat.op_end_rel_nanos - stat.op_start_rel_nanos) / 1e6 if stat.op_end_rel_nanos
-                          else (stat.op_end_rel_micros - stat.op_start_rel_micros) / 1e3)
-                    samples[i].setdefault(stat.node_name.split(":")[0], []).append(ms)
+                    begin, end = op_interval(stat)
+                    samples[i].setdefault(stat.node_name.split(":")[0], []).append((end - begin) / 1e6)
         if progress is not None:
             progress(done + 1, runs)
     return [{name: float(np.median(ms)) for name, ms in s.items()} for s in samples], walls

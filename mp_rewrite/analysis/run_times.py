@@ -99,16 +99,19 @@ class RunTimes:
         return pair[1 if low else 0] if pair else ""
 
 
+def op_interval(stat) -> tuple:
+    """(begin ns, end ns) of one NodeExecStats' kernel: in nanoseconds where the stats have them (TF's profiler,
+    analysis.served_trace, gives kernels shorter than a microsecond), else in microseconds."""
+    start = stat.all_start_nanos or stat.all_start_micros * 1000
+    begin = start + (stat.op_start_rel_nanos or stat.op_start_rel_micros * 1000)
+    end = start + (stat.op_end_rel_nanos or stat.op_end_rel_micros * 1000)
+    return begin, max(end, begin)
+
+
 def _spans(step_stats) -> list:
     """[(begin ns, end ns, node name)] of each kernel of one traced run."""
-    spans = []
-    for device in step_stats.dev_stats:
-        for stat in device.node_stats:
-            start = stat.all_start_nanos or stat.all_start_micros * 1000
-            begin = start + (stat.op_start_rel_nanos or stat.op_start_rel_micros * 1000)
-            end = start + (stat.op_end_rel_nanos or stat.op_end_rel_micros * 1000)
-            spans.append((begin, max(end, begin), stat.node_name.split(":")[0]))
-    return spans
+    return [(*op_interval(stat), stat.node_name.split(":")[0])
+            for device in step_stats.dev_stats for stat in device.node_stats]
 
 
 def between_kernels(step_stats, counted: dict) -> float:
