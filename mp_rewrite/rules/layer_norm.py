@@ -90,8 +90,11 @@ def match_layer_norm(graph: EditableGraph, mean) -> Match | None:
 
 
 def _region(graph: EditableGraph, mean) -> list | None:
-    """The nodes after `mean` whose data inputs are x, the region or constants, in graph order."""
+    """The nodes after `mean` whose data inputs are x, the region or constants, in graph order. A reduction joins
+    only if it is another of `mean` (the variance's): a pooling Mean over another axis after the normalization
+    (a Transformer's last LayerNorm before GlobalAveragePooling1D) ends the region."""
     x = mean.input[0]
+    axis = graph.constant(mean.input[1])
     found = {mean.name: mean}
     changed = True
     while changed:
@@ -99,6 +102,8 @@ def _region(graph: EditableGraph, mean) -> list | None:
         for node in list(found.values()):
             for reader in graph.readers(node.name):
                 if reader.name in found or reader.op not in REGION_OPS or graph.is_kept(reader):
+                    continue
+                if reader.op in REDUCTIONS and not _same_reduction(graph, reader, mean, axis):
                     continue
                 if all(t == x or t.split(":")[0] in found or graph.constant(t) is not None or _is_variable(graph, t)
                        for t in graph.data_inputs(reader)):
@@ -108,6 +113,13 @@ def _region(graph: EditableGraph, mean) -> list | None:
             return None
     order = {node.name: i for i, node in enumerate(graph.graph_def.node)}
     return sorted(found.values(), key=lambda n: order[n.name])
+
+
+def _same_reduction(graph: EditableGraph, node, mean, axis: np.ndarray) -> bool:
+    """Whether reduction `node` reduces as `mean` does (the same axis, kept)."""
+    other = graph.constant(node.input[1])
+    return (node.op == mean.op and node.attr["keep_dims"].b and other is not None
+            and np.array_equal(other.reshape(-1), axis.reshape(-1)))
 
 
 def _is_variable(graph: EditableGraph, tensor: str) -> bool:

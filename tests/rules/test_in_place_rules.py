@@ -52,9 +52,9 @@ def test_dense_attention_and_gelu_fuse_with_variable_weights_and_outputs_stay_eq
     assert source.SerializeToString(deterministic=True) == snapshot  # the input is never modified
     applied = collections.Counter(r.rule for body in records.values() for r in body if r.applied)
     # 4 attention projections (einsum spelt BatchMatMulV2 of a reshaped variable), 2 feed-forward Dense, 1 GELU,
-    # 1 LayerNorm (tf_keras's spelling, which takes variables)
+    # 2 LayerNorms (tf_keras's spelling, which takes variables; the second feeds the pooling's Mean)
     assert applied["batch_matmul"] == 4 and applied["dense_bias"] >= 5 and applied["gelu"] == 1, applied
-    assert applied["layer_norm"] == 1, applied
+    assert applied["layer_norm"] == 2, applied
     assert meta_graph.object_graph_def == source.meta_graphs[0].object_graph_def
 
     copy = tmp_path / "canonical"
@@ -75,9 +75,8 @@ def test_dense_attention_and_gelu_fuse_with_variable_weights_and_outputs_stay_eq
     fused = {ops: n for (op, ops), n in kernels.items() if "FusedMatMul" in op}
     assert fused[("BiasAdd",)] >= 5 and sum(n for ops, n in fused.items() if ops[1:2] and "Gelu" in ops[1]) == 1
     assert sum(n for (op, _), n in source.items() if "FusedMatMul" in op) < sum(fused.values())
-    # the LayerNorm after attention, its gamma and beta variables (the last one feeds the pooling's Mean and is
-    # not recognized as a LayerNorm region)
-    assert kernels[("_MklLayerNorm", ())] == 1 and source[("_MklLayerNorm", ())] == 0
+    # both LayerNorms, their gamma and beta variables (the last one feeds the pooling's Mean)
+    assert kernels[("_MklLayerNorm", ())] == 2 and source[("_MklLayerNorm", ())] == 0
 
 
 def test_the_default_conversion_applies_them_and_the_lists_do_not(transformer, tmp_path, capsys, monkeypatch):

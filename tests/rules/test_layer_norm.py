@@ -39,6 +39,20 @@ def test_keras_layer_norm_is_one_fused_kernel(rank, center, scale, epsilon):
     assert [g.op for g in fusion_groups(after, fetches)].count("_MklLayerNorm") == 1
 
 
+def test_layer_norm_before_pooling_is_one_fused_kernel():
+    """A Transformer's last LayerNorm feeds GlobalAveragePooling1D: the pooling Mean (over the sequence) reads only
+    the normalization and a constant, and joined its region until reductions over another axis were kept out."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input(X3.shape[1:])
+    norm = keras.layers.LayerNormalization()(keras.layers.Dense(48)(inp))
+    model = with_nonzero_biases(keras.Model(inp, keras.layers.Dense(24)(
+        keras.layers.GlobalAveragePooling1D()(norm))))
+    _, after, records, fetches = canonical(model, X3)
+    assert [r.applied for r in records if r.rule == "layer_norm"] == [True]
+    ran = [op for op, _ in executed(after, "x:0", fetches[0], X3)]
+    assert "_MklLayerNorm" in ran and ran.count("Mean") == 1, ran
+
+
 def test_a_mean_that_is_not_a_layer_norm_is_left_alone():
     keras.utils.set_random_seed(0)
     inp = keras.Input(X3.shape[1:])
