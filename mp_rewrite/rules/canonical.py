@@ -25,7 +25,7 @@ from .grouped_conv import match_grouped_conv, rewrite_grouped_conv
 from .identity import match_identity_n, rewrite_identity_n
 from .layer_norm import match_layer_norm, rewrite_layer_norm
 from .padding import match_explicit_padding, rewrite_explicit_padding
-from .residual import match_residual_bias, rewrite_residual_bias
+from .residual import match_residual_bias, match_residual_rows, rewrite_residual_bias, rewrite_residual_rows
 from .record import APPLIED, DECLINED, Match, Record
 from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, match_static_reshape,
                       rewrite_batch_matmul, rewrite_einsum, rewrite_reshape_pair, rewrite_static_reshape)
@@ -85,6 +85,8 @@ RULES = (
          batchnorm_fusion),
     Rule("residual_bias", ("Add", "AddV2", "AddN"), match_residual_bias, rewrite_residual_bias,
          lambda m: f"{m.nodes['contraction'].op} + BiasAdd" + (" + Add" if m.values["residual"] else "")),
+    Rule("residual_rows", ("Add", "AddV2"), match_residual_rows, rewrite_residual_rows,
+         lambda m: "MatMul + BiasAdd + Add"),
 )
 
 # For a graph that will compute in float32 (no low-precision units): a BatchNorm after a Conv2D as the

@@ -14,6 +14,7 @@ import numpy as np
 
 from .graph import FLOAT_TYPES, EditableGraph
 from .record import Match
+from .rows import ROWS_MARK
 from .shape_math import constant_target
 
 BATCH_MATMULS = ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
@@ -41,11 +42,14 @@ def match_static_reshape(graph: EditableGraph, reshape) -> Match | None:
     constant up to the batch; None when the target is a constant, or when a FusedBatchNormV3's output is reshaped
     to another tensor's Shape: tf_keras's LayerNorm, `Reshape(FusedBatchNormV3(Reshape(x)), Shape(x)) * gamma +
     beta`, which TF's remapper fuses into _MklLayerNorm only where the output's shape is symbolically x's, unknown
-    batch and all (a constant target with -1 gives the output a batch dimension of its own)."""
+    batch and all (a constant target with -1 gives the output a batch dimension of its own); None for residual.py's
+    rows counted from another tensor's Shape, for the same reason."""
     if graph.constant(reshape.input[1]) is not None:
         return None
     shaped, normalized = graph.producer(reshape.input[1]), graph.producer(reshape.input[0])
     if shaped is not None and shaped.op == "Shape" and normalized is not None and normalized.op == "FusedBatchNormV3":
+        return None
+    if ROWS_MARK in reshape.input[1]:
         return None
     shape = graph.inferred_shape(reshape.name)
     if shape is not None and sum(d is None for d in shape) <= 1:

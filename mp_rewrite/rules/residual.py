@@ -9,6 +9,16 @@ activation, where the remapper fuses one. Exact up to float32 round-off: the sam
 
 (TF fuses the residual add in a SavedModel's call, where the input's batch is one symbol; a Session, where a fed
 Placeholder's unknown batch makes the addends' shapes unknown, does not.)
+
+`residual_rows`: a Dense on 3-D inputs plus a residual, `AddV2(Reshape(BiasAdd(MatMul(rows, W), b), [-1, T, C]),
+residual)` (every residual add of a Transformer), becomes
+
+    Reshape(AddV2(BiasAdd(MatMul(rows, W), b), Reshape(residual, [rows' first dimension, C])), [-1, T, C])
+
+which the remapper runs as one `_FusedMatMul [BiasAdd, Add]`. It fuses only where the two addends' shapes are
+symbolically equal, so the residual's rows are counted from the MatMul's input (`Shape(rows)[:1]`, which Grappler
+follows), not given a -1 of their own. Exact: the same sums, row by row; and only where `row_origin` proves the two
+addends have the same first dimension at every call (no add that broadcasts over the batch is rewritten).
 """
 
 from __future__ import annotations
@@ -18,9 +28,11 @@ import numpy as np
 from .bias import CONTRACTIONS, contraction_channels
 from .graph import FLOAT_TYPES, EditableGraph, node_name
 from .record import Match
+from .rows import ROWS_MARK, row_origin
 
 SUMS = ("Add", "AddV2", "AddN")
 FLOAT32 = 1  # types_pb2.DT_FLOAT
+INT32 = 3  # types_pb2.DT_INT32
 
 
 def match_residual_bias(graph: EditableGraph, root) -> Match | None:
@@ -109,3 +121,73 @@ def rewrite_residual_bias(graph: EditableGraph, match: Match) -> str:
     graph.set_inputs(root, [bias_add.name, residual])
     return (f"'{root.name}' adds '{node_name(residual)}' to the BiasAdd of '{contraction.name}' "
             f"({len(match.values['members'])} inner sums gone)")
+
+
+def match_residual_rows(graph: EditableGraph, add) -> Match | None:
+    """`AddV2(Reshape(contraction rows), residual)` of equal shapes; None when no input is a Dense's rows reshaped
+    back, declined when the residual's first dimension cannot be proven the Dense's."""
+    inputs = graph.data_inputs(add)
+    if len(inputs) != 2 or graph.is_kept(add) or add.attr["T"].type != FLOAT32:
+        return None
+    for dense, residual in ((inputs[0], inputs[1]), (inputs[1], inputs[0])):
+        chain = _forwarding(graph, dense, add)  # Identities between (a zero bias folded away leaves one)
+        back = chain[-1] if chain else None
+        if back is None or back.op != "Reshape":
+            continue
+        # A MatMul without a bias is not fused with an Add (and Grappler folds a BiasAdd of zeros away).
+        rows = graph.producer(back.input[0])
+        matmul = graph.producer(rows.input[0]) if rows is not None and rows.op == "BiasAdd" else None
+        if matmul is None or matmul.op != "MatMul" or matmul.attr["transpose_a"].b or graph.is_kept(rows) or \
+                graph.is_kept(matmul) or len(graph.readers(rows.name)) != 1 or len(graph.readers(matmul.name)) != 1:
+            continue
+        shape, other, flat = (graph.inferred_shape(dense), graph.inferred_shape(residual),
+                              graph.inferred_shape(rows.name))
+        if shape is None or shape != other or len(shape) < 3 or None in shape[1:] or flat is None or \
+                len(flat) != 2 or flat[1] != shape[-1] or graph.constant(residual) is not None:
+            continue
+        if row_origin(graph, dense) != row_origin(graph, residual):
+            return Match().fail(f"the first dimension of '{node_name(residual)}' is not proven that of "
+                                f"'{node_name(dense)}' at every call (one may broadcast over the other)")
+        return Match(nodes={"add": add, "back": back, "rows": rows, "contraction": matmul},
+                     values={"residual": residual, "channels": shape[-1], "chain": chain})
+    return None
+
+
+def _forwarding(graph: EditableGraph, tensor: str, reader) -> list:
+    """[the Identities from `tensor` back, then the node they forward]: each read by the next alone and not
+    kept; [] when one is read by more."""
+    chain, node = [], graph.producer(tensor)
+    while node is not None and not graph.is_kept(node) and graph.only_reader(node.name) is reader:
+        chain.append(node)
+        if node.op != "Identity" or graph.forwarded(f"{node.name}") == node.name:
+            return chain
+        reader, node = node, graph.producer(node.input[0])
+    return []
+
+
+def rewrite_residual_rows(graph: EditableGraph, match: Match) -> str:
+    """The add happens on the rows, under a name of its own; the add's node becomes the Reshape back."""
+    add, back, rows, matmul = (match.nodes[k] for k in ("add", "back", "rows", "contraction"))
+    dtype, device, base = add.attr["T"].type, add.device, f"{add.name}{ROWS_MARK.rstrip('/')}"
+    shape = graph.add_node(f"{base}/shape", "Shape", [matmul.input[0]], device)
+    shape.attr["T"].type, shape.attr["out_type"].type = dtype, INT32
+    zero, one = (graph.add_constant(f"{base}/{name}", np.array([value], np.int32), device)
+                 for name, value in (("zero", 0), ("one", 1)))
+    count = graph.add_node(f"{base}/count", "StridedSlice", [shape.name, zero.name, one.name, one.name], device)
+    count.attr["T"].type, count.attr["Index"].type = INT32, INT32
+    width = graph.add_constant(f"{base}/width", np.array([match.values["channels"]], np.int32), device)
+    axis = graph.add_constant(f"{base}/axis", np.array(0, np.int32), device)
+    target = graph.add_node(f"{base}/target", "ConcatV2", [count.name, width.name, axis.name], device)
+    target.attr["T"].type, target.attr["N"].i, target.attr["Tidx"].type = INT32, 2, INT32
+    residual = graph.add_node(f"{base}/residual", "Reshape", [match.values["residual"], target.name], device)
+    residual.attr["T"].type, residual.attr["Tshape"].type = dtype, INT32
+    total = graph.add_node(base, "AddV2", [rows.name, residual.name], device)
+    total.attr["T"].type = dtype
+    target_3d = back.input[1]
+    add.op = "Reshape"
+    add.attr.clear()
+    add.attr["T"].type, add.attr["Tshape"].type = dtype, back.attr["Tshape"].type or INT32
+    graph.set_inputs(add, [total.name, target_3d])
+    graph.remove([node.name for node in match.values["chain"]])
+    return (f"'{add.name}' adds '{node_name(match.values['residual'])}' to '{rows.name}' as rows, then reshapes "
+            "back")
