@@ -31,6 +31,7 @@ from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, matc
                       rewrite_batch_matmul, rewrite_einsum, rewrite_reshape_pair, rewrite_static_reshape)
 from .scale import match_scale_into_weights, rewrite_scale_into_weights
 from .swish import match_swish, rewrite_swish
+from .transpose import match_matmul_transpose, rewrite_matmul_transpose
 
 MAX_ROUNDS = 8
 
@@ -64,6 +65,7 @@ RULES = (
     Rule("batch_matmul", ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"), match_batch_matmul, rewrite_batch_matmul,
          lambda m: "MatMul (the remapper fuses no BatchMatMul with a bias)"),
     Rule("einsum", ("Einsum",), match_einsum, rewrite_einsum, lambda m: "MatMul (the remapper fuses no Einsum)"),
+    Rule("matmul_transpose", ("Transpose",), match_matmul_transpose, rewrite_matmul_transpose),
     Rule("reshape_pair", ("Reshape",), match_reshape_pair, rewrite_reshape_pair),
     Rule("static_reshape", ("Reshape",), match_static_reshape, rewrite_static_reshape),
     Rule("bias_add", ("Add", "AddV2"), match_bias_add, rewrite_bias_add, _contraction_fusion),

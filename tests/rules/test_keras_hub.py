@@ -48,12 +48,13 @@ def test_gpt2_backbone_fuses_every_projection_and_ffn():
         np.testing.assert_allclose(now, before, rtol=1e-5, atol=1e-5 * np.abs(before).max())
 
 
-def test_gpt2_at_a_known_sequence_length_fuses_its_feed_forward_residuals_and_declines_the_attention_ones():
+def test_gpt2_at_a_known_sequence_length_fuses_its_feed_forward_residuals_and_transposes_no_scores():
     """Served at a fixed sequence length, each feed-forward output runs with its residual add (residual_rows); the
     attention output's add is declined with its reason: its other addend passed through the padding mask, a second
     input whose batch may broadcast over the tokens'. (Each layer also builds the causal mask from its own input's
     batch, which after the first attention is the tokens' and the padding mask's broadcast: no rule can prove the
-    layers' masks one.)"""
+    layers' masks one.) The attention scores, which TF's einsum computes as key @ query and then transposes, are
+    computed as query @ key^T (matmul_transpose): one Transpose of [batch, heads, T, T] fewer per layer."""
     import keras_hub
     from mp_rewrite.analysis.execution import executed_nodes
     keras.utils.set_random_seed(0)
@@ -72,12 +73,21 @@ def test_gpt2_at_a_known_sequence_length_fuses_its_feed_forward_residuals_and_de
     rng = np.random.default_rng(0)
     values = {f: (rng.integers(0, 1000, (2, 32)) if "token" in f else np.ones((2, 32))).astype(np.int32)
               for f in feeds}
-    wrapped = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(new, name=""), [])
-    call = wrapped.prune([wrapped.graph.get_tensor_by_name(f) for f in feeds],
-                         [wrapped.graph.get_tensor_by_name(f) for f in fetches])
-    ran = collections.Counter((n.op, tuple(s.decode() for s in n.attr["fused_ops"].list.s))
-                              for n in executed_nodes(call, *[tf.constant(values[f]) for f in feeds]))
+
+    def kernels(graph):
+        wrapped = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(graph, name=""), [])
+        call = wrapped.prune([wrapped.graph.get_tensor_by_name(f) for f in feeds],
+                             [wrapped.graph.get_tensor_by_name(f) for f in fetches])
+        return collections.Counter((n.op, tuple(s.decode() for s in n.attr["fused_ops"].list.s))
+                                   for n in executed_nodes(call, *[tf.constant(values[f]) for f in feeds]))
+
+    ran, ran_before = kernels(new), kernels(graph_def)
     assert sum(n for (op, ops), n in ran.items() if "FusedMatMul" in op and ops == ("BiasAdd", "Add")) == 3, ran
+    assert [r.applied for r in records if r.rule == "matmul_transpose"] == [True] * 3
+
+    def transposes(counts):
+        return sum(n for (op, _), n in counts.items() if op.endswith("Transpose"))
+    assert transposes(ran) == transposes(ran_before) - 3, (ran_before, ran)
     for before, now in zip(_run(graph_def, feeds, fetches, values), _run(new, feeds, fetches, values)):
         assert np.abs(before).max() > 0.1
         np.testing.assert_allclose(now, before, rtol=1e-5, atol=1e-5 * np.abs(before).max())
