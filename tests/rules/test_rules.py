@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rules_support import (assert_same, canonical, dense_gelu, frozen, fused, keras, ops, run, runtime_graph,  # noqa: I001
+from rules_support import (assert_same, canonical, dense_gelu, fused, keras, ops, run, runtime_graph,  # noqa: I001
                            with_nonzero_biases)
 from mp_rewrite.rules import canonicalize, fusion_groups
 
