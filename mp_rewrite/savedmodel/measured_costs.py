@@ -54,17 +54,41 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict, source=None):
         return options
     why = "it reads tables or kept variables" if frozen.captured or frozen.variables else ""
     size = graph_def.ByteSize()
+    inputs = [(_inner_dims_made_up(spec), name) for spec, name in frozen.inputs]
     why = why or (f"a {size / 2**30:.1f} GiB graph, over the {PROFILE_LIMIT / 2**30:.0f} GiB profiled"
-                  if size > PROFILE_LIMIT else profileable(graph_def, frozen.inputs))
+                  if size > PROFILE_LIMIT else profileable(graph_def, inputs))
     if why:
         return _op_table(options, _with_variable_shapes(graph_def, frozen.variables), fetches, why)
     try:
-        profile = profile_costs(graph_def, frozen.inputs, fetches, options, fed, options.costs,
+        profile = profile_costs(graph_def, inputs, fetches, options, fed, options.costs,
                                 measured_batch(options), batches=raced_batches(options),
                                 source=None if source is None or source == graph_def else source)
     except VariantError as e:
         return _without_failed(options, graph_def, fetches, e)
-    return dataclasses.replace(options, costs=profile.table)
+    made_up = any(spec.shape.rank is not None and _inner_unknown(spec.shape.as_list()) for spec, _ in frozen.inputs)
+    return dataclasses.replace(options, costs=_say_made_up(profile.table, made_up))
+
+
+def _inner_dims_made_up(spec):
+    """The TensorSpec with each unknown dimension but the first (a sequence's length) DEFAULT_DIM, as made-up inputs
+    have it (convert --seq-len's default); the batch stays unknown, to be measured at the batches chosen."""
+    import tensorflow as tf
+    if spec.shape.rank is None:
+        return spec
+    dims = [d if d is not None or i == 0 else DEFAULT_DIM for i, d in enumerate(spec.shape.as_list())]
+    return tf.TensorSpec(dims, spec.dtype, spec.name)
+
+
+def _say_made_up(table, made_up: bool):
+    """The table, its note saying that an unknown dimension other than the batch was measured as DEFAULT_DIM."""
+    return dataclasses.replace(table, note=f"{table.note}; unknown dimensions other than the batch measured as "
+                                           f"{DEFAULT_DIM}, as made-up inputs have them") if made_up else table
+
+
+def _inner_unknown(dims) -> bool:
+    """Whether a shape (a list, None or -1 for an unknown dimension; None for an unknown rank) has an unknown
+    dimension other than the first."""
+    return dims is not None and any(d is None or d < 0 for d in dims[1:])
 
 
 def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
@@ -75,7 +99,7 @@ def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
     from ..analysis.graph_profile import profile_saved_model
     if not measuring(options):
         return options
-    inputs, fetches, seen = {}, [], set()
+    inputs, fetches, seen, made_up = {}, [], set(), False
     for key, signature in sorted(meta_graph.signature_def.items()):
         if key.startswith(INTERNAL_PREFIX) or (keys and key not in keys):
             continue
@@ -87,6 +111,7 @@ def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
         seen.add(identity)
         for info in signature.inputs.values():
             dims = [d.size for d in info.tensor_shape.dim]
+            made_up = made_up or _inner_unknown(dims)
             inputs[info.name] = (info.dtype, [d if d >= 0 else None if i == 0 else DEFAULT_DIM
                                               for i, d in enumerate(dims)])
         fetches += [info.name for info in signature.outputs.values()]
@@ -106,7 +131,7 @@ def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
     except Exception as e:  # noqa: BLE001 -- whatever TF's session loader refuses: the op table serves
         why = f"TensorFlow could not run it ({tf_reason(e)})"
         return _op_table(options, meta_graph.graph_def, graph_fetches, why)
-    return dataclasses.replace(options, costs=profile.table)
+    return dataclasses.replace(options, costs=_say_made_up(profile.table, made_up))
 
 
 def _call_identity(meta_graph, signature):

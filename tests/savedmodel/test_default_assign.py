@@ -69,3 +69,30 @@ def test_a_model_random_data_cannot_run_falls_back_to_the_op_table_and_says_so(t
     assert cli.main(["convert", str(tmp_path / "parser"), str(tmp_path / "out"), "--precision", "bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "not measured in the graph: no signature has inputs random data can make" in out
+
+
+class Sequence(tf.Module):
+    """Token ids of unknown batch and length (a keras-hub backbone's export), embedded, then two matmuls."""
+
+    def __init__(self):
+        self.table = tf.Variable(tf.random.stateless_normal([50, 64], seed=[1, 2]))
+        self.w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[3, 4]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="token_ids")])
+    def __call__(self, token_ids):
+        x = tf.gather(self.table, token_ids)
+        return {"y": tf.nn.relu(tf.matmul(tf.nn.relu(tf.matmul(x, self.w)), self.w))}
+
+
+@pytest.mark.skipif(not UNITS, reason="without bfloat16 units nothing is measured")
+def test_a_frozen_model_of_unknown_sequence_length_is_measured_not_priced_from_zero(tmp_path, capsys):
+    """Issue 27: `--freeze` priced such a model from the op table ("shapes unknown", "predicted 0.00 ms") and kept
+    every op float32 on that. Its sequence is now made up as the other made-up inputs' (16), and the line says so."""
+    module = Sequence()
+    tf.saved_model.save(module, str(tmp_path / "seq"), signatures=module.__call__)
+    argv = ["convert", str(tmp_path / "seq"), str(tmp_path / "out"), "--precision", "bfloat16", "--freeze",
+            "--batch-size", "4"]
+    assert cli.main(argv) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("cost assignment"))
+    assert "costs measured in this graph on this machine" in line and "not measured in the graph" not in line
+    assert "unknown dimensions other than the batch measured as 16" in line
