@@ -159,7 +159,7 @@ def _forwarding(graph: EditableGraph, tensor: str, reader) -> list:
     chain, node = [], graph.producer(tensor)
     while node is not None and not graph.is_kept(node) and graph.only_reader(node.name) is reader:
         chain.append(node)
-        if node.op != "Identity" or graph.forwarded(f"{node.name}") == node.name:
+        if node.op != "Identity" or graph.forwarded(node.name) == node.name:
             return chain
         reader, node = node, graph.producer(node.input[0])
     return []

@@ -21,9 +21,10 @@ SAME_ROWS = frozenset({
     "Identity", "Snapshot", "StopGradient", "Cast", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid",
     "Erf", "Erfc", "Exp", "Log", "Log1p", "Neg", "Rsqrt", "Sqrt", "Square", "Abs", "Reciprocal", "Softplus",
     "Softsign", "Softmax", "LogSoftmax", "BiasAdd"})
-ELEMENTWISE = frozenset({"Add", "AddV2", "Sub", "Mul", "RealDiv", "DivNoNan", "SquaredDifference", "Maximum",
-                         "Minimum", "Pow", "SelectV2", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
-REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod"})
+# the output's first dimension is the broadcast of their inputs'
+BROADCASTING = frozenset({"Add", "AddV2", "Sub", "Mul", "RealDiv", "DivNoNan", "SquaredDifference", "Maximum",
+                          "Minimum", "Pow", "SelectV2", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
+REDUCING = frozenset({"Mean", "Sum", "Max", "Min", "Prod"})
 # In the name of a Reshape target that counts rows from another tensor's Shape so that Grappler sees the two row
 # counts as one symbol (residual.py's): a constant -1 in its place (static_reshape's) would undo that.
 ROWS_MARK = "/residual_rows/"
@@ -60,6 +61,11 @@ def _key(tensor: str) -> str:
     return node_name(tensor) if _first(tensor) else tensor
 
 
+def _flag(node, name: str) -> bool:
+    """A boolean attribute, read without adding it to the node (reading a missing key of a proto map adds it)."""
+    return name in node.attr and node.attr[name].b
+
+
 def _rank(graph: EditableGraph, tensor: str) -> int | None:
     shape = graph.inferred_shape(tensor)
     return None if shape is None else len(shape)
@@ -70,7 +76,7 @@ def _followed(graph: EditableGraph, node) -> list:
     op, inputs = node.op, graph.data_inputs(node)
     if not inputs:
         return []
-    if op in SAME_ROWS or op in ("MatMul", "_FusedMatMul") and not node.attr["transpose_a"].b:
+    if op in SAME_ROWS or op in ("MatMul", "_FusedMatMul") and not _flag(node, "transpose_a"):
         return inputs[:1]
     if op == "Transpose":
         perm = graph.constant(inputs[1])
@@ -79,13 +85,13 @@ def _followed(graph: EditableGraph, node) -> list:
         return inputs[:1] if _reshape_factor(graph, node) is not None else []
     if op == "GatherV2":
         axis = graph.constant(inputs[2]) if len(inputs) > 2 else None
-        gathered = axis is not None and int(axis) == 0 and not node.attr["batch_dims"].i
+        gathered = axis is not None and int(axis) == 0 and not ("batch_dims" in node.attr and node.attr["batch_dims"].i)
         return inputs[1:2] if gathered and (_rank(graph, inputs[1]) or 0) >= 1 else []
-    if op in REDUCTIONS:
+    if op in REDUCING:
         axes, rank = graph.constant(inputs[1]), _rank(graph, inputs[0])
         kept = axes is not None and rank and all(int(a) % rank != 0 for a in axes.reshape(-1))
         return inputs[:1] if kept else []
-    if op in ELEMENTWISE:
+    if op in BROADCASTING:
         return _broadcasting(graph, node, inputs[1:] if op == "SelectV2" and _rank(graph, inputs[0]) == 0 else inputs)
     if op == "Einsum":
         return _einsum_rows(graph, node, inputs)
@@ -110,7 +116,7 @@ def _broadcasting(graph: EditableGraph, node, inputs: list) -> list:
 
 def _einsum_rows(graph: EditableGraph, node, inputs: list) -> list:
     """An einsum's inputs that start with the output's first label (those without it broadcast nothing into it)."""
-    equation = node.attr["equation"].s.decode()
+    equation = node.attr["equation"].s.decode() if "equation" in node.attr else ""
     if "..." in equation or "->" not in equation:
         return []
     operands, output = equation.split("->")

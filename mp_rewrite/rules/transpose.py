@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from .graph import EditableGraph
 from .record import Match
-
-BATCH_MATMULS = ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+from .reshape import BATCH_MATMULS
 
 
 def match_matmul_transpose(graph: EditableGraph, transpose) -> Match | None:
