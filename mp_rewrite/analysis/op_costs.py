@@ -100,6 +100,8 @@ class MachineCosts:
         casts: [(elements, ms to low, ms to float32)] by size.
         source: where the table came from (a file, the cache, "measured").
         batch: the batch size an unknown leading input dimension was measured at (None: 1); for_graph's default.
+        dim: the size a model measured in place or frozen gets for its inputs' other unknown dimensions (a
+            sequence's length; convert's --seq-len), None for the made-up inputs' default.
     """
 
     precision: str
@@ -108,6 +110,7 @@ class MachineCosts:
     casts: list = dataclasses.field(default_factory=list)
     source: str = "measured"
     batch: int | None = None
+    dim: int | None = None
     measure: bool = False  # for_graph measures (and caches) what the table lacks first: the training hook's mode
 
     @property

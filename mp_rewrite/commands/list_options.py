@@ -96,6 +96,7 @@ def assign_from_args(args) -> dict:
     else:
         table = this_machine(args.precision)
         table.batch = batch
+    table.dim = getattr(args, "dim", None)
     return {"assign": "cost", "costs": table}
 
 

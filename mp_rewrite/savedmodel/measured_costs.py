@@ -54,7 +54,7 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict, source=None):
         return options
     why = "it reads tables or kept variables" if frozen.captured or frozen.variables else ""
     size = graph_def.ByteSize()
-    inputs = [(_inner_dims_made_up(spec), name) for spec, name in frozen.inputs]
+    inputs = [(_inner_dims_made_up(spec, measured_dim(options)), name) for spec, name in frozen.inputs]
     why = why or (f"a {size / 2**30:.1f} GiB graph, over the {PROFILE_LIMIT / 2**30:.0f} GiB profiled"
                   if size > PROFILE_LIMIT else profileable(graph_def, inputs))
     if why:
@@ -66,23 +66,29 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict, source=None):
     except VariantError as e:
         return _without_failed(options, graph_def, fetches, e)
     made_up = any(spec.shape.rank is not None and _inner_unknown(spec.shape.as_list()) for spec, _ in frozen.inputs)
-    return dataclasses.replace(options, costs=_say_made_up(profile.table, made_up))
+    return dataclasses.replace(options, costs=_say_made_up(profile.table, made_up, measured_dim(options)))
 
 
-def _inner_dims_made_up(spec):
-    """The TensorSpec with each unknown dimension but the first (a sequence's length) DEFAULT_DIM, as made-up inputs
-    have it (convert --seq-len's default); the batch stays unknown, to be measured at the batches chosen."""
+def measured_dim(options) -> int:
+    """The size unknown input dimensions other than the batch are measured at: --seq-len, else the made-up inputs'
+    default."""
+    return getattr(options.costs, "dim", None) or DEFAULT_DIM
+
+
+def _inner_dims_made_up(spec, dim: int):
+    """The TensorSpec with each unknown dimension but the first (a sequence's length) `dim`; the batch stays
+    unknown, to be measured at the batches chosen."""
     import tensorflow as tf
     if spec.shape.rank is None:
         return spec
-    dims = [d if d is not None or i == 0 else DEFAULT_DIM for i, d in enumerate(spec.shape.as_list())]
+    dims = [d if d is not None or i == 0 else dim for i, d in enumerate(spec.shape.as_list())]
     return tf.TensorSpec(dims, spec.dtype, spec.name)
 
 
-def _say_made_up(table, made_up: bool):
-    """The table, its note saying that an unknown dimension other than the batch was measured as DEFAULT_DIM."""
+def _say_made_up(table, made_up: bool, dim: int):
+    """The table, its note saying that an unknown dimension other than the batch was measured as `dim`."""
     return dataclasses.replace(table, note=f"{table.note}; unknown dimensions other than the batch measured as "
-                                           f"{DEFAULT_DIM}, as made-up inputs have them") if made_up else table
+                                           f"{dim} (--seq-len)") if made_up else table
 
 
 def _inner_unknown(dims) -> bool:
@@ -112,7 +118,7 @@ def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
         for info in signature.inputs.values():
             dims = [d.size for d in info.tensor_shape.dim]
             made_up = made_up or _inner_unknown(dims)
-            inputs[info.name] = (info.dtype, [d if d >= 0 else None if i == 0 else DEFAULT_DIM
+            inputs[info.name] = (info.dtype, [d if d >= 0 else None if i == 0 else measured_dim(options)
                                               for i, d in enumerate(dims)])
         fetches += [info.name for info in signature.outputs.values()]
     graph_fetches = signature_nodes(meta_graph, outputs_only=True)
@@ -131,7 +137,7 @@ def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
     except Exception as e:  # noqa: BLE001 -- whatever TF's session loader refuses: the op table serves
         why = f"TensorFlow could not run it ({tf_reason(e)})"
         return _op_table(options, meta_graph.graph_def, graph_fetches, why)
-    return dataclasses.replace(options, costs=_say_made_up(profile.table, made_up))
+    return dataclasses.replace(options, costs=_say_made_up(profile.table, made_up, measured_dim(options)))
 
 
 def _call_identity(meta_graph, signature):

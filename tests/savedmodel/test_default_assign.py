@@ -85,14 +85,16 @@ class Sequence(tf.Module):
 
 
 @pytest.mark.skipif(not UNITS, reason="without bfloat16 units nothing is measured")
-def test_a_frozen_model_of_unknown_sequence_length_is_measured_not_priced_from_zero(tmp_path, capsys):
+@pytest.mark.parametrize("freeze", [["--freeze"], []], ids=["frozen", "in place"])
+def test_a_model_of_unknown_sequence_length_is_measured_at_seq_len_not_priced_from_zero(tmp_path, capsys, freeze):
     """Issue 27: `--freeze` priced such a model from the op table ("shapes unknown", "predicted 0.00 ms") and kept
-    every op float32 on that. Its sequence is now made up as the other made-up inputs' (16), and the line says so."""
+    every op float32 on that. Its sequence is now as long as --seq-len says (the made-up inputs' length), and the
+    line says so."""
     module = Sequence()
     tf.saved_model.save(module, str(tmp_path / "seq"), signatures=module.__call__)
-    argv = ["convert", str(tmp_path / "seq"), str(tmp_path / "out"), "--precision", "bfloat16", "--freeze",
-            "--batch-size", "4"]
+    argv = ["convert", str(tmp_path / "seq"), str(tmp_path / "out"), "--precision", "bfloat16", *freeze,
+            "--batch-size", "4", "--seq-len", "32"]
     assert cli.main(argv) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("cost assignment"))
     assert "costs measured in this graph on this machine" in line and "not measured in the graph" not in line
-    assert "unknown dimensions other than the batch measured as 16" in line
+    assert "unknown dimensions other than the batch measured as 32 (--seq-len)" in line
