@@ -268,14 +268,11 @@ def _profile(graph_def, rewrite, run, key_parts, prefixes, options, machine, bat
         table, raced = race_variants(table, cut, racing, batches or {batch: None}, batch, where,
                                      source is not None)
         names = [executed_names(graph_def, prefixes), executed_names(lists.graph_def, prefixes)]
-        measured = run_times([r.samples for r in traced], names, kernels[:2], _medians(walls),
-                             tuple(min(r.walls) for r in traced), raced, [r.gaps for r in traced])
+        measured = run_times(traced, names, kernels[:2], raced)
         if mine is not None and mine.samples:
-            pair = (traced[0], mine)
             measured = dataclasses.replace(measured, cut=run_times(
-                [r.samples for r in pair], [names[0], executed_names(cut.graph_def, prefixes)],
-                [kernels[0], kernels[2]], _medians([r.traced for r in pair]),
-                tuple(min(r.walls) for r in pair), raced, [r.gaps for r in pair]))
+                [traced[0], mine], [names[0], executed_names(cut.graph_def, prefixes)], [kernels[0], kernels[2]],
+                raced))
     return _saved(key, dataclasses.replace(table, runs=measured), walls)
 
 

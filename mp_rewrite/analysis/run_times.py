@@ -215,20 +215,19 @@ class Recorded:
         self.runner.close()
 
 
-def run_times(samples: list, names: list, kernels: list, traced: tuple, untraced: tuple, raced: tuple,
-              gaps: list) -> RunTimes:
+def run_times(recorded: list, names: list, kernels: list, raced: tuple) -> RunTimes:
     """The RunTimes of the float32 and the lists' variants (or float32 and the cut: RunTimes.cut).
 
     Args:
-        samples: per variant, [counted_once(...)] of each traced run.
+        recorded: per variant, its Recorded runs: the nodes' times, the time between kernels, the whole runs
+            (traced: the median; untraced: the least).
         names: per variant, call_names.executed_names of the graph it ran.
         kernels: per variant, the kernels of one run (graph_runs.Runner.kernels).
-        traced, untraced, raced: the whole runs (RunTimes).
-        gaps: per variant, [between_kernels(...)] of each traced run.
+        raced: the raced whole runs (RunTimes).
     """
     per, elsewhere, ran, calls = [], [], {}, {}
-    for i, (runs, named, executed) in enumerate(zip(samples, names, kernels)):
-        nodes, other, called = by_graph(typical(runs), named)
+    for i, (record, named, executed) in enumerate(zip(recorded, names, kernels)):
+        nodes, other, called = by_graph(typical(record.samples), named)
         calls = calls or called
         per.append(nodes)
         elsewhere.append(other)
@@ -241,5 +240,6 @@ def run_times(samples: list, names: list, kernels: list, traced: tuple, untraced
     nodes = {label: {name: (per[0].get(label, {}).get(name, 0.0), per[1].get(label, {}).get(name, 0.0))
                      for name in set(per[0].get(label, {})) | set(per[1].get(label, {}))} for label in labels}
     kernels_out = {label: {name: tuple(pair) for name, pair in ks.items()} for label, ks in ran.items()}
-    return RunTimes(tuple(traced), tuple(untraced), tuple(raced), nodes, tuple(elsewhere), kernels_out, calls,
-                    tuple(float(np.median(g)) if g else 0.0 for g in gaps))
+    return RunTimes(tuple(float(np.median(r.traced)) for r in recorded), tuple(min(r.walls) for r in recorded),
+                    tuple(raced), nodes, tuple(elsewhere), kernels_out, calls,
+                    tuple(float(np.median(r.gaps)) if r.gaps else 0.0 for r in recorded))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from .graph import EditableGraph, node_name
+from .graph import EditableGraph, is_first_output, node_name
 
 SAME_ROWS = frozenset({
     "Identity", "Snapshot", "StopGradient", "Cast", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid",
@@ -52,13 +52,9 @@ def row_origin(graph: EditableGraph, tensor: str) -> tuple[str, Fraction]:
     return memo[_key(tensor)]
 
 
-def _first(tensor: str) -> bool:
-    return ":" not in tensor or tensor.endswith(":0")
-
-
 def _key(tensor: str) -> str:
     """A node's name for output 0; the tensor name itself (no node of that name) for another output."""
-    return node_name(tensor) if _first(tensor) else tensor
+    return node_name(tensor) if is_first_output(tensor) else tensor
 
 
 def _flag(node, name: str) -> bool:
@@ -105,7 +101,7 @@ def _broadcasting(graph: EditableGraph, node, inputs: list) -> list:
         return []
     carried = []
     for tensor in inputs:
-        shape = graph.inferred_shape(tensor) if _first(tensor) else None
+        shape = graph.inferred_shape(tensor)  # None for another output than the first, too
         if shape is None:
             return []  # a rank unknown: it may carry the first dimension, or broadcast it
         if graph.constant(tensor) is not None or len(shape) < rank or shape[0] == 1:

@@ -54,7 +54,7 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict, source=None):
         return options
     why = "it reads tables or kept variables" if frozen.captured or frozen.variables else ""
     size = graph_def.ByteSize()
-    inputs = [(_inner_dims_made_up(spec, measured_dim(options)), name) for spec, name in frozen.inputs]
+    inputs = [(_sized_spec(spec, measured_dim(options)), name) for spec, name in frozen.inputs]
     why = why or (f"a {size / 2**30:.1f} GiB graph, over the {PROFILE_LIMIT / 2**30:.0f} GiB profiled"
                   if size > PROFILE_LIMIT else profileable(graph_def, inputs))
     if why:
@@ -75,14 +75,16 @@ def measured_dim(options) -> int:
     return getattr(options.costs, "dim", None) or DEFAULT_DIM
 
 
-def _inner_dims_made_up(spec, dim: int):
-    """The TensorSpec with each unknown dimension but the first (a sequence's length) `dim`; the batch stays
-    unknown, to be measured at the batches chosen."""
+def _sized(dims: list, dim: int) -> list:
+    """A shape's dimensions (None or -1 for an unknown one) with each unknown one but the first `dim` (a sequence's
+    length); the batch stays unknown (None), to be measured at the batches chosen."""
+    return [d if d is not None and d >= 0 else None if i == 0 else dim for i, d in enumerate(dims)]
+
+
+def _sized_spec(spec, dim: int):
+    """The TensorSpec with its dimensions `_sized`."""
     import tensorflow as tf
-    if spec.shape.rank is None:
-        return spec
-    dims = [d if d is not None or i == 0 else dim for i, d in enumerate(spec.shape.as_list())]
-    return tf.TensorSpec(dims, spec.dtype, spec.name)
+    return spec if spec.shape.rank is None else tf.TensorSpec(_sized(spec.shape.as_list(), dim), spec.dtype, spec.name)
 
 
 def _say_made_up(table, made_up: bool, dim: int):
@@ -118,8 +120,7 @@ def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
         for info in signature.inputs.values():
             dims = [d.size for d in info.tensor_shape.dim]
             made_up = made_up or _inner_unknown(dims)
-            inputs[info.name] = (info.dtype, [d if d >= 0 else None if i == 0 else measured_dim(options)
-                                              for i, d in enumerate(dims)])
+            inputs[info.name] = (info.dtype, _sized(dims, measured_dim(options)))
         fetches += [info.name for info in signature.outputs.values()]
     graph_fetches = signature_nodes(meta_graph, outputs_only=True)
     if not fetches:
