@@ -65,6 +65,32 @@ def test_sigterm_during_a_conversion_leaves_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["resnet"]  # no output, no staging leftovers
 
 
+def test_sigterm_replaced_by_another_error_inside_tensorflow_still_exits_143(monkeypatch, capsys):
+    """pybind11 replaces an exception raised by a Python signal handler while TensorFlow's C++ is on the stack
+    ("MISMATCH of original and normalized active exception types"), and the loader reports that as an unloadable
+    model: seen in CI, a SIGTERM during `tf.saved_model.load` exited 2 with "cannot load the source SavedModel"."""
+    from mp_rewrite.commands import cli
+    from mp_rewrite.errors import ModelError
+
+    def loading(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler main() installed raises Terminated here
+        except KeyboardInterrupt:
+            raise ModelError("TensorFlow cannot load the source SavedModel: pybind11::error_already_set: MISMATCH")
+        return 0
+
+    build = cli.build_parser
+
+    def parser_with_loading():
+        parser = build()
+        parser._subparsers._group_actions[0].choices["lists"].set_defaults(func=loading, precheck=None)
+        return parser
+    monkeypatch.setattr(cli, "build_parser", parser_with_loading)
+    monkeypatch.setattr(cli.Terminated, "received", False, raising=False)
+    assert cli.main(["lists"]) == 143
+    assert "terminated (SIGTERM)" in capsys.readouterr().err
+
+
 def test_tensorflow_logs_only_with_verbose():
     quiet = subprocess.run([*CLI, "lists"], capture_output=True, text=True, timeout=120)
     loud = subprocess.run([*CLI, "-v", "lists"], capture_output=True, text=True, timeout=120,

@@ -84,21 +84,32 @@ def main(argv=None) -> int:
         keep_freed_memory()
         _import_tensorflow_keeping_sigterm(previous is not None, args.verbose)
         return int(args.func(args) or 0)
-    except MpRewriteError as e:
-        print(f"mp-rewrite: error: {one_line(str(e))}", file=sys.stderr)
-        return 2
     except Terminated:
-        print("mp-rewrite: terminated (SIGTERM); nothing half-written was left", file=sys.stderr)
-        return 143
+        return _report_terminated()
     except KeyboardInterrupt:
         print("mp-rewrite: interrupted; nothing half-written was left", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `mp-rewrite lists | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as e:
+        # Terminated raised while TensorFlow's C++ was on the stack can come back as another error: pybind11
+        # replaces it ("MISMATCH of original and normalized active exception types"), and the loader reports that
+        # as an unloadable model. The clean-up has run either way; what ended the run was the SIGTERM.
+        if Terminated.received:
+            return _report_terminated()
+        if not isinstance(e, MpRewriteError):
+            raise
+        print(f"mp-rewrite: error: {one_line(str(e))}", file=sys.stderr)
+        return 2
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _report_terminated() -> int:
+    print("mp-rewrite: terminated (SIGTERM); nothing half-written was left", file=sys.stderr)
+    return 143
 
 
 def keep_freed_memory() -> None:
@@ -135,10 +146,13 @@ def _import_tensorflow_keeping_sigterm(handled: bool, verbose: bool) -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that the same clean-up runs (staging directories, locks, the old output)."""
+    """SIGTERM, raised like Ctrl-C so that the same clean-up runs (staging directories, locks, the old output).
+    `received` stays set once one has arrived, however the exception was carried (or replaced) on its way up."""
+    received = False
 
 
 def _terminated(signum, frame):
+    Terminated.received = True
     raise Terminated()
 
 
