@@ -8,7 +8,9 @@ inlined graph are mapped back to the SavedModel's own with `inlined_patterns` / 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 
 from ..core.op_facts import MUTATING_OPS
 from ..errors import ModelError
@@ -88,9 +90,10 @@ def _frozen_graph_def(signature, key: str, kept=frozenset()):
 
     try:
         # Functional control flow stays functional: lowered v1 loops do not survive re-import into a tf.function.
-        data = freezing._FunctionConverterDataInEager(func=signature, lower_control_flow=False,
-                                                      aggressive_inlining=False,
-                                                      variable_names_denylist=set(kept) or None)
+        with _collections_not_serialized_unlogged():
+            data = freezing._FunctionConverterDataInEager(func=signature, lower_control_flow=False,
+                                                          aggressive_inlining=False,
+                                                          variable_names_denylist=set(kept) or None)
         graph_def, converted = freezing._replace_variables_by_constants(converter_data=data)
     except Exception as e:  # TF raises ValueError, TypeError, InvalidArgumentError, ... for what it cannot fold
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -98,6 +101,21 @@ def _frozen_graph_def(signature, key: str, kept=frozenset()):
     captures = signature.graph.internal_captures
     folded = {id(captures[index]) for index in converted}
     return graph_def, [t.name for t in signature.inputs if id(t) not in folded]
+
+
+@contextlib.contextmanager
+def _collections_not_serialized_unlogged():
+    """Leave out the warnings TensorFlow logs while it folds a TF1 signature. The signature's graph carries the
+    MetaGraph's variable collections, which the folding exports for Grappler's inlining and cannot serialize:
+    "Issue encountered when serializing variables ... probably safe to ignore", three lines each, four times."""
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Issue encountered when serializing")
+    logger = logging.getLogger("tensorflow")
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def _captured_resources(signature, key: str, feeds: list, loaded, variables=()) -> list:
