@@ -23,6 +23,7 @@ from ..model.signatures import signature_keys
 from ..model.tags import select_meta_graphs, tag_text
 from ..rules import FLOAT32_RULES, PLACEMENT_RULES, RULES
 from ..rules.functions import canonicalize_library
+from ..rules.main_graph import MAIN_GRAPH, canonicalize_main_graph
 from .keras_metadata import METADATA_FILE, has_keras_metadata, metadata_note
 from .measured_costs import in_place_costs
 from .result import Rewritten
@@ -75,7 +76,7 @@ def rules_before_pass(meta_graph, options, keys=None) -> tuple[object, dict]:
     Conv2D becomes the FusedBatchNorm TF fuses into a float32 convolution (rules.FLOAT32_RULES)."""
     if options.assign != "cost":
         return meta_graph, {}
-    return canonicalize_library(meta_graph, keys, RULES if getattr(options.costs, "low_units", True) else FLOAT32_RULES)
+    return _canonical(meta_graph, keys, RULES if getattr(options.costs, "low_units", True) else FLOAT32_RULES)
 
 
 def rules_and_costs(meta_graph, options, source_dir, keys=None) -> tuple:
@@ -93,9 +94,19 @@ def rules_and_costs(meta_graph, options, source_dir, keys=None) -> tuple:
 def rules_after_pass(result, records: dict, options, keys=None) -> None:
     """With the cost assignment, the rules that follow the pass (rules.PLACEMENT_RULES: Casts moved where they cost
     less, a BatchNorm of a Conv2D the pass left float32 as the FusedBatchNorm TF fuses into it) in
-    `result.meta_graph_def`, and each function's RewriteResult given its rules' records (what convert prints)."""
+    `result.meta_graph_def`, and the main graph's and each function's RewriteResult given its rules' records (what
+    convert prints)."""
     if options.assign != "cost" or getattr(options.costs, "keep", "") == SOURCE:
         return
-    result.meta_graph_def, placed = canonicalize_library(result.meta_graph_def, keys, PLACEMENT_RULES)
-    for name, body in result.functions.items():
+    result.meta_graph_def, placed = _canonical(result.meta_graph_def, keys, PLACEMENT_RULES)
+
+    for name, body in [(MAIN_GRAPH, result), *result.functions.items()]:
         body.rules = records.get(name, []) + placed.get(name, [])
+
+
+def _canonical(meta_graph, keys, rules) -> tuple[object, dict]:
+    """The rules in the functions the signatures run (rules.functions) and in a TF1 main graph (rules.main_graph):
+    (the MetaGraph, {function name, or MAIN_GRAPH: [Record]})."""
+    meta_graph, records = canonicalize_library(meta_graph, keys, rules)
+    meta_graph, main = canonicalize_main_graph(meta_graph, rules)
+    return meta_graph, {**records, MAIN_GRAPH: main} if main else records

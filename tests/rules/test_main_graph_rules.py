@@ -1,0 +1,136 @@
+"""The rules in a TF1 SavedModel's main graph (rules.main_graph, what the default in-place conversion runs there):
+a TF1 Transformer block written with `tf.matmul(x, w) + b` on ref and resource variables gets its bias adds as
+BiasAdds, its GELU and LayerNorm in the remapper's spellings and its residual add inside the MatMul, equal in
+float32, with every name the MetaGraph's other parts use kept (signatures, variables, saver); a graph with TF1
+control flow is left as it was, with the reason."""
+
+from __future__ import annotations
+
+import collections
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from mp_rewrite.analysis.execution import executed_nodes
+from mp_rewrite.commands import cli
+from mp_rewrite.rules.main_graph import canonicalize_main_graph
+
+D, FF, T = 32, 64, 8
+
+
+def _export(path, control_flow: bool = False) -> None:
+    """Two layers (the first on ref variables, the second on resource ones), tagged serve and train."""
+    rng = np.random.default_rng(0)
+
+    def variable(name, shape, resource, scale=0.2, offset=0.0):
+        value = (offset + rng.standard_normal(shape) * scale).astype("float32")
+        return tf.compat.v1.get_variable(name, initializer=value, use_resource=resource)
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, T, D], name="x")
+        h = x
+        for i, resource in enumerate((False, True)):
+            with tf.compat.v1.variable_scope(f"layer{i}"):
+                rows = tf.reshape(h, [-1, D])
+                inner = tf.nn.gelu(tf.matmul(rows, variable("w1", (D, FF), resource)) +
+                                   variable("b1", (FF,), resource), approximate=False)
+                out = tf.matmul(inner, variable("w2", (FF, D), resource)) + variable("b2", (D,), resource)
+                out = tf.reshape(out, tf.shape(h)) + h
+                mean, var = tf.nn.moments(out, axes=[-1], keepdims=True)
+                h = (out - mean) * tf.math.rsqrt(var + 1e-6) * variable("gamma", (D,), resource, 0.1, 1.0) + \
+                    variable("beta", (D,), resource, 0.1)
+        if control_flow:  # Switch/Merge, as TF1 wrote a cond (TF 2's graphs write a functional If)
+            tf.compat.v1.disable_control_flow_v2()
+            try:
+                h = tf.cond(tf.reduce_sum(x) > 0, lambda: h * 2.0, lambda: h)
+            finally:
+                tf.compat.v1.enable_control_flow_v2()
+        y = tf.identity(tf.reduce_mean(h, axis=1), name="y")
+        signature = tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": y})
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            builder = tf.compat.v1.saved_model.Builder(str(path))
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={"serving_default": signature})
+            builder.add_meta_graph(["train"], signature_def_map={"serving_default": signature})
+            builder.save()
+
+
+@pytest.fixture(scope="module")
+def tf1_block(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tf1") / "block"
+    _export(path)
+    return path
+
+
+def _proto(path) -> saved_model_pb2.SavedModel:
+    return saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
+
+
+def _session_outputs(path, x) -> np.ndarray:
+    """What TF Serving does with a TF1 SavedModel: restore the serve MetaGraph and run the signature's tensors."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
+        signature = meta_graph.signature_def["serving_default"]
+        return session.run(signature.outputs["y"].name, {signature.inputs["x"].name: x})
+
+
+def test_a_tf1_block_fuses_in_its_main_graph_and_stays_equal(tf1_block, tmp_path):
+    source = _proto(tf1_block)
+    snapshot = source.SerializeToString(deterministic=True)
+    written = saved_model_pb2.SavedModel()
+    written.CopyFrom(source)
+    for index, meta_graph in enumerate(source.meta_graphs):
+        new, records = canonicalize_main_graph(meta_graph)
+        applied = collections.Counter(r.rule for r in records if r.applied)
+        assert applied["bias_add"] == 4 and applied["gelu"] == 2 and applied["layer_norm"] == 2, applied
+        assert applied["residual_rows"] == 2, applied  # the reshaped rows are the input's: proven equal
+        assert new.signature_def == meta_graph.signature_def and new.saver_def == meta_graph.saver_def
+        written.meta_graphs[index].CopyFrom(new)
+    assert source.SerializeToString(deterministic=True) == snapshot  # the input is never modified
+    copy = tmp_path / "canonical"
+    shutil.copytree(tf1_block, copy)
+    (copy / "saved_model.pb").write_bytes(written.SerializeToString())
+
+    x = np.random.default_rng(1).standard_normal((3, T, D)).astype("float32")
+    before, after = _session_outputs(tf1_block, x), _session_outputs(copy, x)
+    assert np.abs(before).max() > 0.1
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5 * np.abs(before).max())
+
+    signature = tf.saved_model.load(str(copy), tags=["serve"]).signatures["serving_default"]
+    kernels = collections.Counter((n.op, tuple(s.decode() for s in n.attr["fused_ops"].list.s))
+                                  for n in executed_nodes(signature, x=tf.constant(x)))
+    fused = collections.Counter({ops: n for (op, ops), n in kernels.items() if "FusedMatMul" in op})
+    assert fused[("BiasAdd", "GeluExact")] == 2 and fused[("BiasAdd", "Add")] == 2, kernels
+    assert kernels[("_MklLayerNorm", ())] == 2, kernels
+
+
+def test_tf1_control_flow_is_left_as_it_was_with_the_reason(tmp_path):
+    _export(tmp_path / "cond", control_flow=True)
+    meta_graph = _proto(tmp_path / "cond").meta_graphs[0]
+    new, records = canonicalize_main_graph(meta_graph)
+    assert new is meta_graph
+    assert [r.applied for r in records] == [False] and "TF1 control flow (Merge, Switch)" in records[0].reason
+
+
+def test_the_default_conversion_prints_them_and_every_metagraph_loads(tf1_block, tmp_path, capsys, monkeypatch):
+    """The race's verdict is fixed, as in test_in_place_rules: which variant wins on a model this small depends on
+    the machine's load."""
+    import dataclasses
+    from mp_rewrite.core.assignment import CostTable
+    from mp_rewrite.savedmodel import in_place
+
+    def the_cut_kept(options, *args, **kwargs):
+        return dataclasses.replace(options, costs=CostTable("bfloat16", keep="", note="the cut kept (fixed here)"))
+    monkeypatch.setattr(in_place, "in_place_costs", the_cut_kept)
+    out = tmp_path / "out"
+    assert cli.main(["convert", str(tf1_block), str(out), "--precision", "bfloat16", "--assign", "cost"]) == 0
+    printed = capsys.readouterr().out
+    assert "fusions enabled for TensorFlow's remapper: " in printed and "MatMul + BiasAdd + Add" in printed
+    x = np.random.default_rng(1).standard_normal((2, T, D)).astype("float32")
+    assert np.abs(_session_outputs(out, x) - _session_outputs(tf1_block, x)).max() < 0.1  # bfloat16 now
+    for tags in (["serve"], ["train"]):
+        tf.saved_model.load(str(out), tags=tags)
+    assert (out / "variables" / "variables.index").read_bytes() == \
+        (tf1_block / "variables" / "variables.index").read_bytes()
