@@ -19,6 +19,8 @@ which the remapper runs as one `_FusedMatMul [BiasAdd, Add]`. It fuses only wher
 symbolically equal, so the residual's rows are counted from the MatMul's input (`Shape(rows)[:1]`, which Grappler
 follows), not given a -1 of their own. Exact: the same sums, row by row; and only where `row_origin` proves the two
 addends have the same first dimension at every call (no add that broadcasts over the batch is rewritten).
+On 2-D rows (TF1 BERT's `dense(context) + layer_input`, the context reshaped to `[-1, C]`) the add stays where it is
+and reads `Reshape(residual, [Shape(context rows)[:1], C])`: the same symbol for both addends.
 """
 
 from __future__ import annotations
@@ -131,26 +133,42 @@ def match_residual_rows(graph: EditableGraph, add) -> Match | None:
         return None
     for dense, residual in ((inputs[0], inputs[1]), (inputs[1], inputs[0])):
         chain = _forwarding(graph, dense, add)  # Identities between (a zero bias folded away leaves one)
-        back = chain[-1] if chain else None
-        if back is None or back.op != "Reshape":
+        last = chain[-1] if chain else None
+        if last is None or last.op not in ("Reshape", "BiasAdd"):
             continue
         # A MatMul without a bias is not fused with an Add (and Grappler folds a BiasAdd of zeros away).
-        rows = graph.producer(back.input[0])
+        back, rows = (last, graph.producer(last.input[0])) if last.op == "Reshape" else (None, last)
         matmul = graph.producer(rows.input[0]) if rows is not None and rows.op == "BiasAdd" else None
         if matmul is None or matmul.op != "MatMul" or matmul.attr["transpose_a"].b or graph.is_kept(rows) or \
                 graph.is_kept(matmul) or len(graph.readers(rows.name)) != 1 or len(graph.readers(matmul.name)) != 1:
             continue
         shape, other, flat = (graph.inferred_shape(dense), graph.inferred_shape(residual),
                               graph.inferred_shape(rows.name))
-        if shape is None or shape != other or len(shape) < 3 or None in shape[1:] or flat is None or \
+        if shape is None or shape != other or len(shape) < 2 or None in shape[1:] or flat is None or \
                 len(flat) != 2 or flat[1] != shape[-1] or graph.constant(residual) is not None:
+            continue
+        if ROWS_MARK in residual:
+            continue  # the rows this rule added up
+        if len(shape) == 2 and (back is not None or not _new_rows(graph, matmul)):
+            continue  # on rows: the residual's may already be the MatMul's symbol (nothing to gain), or this rule's
+        if len(shape) > 2 and back is None:
             continue
         if row_origin(graph, dense) != row_origin(graph, residual):
             return Match().fail(f"the first dimension of '{node_name(residual)}' is not proven that of "
                                 f"'{node_name(dense)}' at every call (one may broadcast over the other)")
-        return Match(nodes={"add": add, "back": back, "rows": rows, "contraction": matmul},
-                     values={"residual": residual, "channels": shape[-1], "chain": chain})
+        return Match(nodes={"add": add, "rows": rows, "contraction": matmul},
+                     values={"residual": residual, "channels": shape[-1], "chain": chain, "back": back})
     return None
+
+
+def _new_rows(graph: EditableGraph, matmul) -> bool:
+    """Whether a 2-D MatMul's rows are a Reshape's `-1` (TF1 BERT's attention output: its context reshaped to
+    rows), which Grappler gives a symbol of its own, so the remapper does not fuse the residual add after it.
+    Other rows (a LayerNorm's, a previous Dense's) keep the symbol the residual's rows already have."""
+    source = graph.producer(matmul.input[0])
+    return source is not None and source.op == "Reshape" and not graph.is_kept(source) and \
+        ROWS_MARK not in source.input[1] and graph.inferred_shape(source.name) is not None and \
+        len(graph.inferred_shape(source.name)) == 2 and graph.inferred_shape(source.name)[1] is not None
 
 
 def _forwarding(graph: EditableGraph, tensor: str, reader) -> list:
@@ -166,20 +184,23 @@ def _forwarding(graph: EditableGraph, tensor: str, reader) -> list:
 
 
 def rewrite_residual_rows(graph: EditableGraph, match: Match) -> str:
-    """The add happens on the rows, under a name of its own; the add's node becomes the Reshape back."""
-    add, back, rows, matmul = (match.nodes[k] for k in ("add", "back", "rows", "contraction"))
+    """The add happens on the rows, under a name of its own; the add's node becomes the Reshape back. On 2-D
+    inputs the add stays, and the Reshape that made the MatMul's rows counts them from the residual's Shape (a
+    Reshape of the residual to the MatMul's rows, the other way round, is one Grappler removes as a no-op)."""
+    add, rows, matmul = (match.nodes[k] for k in ("add", "rows", "contraction"))
     dtype, device, base = add.attr["T"].type, add.device, f"{add.name}{ROWS_MARK.rstrip('/')}"
-    shape = graph.add_node(f"{base}/shape", "Shape", [matmul.input[0]], device)
-    shape.attr["T"].type, shape.attr["out_type"].type = dtype, INT32
-    zero, one = (graph.add_constant(f"{base}/{name}", np.array([value], np.int32), device)
-                 for name, value in (("zero", 0), ("one", 1)))
-    count = graph.add_node(f"{base}/count", "StridedSlice", [shape.name, zero.name, one.name, one.name], device)
-    count.attr["T"].type, count.attr["Index"].type = INT32, INT32
-    width = graph.add_constant(f"{base}/width", np.array([match.values["channels"]], np.int32), device)
-    axis = graph.add_constant(f"{base}/axis", np.array(0, np.int32), device)
-    target = graph.add_node(f"{base}/target", "ConcatV2", [count.name, width.name, axis.name], device)
-    target.attr["T"].type, target.attr["N"].i, target.attr["Tidx"].type = INT32, 2, INT32
-    residual = graph.add_node(f"{base}/residual", "Reshape", [match.values["residual"], target.name], device)
+    back = match.values["back"]
+    if back is None:
+        source = graph.producer(matmul.input[0])
+        width = graph.inferred_shape(source.name)[1]
+        target = _rows_of(graph, match.values["residual"], dtype, width, base, device)
+        graph.set_inputs(source, [source.input[0], target])
+        graph.set_inputs(add, [rows.name, match.values["residual"]])
+        graph.remove([node.name for node in match.values["chain"][:-1]])
+        return (f"'{source.name}' counts its rows from '{node_name(match.values['residual'])}', which '{add.name}' "
+                "adds to them")
+    target = _rows_of(graph, matmul.input[0], dtype, match.values["channels"], base, device)
+    residual = graph.add_node(f"{base}/residual", "Reshape", [match.values["residual"], target], device)
     residual.attr["T"].type, residual.attr["Tshape"].type = dtype, INT32
     total = graph.add_node(base, "AddV2", [rows.name, residual.name], device)
     total.attr["T"].type = dtype
@@ -191,3 +212,20 @@ def rewrite_residual_rows(graph: EditableGraph, match: Match) -> str:
     graph.remove([node.name for node in match.values["chain"]])
     return (f"'{add.name}' adds '{node_name(match.values['residual'])}' to '{rows.name}' as rows, then reshapes "
             "back")
+
+
+def _rows_of(graph: EditableGraph, tensor: str, dtype: int, width: int, base: str, device: str) -> str:
+    """A Reshape target `[Shape(tensor)[:1], width]` (under `base`, which holds ROWS_MARK; `dtype` is the
+    tensor's): Grappler follows a Shape through StridedSlice and ConcatV2, so what it shapes has `tensor`'s first
+    dimension as its symbol."""
+    shape = graph.add_node(f"{base}/shape", "Shape", [tensor], device)
+    shape.attr["T"].type, shape.attr["out_type"].type = dtype, INT32
+    zero, one = (graph.add_constant(f"{base}/{name}", np.array([value], np.int32), device)
+                 for name, value in (("zero", 0), ("one", 1)))
+    count = graph.add_node(f"{base}/count", "StridedSlice", [shape.name, zero.name, one.name, one.name], device)
+    count.attr["T"].type, count.attr["Index"].type = INT32, INT32
+    size = graph.add_constant(f"{base}/width", np.array([width], np.int32), device)
+    axis = graph.add_constant(f"{base}/axis", np.array(0, np.int32), device)
+    target = graph.add_node(f"{base}/target", "ConcatV2", [count.name, size.name, axis.name], device)
+    target.attr["T"].type, target.attr["N"].i, target.attr["Tidx"].type = INT32, 2, INT32
+    return target.name

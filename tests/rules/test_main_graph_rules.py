@@ -1,7 +1,7 @@
 """The rules in a TF1 SavedModel's main graph (rules.main_graph, what the default in-place conversion runs there):
 a TF1 Transformer block written with `tf.matmul(x, w) + b` on ref and resource variables gets its bias adds as
-BiasAdds, its GELU and LayerNorm in the remapper's spellings and its residual add inside the MatMul, equal in
-float32, with every name the MetaGraph's other parts use kept (signatures, variables, saver); a graph with TF1
+BiasAdds, its GELU and LayerNorm in the remapper's spellings and its residual adds inside the MatMul (TF1 BERT's
+attention output on 2-D rows too), equal in float32, with every name the MetaGraph's other parts use kept (signatures, variables, saver); a graph with TF1
 control flow is left as it was, with the reason."""
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ def _export(path, control_flow: bool = False) -> None:
                 mean, var = tf.nn.moments(out, axes=[-1], keepdims=True)
                 h = (out - mean) * tf.math.rsqrt(var + 1e-6) * variable("gamma", (D,), resource, 0.1, 1.0) + \
                     variable("beta", (D,), resource, 0.1)
+        with tf.compat.v1.variable_scope("attention_output"):  # TF1 BERT's: rows in, heads, rows out, + rows in
+            rows = tf.reshape(h, [-1, D])
+            heads = tf.transpose(tf.reshape(rows, [-1, T, 4, D // 4]), [0, 2, 1, 3])
+            context = tf.reshape(tf.transpose(heads * 2.0, [0, 2, 1, 3]), [-1, D])  # a -1 of its own
+            rows = tf.matmul(context, variable("w", (D, D), True)) + variable("b", (D,), True) + rows
+            h = tf.reshape(rows, [-1, T, D])
         if control_flow:  # Switch/Merge, as TF1 wrote a cond (TF 2's graphs write a functional If)
             tf.compat.v1.disable_control_flow_v2()
             try:
@@ -84,8 +90,9 @@ def test_a_tf1_block_fuses_in_its_main_graph_and_stays_equal(tf1_block, tmp_path
     for index, meta_graph in enumerate(source.meta_graphs):
         new, records = canonicalize_main_graph(meta_graph)
         applied = collections.Counter(r.rule for r in records if r.applied)
-        assert applied["bias_add"] == 4 and applied["gelu"] == 2 and applied["layer_norm"] == 2, applied
-        assert applied["residual_rows"] == 2, applied  # the reshaped rows are the input's: proven equal
+        assert applied["bias_add"] == 5 and applied["gelu"] == 2 and applied["layer_norm"] == 2, applied
+        # two Dense on 3-D inputs, and the attention output's rows: each proven the residual's rows
+        assert applied["residual_rows"] == 3 and not [r for r in records if not r.applied], records
         assert new.signature_def == meta_graph.signature_def and new.saver_def == meta_graph.saver_def
         written.meta_graphs[index].CopyFrom(new)
     assert source.SerializeToString(deterministic=True) == snapshot  # the input is never modified
@@ -102,7 +109,7 @@ def test_a_tf1_block_fuses_in_its_main_graph_and_stays_equal(tf1_block, tmp_path
     kernels = collections.Counter((n.op, tuple(s.decode() for s in n.attr["fused_ops"].list.s))
                                   for n in executed_nodes(signature, x=tf.constant(x)))
     fused = collections.Counter({ops: n for (op, ops), n in kernels.items() if "FusedMatMul" in op})
-    assert fused[("BiasAdd", "GeluExact")] == 2 and fused[("BiasAdd", "Add")] == 2, kernels
+    assert fused[("BiasAdd", "GeluExact")] == 2 and fused[("BiasAdd", "Add")] == 3, kernels
     assert kernels[("_MklLayerNorm", ())] == 2, kernels
 
 
