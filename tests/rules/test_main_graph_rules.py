@@ -141,3 +141,16 @@ def test_the_default_conversion_prints_them_and_every_metagraph_loads(tf1_block,
         tf.saved_model.load(str(out), tags=tags)
     assert (out / "variables" / "variables.index").read_bytes() == \
         (tf1_block / "variables" / "variables.index").read_bytes()
+
+
+def test_a_bias_weight_of_another_shape_is_declined_with_the_reason():
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, D], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=np.ones((D, FF), "float32"))
+        b = tf.compat.v1.get_variable("b", initializer=np.ones((1, FF), "float32"))  # broadcasts like a bias
+        tf.identity(tf.matmul(x, w) + b, name="y")
+        meta_graph = tf.compat.v1.train.export_meta_graph()
+    meta_graph.signature_def["serving_default"].outputs["y"].name = "y:0"
+    _, records = canonicalize_main_graph(meta_graph)
+    (record,) = [r for r in records if r.rule == "bias_add"]
+    assert not record.applied and f"of shape (1, {FF}) is not one value per channel of {FF}" in record.reason
