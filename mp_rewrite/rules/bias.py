@@ -30,56 +30,35 @@ def match_bias_add(graph: EditableGraph, add) -> Match | None:
     if len(inputs) != 2:
         return None
     for data, other in ((inputs[0], inputs[1]), (inputs[1], inputs[0])):
-        contraction = graph.producer(data)
-        if contraction is None or contraction.op not in CONTRACTIONS:
+        contraction, shape = graph.producer(data), graph.weight_shape(other)
+        if contraction is None or contraction.op not in CONTRACTIONS or shape is None:
             continue
-        if graph.constant(other) is not None:
-            return _checked(graph, add, contraction, graph.constant(other))
-        shape = graph.weight_shape(other)
-        if shape is not None:
-            return _checked_weight(graph, add, contraction, other, shape)
+        channels, value = contraction_channels(graph, contraction), graph.constant(other)
+        if contraction.attr["T"].type not in FLOAT_TYPES:
+            return Match().fail("the contraction is not float32 or bfloat16 (the CPU remapper fuses only those)")
+        if len(graph.readers(contraction.name)) != 1 or graph.is_kept(contraction):
+            return Match().fail(f"'{contraction.name}' is read by {len(graph.readers(contraction.name))} nodes or "
+                                "fetched, so it cannot fuse with the add")
+        if channels is None:
+            return Match().fail(f"the {contraction.op}'s weight has no known shape (or is not NHWC): channels "
+                                "unknown")
+        nodes = {"contraction": contraction, "add": add}
+        if value is None:  # a weight that is not a constant: exactly [channels] (another shape needs a Reshape)
+            if tuple(shape) != (channels,):
+                return Match().fail(f"the weight '{other}' of shape {tuple(shape)} is not one value per channel "
+                                    f"of {channels}")
+            return Match(nodes=nodes, values={"weight": other})
+        if value.ndim > CONTRACTIONS[contraction.op] or value.size not in (1, channels) or \
+                value.size == channels and value.shape[-1] != channels:
+            return Match().fail(f"the constant of shape {tuple(value.shape)} is not one value per channel of "
+                                f"{channels} (it would differ along another axis or broadcast the output)")
+        bias = np.broadcast_to(value.reshape(-1), (channels,)).astype(value.dtype)
+        return Match(nodes=nodes, values={"bias": bias})
     return None
 
 
-def _checked_weight(graph: EditableGraph, add, contraction, weight: str, shape: tuple) -> Match:
-    """A bias that is not a constant: exactly [channels] (a weight of another shape would need a Reshape)."""
-    match = _fusable(graph, contraction)
-    if not match.ok:
-        return match
-    channels = contraction_channels(graph, contraction)
-    if tuple(shape) != (channels,):
-        return Match().fail(f"the weight '{weight}' of shape {tuple(shape)} is not one value per channel of "
-                            f"{channels}")
-    return Match(nodes={"contraction": contraction, "add": add}, values={"weight": weight})
-
-
-def _fusable(graph: EditableGraph, contraction) -> Match:
-    """A match to go on from (ok), or why the contraction cannot take a bias."""
-    if contraction.attr["T"].type not in FLOAT_TYPES:
-        return Match().fail("the contraction is not float32 or bfloat16 (the CPU remapper fuses only those)")
-    if len(graph.readers(contraction.name)) != 1 or graph.is_kept(contraction):
-        return Match().fail(f"'{contraction.name}' is read by {len(graph.readers(contraction.name))} nodes or "
-                            "fetched, so it cannot fuse with the add")
-    if contraction_channels(graph, contraction) is None:
-        return Match().fail(f"the {contraction.op}'s weight has no known shape (or is not NHWC): channels unknown")
-    return Match()
-
-
-def _checked(graph: EditableGraph, add, contraction, value: np.ndarray) -> Match:
-    match = _fusable(graph, contraction)
-    if not match.ok:
-        return match
-    channels = contraction_channels(graph, contraction)
-    if value.ndim > CONTRACTIONS[contraction.op] or value.size not in (1, channels) or \
-            value.size == channels and value.shape[-1] != channels:
-        return Match().fail(f"the constant of shape {tuple(value.shape)} is not one value per channel of "
-                            f"{channels} (it would differ along another axis or broadcast the output)")
-    bias = np.broadcast_to(value.reshape(-1), (channels,)).astype(value.dtype)
-    return Match(nodes={"contraction": contraction, "add": add}, values={"bias": bias})
-
-
 def rewrite_bias_add(graph: EditableGraph, match: Match) -> str:
-    """The Add becomes `BiasAdd(contraction, the constant as a vector)` under its own name."""
+    """The Add becomes `BiasAdd(contraction, the constant as a vector, or the weight)` under its own name."""
     add, contraction = match.nodes["add"], match.nodes["contraction"]
     bias = match.values.get("weight") or graph.add_constant(f"{add.name}/bias", match.values["bias"], add.device).name
     dtype = add.attr["T"].type

@@ -99,7 +99,6 @@ def rules_after_pass(result, records: dict, options, keys=None) -> None:
     if options.assign != "cost" or getattr(options.costs, "keep", "") == SOURCE:
         return
     result.meta_graph_def, placed = _canonical(result.meta_graph_def, keys, PLACEMENT_RULES)
-
     for name, body in [(MAIN_GRAPH, result), *result.functions.items()]:
         body.rules = records.get(name, []) + placed.get(name, [])
 
