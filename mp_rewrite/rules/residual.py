@@ -20,7 +20,8 @@ symbolically equal, so the residual's rows are counted from the MatMul's input (
 follows), not given a -1 of their own. Exact: the same sums, row by row; and only where `row_origin` proves the two
 addends have the same first dimension at every call (no add that broadcasts over the batch is rewritten).
 On 2-D rows (TF1 BERT's `dense(context) + layer_input`, the context reshaped to `[-1, C]`) the add stays where it is
-and reads `Reshape(residual, [Shape(context rows)[:1], C])`: the same symbol for both addends.
+and the context's Reshape counts its rows from the residual's Shape, `[Shape(residual)[:1], C]`: the same symbol for
+both addends. (Reshaping the residual to the context's rows instead is a no-op to Grappler, which removes it.)
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def match_residual_rows(graph: EditableGraph, add) -> Match | None:
         if ROWS_MARK in residual:
             continue  # the rows this rule added up
         if len(shape) == 2 and (back is not None or not _new_rows(graph, matmul)):
-            continue  # on rows: the residual's may already be the MatMul's symbol (nothing to gain), or this rule's
+            continue  # on rows: only a Reshape's -1 rows differ from the residual's (and not once counted here)
         if len(shape) > 2 and back is None:
             continue
         if row_origin(graph, dense) != row_origin(graph, residual):
@@ -166,9 +167,10 @@ def _new_rows(graph: EditableGraph, matmul) -> bool:
     rows), which Grappler gives a symbol of its own, so the remapper does not fuse the residual add after it.
     Other rows (a LayerNorm's, a previous Dense's) keep the symbol the residual's rows already have."""
     source = graph.producer(matmul.input[0])
-    return source is not None and source.op == "Reshape" and not graph.is_kept(source) and \
-        ROWS_MARK not in source.input[1] and graph.inferred_shape(source.name) is not None and \
-        len(graph.inferred_shape(source.name)) == 2 and graph.inferred_shape(source.name)[1] is not None
+    if source is None or source.op != "Reshape" or graph.is_kept(source) or ROWS_MARK in source.input[1]:
+        return False
+    shape = graph.inferred_shape(source.name)
+    return shape is not None and len(shape) == 2 and shape[1] is not None
 
 
 def _forwarding(graph: EditableGraph, tensor: str, reader) -> list:

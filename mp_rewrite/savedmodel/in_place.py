@@ -100,7 +100,7 @@ def rules_after_pass(result, records: dict, options, keys=None) -> None:
         return
     result.meta_graph_def, placed = _canonical(result.meta_graph_def, keys, PLACEMENT_RULES)
     for name, body in [(MAIN_GRAPH, result), *result.functions.items()]:
-        body.rules = records.get(name, []) + placed.get(name, [])
+        body.rules = list(dict.fromkeys(records.get(name, []) + placed.get(name, [])))  # a decline said twice once
 
 
 def _canonical(meta_graph, keys, rules) -> tuple[object, dict]:

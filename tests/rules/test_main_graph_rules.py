@@ -154,3 +154,17 @@ def test_a_bias_weight_of_another_shape_is_declined_with_the_reason():
     _, records = canonicalize_main_graph(meta_graph)
     (record,) = [r for r in records if r.rule == "bias_add"]
     assert not record.applied and f"of shape (1, {FF}) is not one value per channel of {FF}" in record.reason
+
+
+def test_the_cli_says_once_why_a_tf1_cond_graph_keeps_its_ops(tmp_path, capsys, monkeypatch):
+    import dataclasses
+    from mp_rewrite.core.assignment import CostTable
+    from mp_rewrite.savedmodel import in_place
+    monkeypatch.setattr(in_place, "in_place_costs", lambda options, *args, **kwargs: dataclasses.replace(
+        options, costs=CostTable("bfloat16", keep="", note="the cut kept (fixed here)")))
+    _export(tmp_path / "cond", control_flow=True)
+    assert cli.main(["convert", str(tmp_path / "cond"), str(tmp_path / "out"), "--precision", "bfloat16",
+                     "--assign", "cost", "--tag-set", "serve"]) == 0
+    printed = capsys.readouterr().out
+    assert "fusions enabled for TensorFlow's remapper: none; 1 declined (1x the main graph has TF1 control flow" \
+        in " ".join(printed.split()), printed
