@@ -36,7 +36,7 @@ def test_the_serving_settings_benchmark_tables_each_setting(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "setting" not in line]
     assert [row.split(" | ")[0] for row in rows] == ["| default", "| intra1", "| frozen_weights"], proc.stdout
-    assert "CPU flags:" in proc.stdout and "load average after" in proc.stdout
+    assert "Machine:" in proc.stdout and "load average after" in proc.stdout
     bad = subprocess.run([sys.executable, str(tool), str(tmp_path / "mlp"), "--settings", "turbo"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown setting(s) turbo" in bad.stderr

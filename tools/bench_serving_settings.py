@@ -15,7 +15,7 @@ Method: for each model the settings' processes run one after the other, and the 
 `--rounds` times (alternated, so a change in the machine's load hits every setting alike); each process makes 10
 warm calls, then times 6 blocks of 0.5 s; the table shows, per setting, the median over rounds of the block
 medians, wall and CPU (all threads of the process), and the wall ratio against `default`. Inputs are made as
-`verify` makes them (mp_rewrite.savedmodel.inputs). Load average and CPU flags are printed.
+`verify` makes them (mp_rewrite.savedmodel.inputs). The CPU, its bfloat16 features and the load are printed.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from bench_saved_model_report import machine
 
 SETTINGS = {"default": ({}, None), "frozen_weights": ({"TF_ONEDNN_ASSUME_FROZEN_WEIGHTS": "1"}, None),
             "intra1": ({}, 1), "intra1_two_halves": ({}, 1)}
@@ -47,12 +49,16 @@ def main() -> int:
     if set(settings) - set(SETTINGS):
         parser.error(f"unknown setting(s) {', '.join(sorted(set(settings) - set(SETTINGS)))}; choose from "
                      f"{', '.join(SETTINGS)}")
+    if "intra1_two_halves" in settings and args.batch % 2:
+        parser.error(f"intra1_two_halves serves the batch as two halves: give an even --batch, not {args.batch}")
     if args.child:
         print(json.dumps(_timed(args.models[0], args.child, args.batch, args.seq_len)))
         return 0
     if "default" not in settings:
         settings.insert(0, "default")
-    print(f"CPU flags: {_flags()}; load average before: {os.getloadavg()[0]:.2f}")
+    facts = machine()
+    print(f"Machine: {facts['cpu']}, {facts['cores']} cores, {', '.join(facts['features']) or 'no bfloat16 units'}; "
+          f"TensorFlow {facts['tensorflow']}; load average before: {os.getloadavg()[0]:.2f}")
     for model in args.models:
         runs = {setting: [] for setting in settings}
         for _ in range(args.rounds):
@@ -111,14 +117,6 @@ def _print(model: str, batch: int, runs: dict) -> None:
     for setting, values in runs.items():
         wall, cpu = (statistics.median(r[key] for r in values) for key in ("wall", "cpu"))
         print(f"| {setting} | {wall:.2f} | {cpu:.2f} | {base / wall:.2f}x |")
-
-
-def _flags() -> str:
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return "unknown"
-    return ", ".join(flag for flag in ("avx512_bf16", "amx_bf16", "avx512_fp16", "avx2") if f" {flag}" in text)
 
 
 if __name__ == "__main__":

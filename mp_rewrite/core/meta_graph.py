@@ -87,10 +87,8 @@ def nodes_to_preserve(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, str]
     collections = meta_graph.collection_def
     for name, collection in collections.items():
         add(collection.node_list.value, f"named in the MetaGraphDef's collection '{name}' (Grappler keeps it)")
-    for name in VARIABLE_COLLECTIONS:
-        variables = [_parsed(variable_pb2.VariableDef, raw) for raw in collections[name].bytes_list.value] if (
-            name in collections) else []
-        add([v.initializer_name for v in variables if v], f"initializer of a variable in collection '{name}'")
+    for name, variable in collection_variables(meta_graph):
+        add([variable.initializer_name], f"initializer of a variable in collection '{name}'")
     add(_saver_nodes(meta_graph), "save or restore op of the MetaGraphDef's saver")
     for raw in collections["queue_runners"].bytes_list.value if "queue_runners" in collections else ():
         runner = _parsed(queue_runner_pb2.QueueRunnerDef, raw)
@@ -100,6 +98,15 @@ def nodes_to_preserve(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, str]
     add([a.tensor_info.name for a in meta_graph.asset_file_def], "asset file path (the SavedModel loader feeds it)")
     present = {n.name for n in meta_graph.graph_def.node}
     return {name: reason for name, reason in why.items() if name in present}
+
+
+def collection_variables(meta_graph: meta_graph_pb2.MetaGraphDef) -> list:
+    """[(collection name, VariableDef)] of the MetaGraphDef's variable collections (entries that do not parse are
+    left out)."""
+    collections = meta_graph.collection_def
+    return [(name, variable) for name in VARIABLE_COLLECTIONS if name in collections
+            for variable in (_parsed(variable_pb2.VariableDef, raw) for raw in collections[name].bytes_list.value)
+            if variable]
 
 
 def _parsed(cls, raw: bytes):

@@ -12,11 +12,9 @@ reason. A TF2 SavedModel's main graph only calls functions (it has an object gra
 
 from __future__ import annotations
 
-from google.protobuf import message
-from tensorflow.core.framework import variable_pb2
-
-from ..core.meta_graph import VARIABLE_COLLECTIONS, nodes_to_preserve
+from ..core.meta_graph import collection_variables, nodes_to_preserve
 from .canonical import RULES, canonicalize
+from .graph import node_name
 from .record import DECLINED, Record
 
 MAIN_GRAPH = ""  # the key of the main graph's records beside the functions' (a function always has a name)
@@ -53,15 +51,8 @@ def canonicalize_main_graph(meta_graph, rules=RULES) -> tuple[object, list]:
 
 def _variable_nodes(meta_graph) -> list[str]:
     """The tensors the variable collections name (each VariableDef's variable, snapshot and initial value)."""
-    names = []
-    for key in VARIABLE_COLLECTIONS:
-        for raw in meta_graph.collection_def[key].bytes_list.value if key in meta_graph.collection_def else ():
-            try:
-                variable = variable_pb2.VariableDef.FromString(raw)
-            except message.DecodeError:
-                continue
-            names += [t for t in (variable.variable_name, variable.snapshot_name, variable.initial_value_name) if t]
-    return names
+    return [tensor for _, variable in collection_variables(meta_graph)
+            for tensor in (variable.variable_name, variable.snapshot_name, variable.initial_value_name) if tensor]
 
 
 def _weight_shapes(graph_def) -> dict:
@@ -72,6 +63,6 @@ def _weight_shapes(graph_def) -> dict:
         if node.op in VARIABLE_OPS and "shape" in node.attr and not node.attr["shape"].shape.unknown_rank:
             shapes[node.name] = [d.size for d in node.attr["shape"].shape.dim]
     for node in graph_def.node:
-        if node.op == "Identity" and node.input and node.input[0].split(":")[0] in shapes:
-            shapes[node.name] = shapes[node.input[0].split(":")[0]]
+        if node.op == "Identity" and node.input and node_name(node.input[0]) in shapes:
+            shapes[node.name] = shapes[node_name(node.input[0])]
     return shapes

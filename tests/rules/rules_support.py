@@ -124,3 +124,18 @@ def canonical(model, x, deep: bool = False, **options):
         else:
             assert_same(run(graph_def, feed, fetch, x), run(new, feed, fetch, x))
     return graph_def, new, records, fetches
+
+
+def keep_the_cut(monkeypatch) -> None:
+    """Fix the in-place race's verdict at the cut, as measured costs that keep it say (a CostTable whose keep is
+    ""): which variant wins the race on a small model depends on the machine's load, and a test of what the rules
+    write needs them applied."""
+    import dataclasses
+    from mp_rewrite.core.assignment import CostTable
+    from mp_rewrite.savedmodel import in_place
+
+    def the_cut_kept(options, *args, **kwargs):  # what in_place_costs gives where the race keeps the cut
+        if options.assign != "cost":
+            return options
+        return dataclasses.replace(options, costs=CostTable("bfloat16", keep="", note="the cut kept (fixed here)"))
+    monkeypatch.setattr(in_place, "in_place_costs", the_cut_kept)

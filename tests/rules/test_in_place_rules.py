@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from rules_support import keras, with_nonzero_biases
+from rules_support import keep_the_cut, keras, with_nonzero_biases
 from mp_rewrite.analysis.execution import executed_nodes
 from mp_rewrite.commands import cli
 from mp_rewrite.rules import FLOAT32_RULES, PLACEMENT_RULES, RULES
@@ -84,16 +84,8 @@ def test_the_default_conversion_applies_them_and_the_lists_do_not(transformer, t
     machine keeps depends on the machine (under load, the model as given won this small Transformer's race at batch
     2 once, and the rules were rightly not applied), so the race's verdict is fixed here: the cut, as measured costs
     that keep it say (a CostTable whose keep is "")."""
-    import dataclasses
-    from mp_rewrite.core.assignment import CostTable
-    from mp_rewrite.savedmodel import in_place
-
-    def the_cut_kept(options, *args, **kwargs):  # what in_place_costs gives where the race keeps the cut
-        if options.assign != "cost":
-            return options
-        return dataclasses.replace(options, costs=CostTable("bfloat16", keep="", note="the cut kept (fixed here)"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(in_place, "in_place_costs", the_cut_kept)
+    keep_the_cut(monkeypatch)
     base = ["--precision", "bfloat16", "--batch-size", "2"]
     assert cli.main(["convert", str(transformer), str(tmp_path / "cost"), *base, "--assign", "cost"]) == 0
     assert "fusions enabled for TensorFlow's remapper: " in capsys.readouterr().out

@@ -1,8 +1,8 @@
 """The rules in a TF1 SavedModel's main graph (rules.main_graph, what the default in-place conversion runs there):
 a TF1 Transformer block written with `tf.matmul(x, w) + b` on ref and resource variables gets its bias adds as
 BiasAdds, its GELU and LayerNorm in the remapper's spellings and its residual adds inside the MatMul (TF1 BERT's
-attention output on 2-D rows too), equal in float32, with every name the MetaGraph's other parts use kept (signatures, variables, saver); a graph with TF1
-control flow is left as it was, with the reason."""
+attention output on 2-D rows too), equal in float32, with every name the MetaGraph's other parts use kept
+(signatures, variables, saver); a graph with TF1 control flow is left as it was, with the reason."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from rules_support import keep_the_cut
 from mp_rewrite.analysis.execution import executed_nodes
 from mp_rewrite.commands import cli
 from mp_rewrite.rules.main_graph import canonicalize_main_graph
@@ -122,15 +123,7 @@ def test_tf1_control_flow_is_left_as_it_was_with_the_reason(tmp_path):
 
 
 def test_the_default_conversion_prints_them_and_every_metagraph_loads(tf1_block, tmp_path, capsys, monkeypatch):
-    """The race's verdict is fixed, as in test_in_place_rules: which variant wins on a model this small depends on
-    the machine's load."""
-    import dataclasses
-    from mp_rewrite.core.assignment import CostTable
-    from mp_rewrite.savedmodel import in_place
-
-    def the_cut_kept(options, *args, **kwargs):
-        return dataclasses.replace(options, costs=CostTable("bfloat16", keep="", note="the cut kept (fixed here)"))
-    monkeypatch.setattr(in_place, "in_place_costs", the_cut_kept)
+    keep_the_cut(monkeypatch)
     out = tmp_path / "out"
     assert cli.main(["convert", str(tf1_block), str(out), "--precision", "bfloat16", "--assign", "cost"]) == 0
     printed = capsys.readouterr().out
@@ -157,11 +150,7 @@ def test_a_bias_weight_of_another_shape_is_declined_with_the_reason():
 
 
 def test_the_cli_says_once_why_a_tf1_cond_graph_keeps_its_ops(tmp_path, capsys, monkeypatch):
-    import dataclasses
-    from mp_rewrite.core.assignment import CostTable
-    from mp_rewrite.savedmodel import in_place
-    monkeypatch.setattr(in_place, "in_place_costs", lambda options, *args, **kwargs: dataclasses.replace(
-        options, costs=CostTable("bfloat16", keep="", note="the cut kept (fixed here)")))
+    keep_the_cut(monkeypatch)
     _export(tmp_path / "cond", control_flow=True)
     assert cli.main(["convert", str(tmp_path / "cond"), str(tmp_path / "out"), "--precision", "bfloat16",
                      "--assign", "cost", "--tag-set", "serve"]) == 0
