@@ -61,6 +61,8 @@ class OutputCheck:
         scaled_error: max |converted - original| / max |original| (the error against the output's own scale).
         passed: the verdict (see compare_arrays).
         problem: why it failed, in a few words ("" when it passed).
+        unvarying: how the original's output shows that it does not depend on the inputs fed ("0.001 everywhere",
+            "the same in every row of the batch"), so that comparing it proves nothing; "" when it varies.
     """
 
     signature: str
@@ -77,26 +79,32 @@ class OutputCheck:
     scaled_error: float = 0.0
     passed: bool = True
     problem: str = ""
+    unvarying: str = ""
 
 
-def compare_outputs(ref: dict, got: dict, rtol: float, atol: float, signature: str = "") -> list[OutputCheck]:
+def compare_outputs(ref: dict, got: dict, rtol: float, atol: float, signature: str = "",
+                    inputs: dict | None = None) -> list[OutputCheck]:
     """Compare two dicts of output arrays (name -> array-like), one OutputCheck per name in either.
 
     Args:
         ref: the original's outputs. got: the converted model's outputs.
         rtol, atol: the tolerance, numpy.allclose's rule per element.
         signature: a label copied into every check.
+        inputs: the arrays both ran on ({name: array}); where their rows differ, an output whose rows are all
+            alike is marked `unvarying` (without them only a constant output is).
 
     Returns:
         One OutputCheck per output, in `ref`'s order, then any output only `got` has (those fail).
     """
     checks = []
+    rows = inputs is not None and rows_differ(inputs)
     for name, value in ref.items():
         reference = np.asarray(value)
         if name not in got:
             checks.append(_failed(signature, name, reference, "missing from the converted model's outputs"))
         else:
-            checks.append(compare_arrays(reference, np.asarray(got[name]), rtol, atol, signature, name))
+            check = compare_arrays(reference, np.asarray(got[name]), rtol, atol, signature, name)
+            checks.append(dataclasses.replace(check, unvarying=unvarying(reference, rows)))
     for name in got:
         if name not in ref:
             checks.append(_failed(signature, name, np.asarray(got[name]), "output the original does not have"))
@@ -167,6 +175,46 @@ def _problem(r, g, bad: int, size: int, nan, inf, scaled: float, cosine: float, 
     if cosine < MIN_COSINE:
         return f"cosine similarity {cosine:.4f} (under {MIN_COSINE})"
     return ""
+
+
+def rows_differ(arrays: dict) -> bool:
+    """Whether some input array has two or more rows (its first axis, the batch) that are not all alike."""
+    for value in arrays.values():
+        array = np.asarray(value)
+        if array.ndim and array.shape[0] > 1 and not _rows_alike(array):
+            return True
+    return False
+
+
+def unvarying(output: np.ndarray, inputs_differ: bool = False) -> str:
+    """How an output shows that it does not depend on the inputs it was computed from, or "" when it varies.
+
+    A constant output ("0.001 everywhere": a model of random weights whose activations die out, a softmax of
+    equal logits) says so whatever the inputs; with `inputs_differ` (the inputs' rows differ) so does an output
+    whose rows are all alike ("the same in every row of the batch"). Comparing such an output with a converted
+    model's tells nothing about the conversion of the layers before it. An output of one element tells nothing
+    either way ("").
+    """
+    output = np.asarray(output)
+    if output.size < 2:
+        return ""
+    flat = output.ravel()
+    if np.all(flat == flat[0]) or (is_float(output.dtype) and np.all(np.isnan(flat.astype(np.float64)))):
+        return f"{_value(flat[0])} everywhere"
+    if inputs_differ and output.ndim and output.shape[0] > 1 and _rows_alike(output):
+        return "the same in every row of the batch"
+    return ""
+
+
+def _rows_alike(array: np.ndarray) -> bool:
+    return bool(np.all(array == array[:1]))
+
+
+def _value(value) -> str:
+    try:
+        return f"{float(value):.4g}"
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def is_float(dtype: np.dtype) -> bool:

@@ -149,6 +149,8 @@ def print_report(report: VerifyReport, console: Console | None = None) -> None:
         special = f"{c.nan[0] + c.inf[0]} -> {c.nan[1] + c.inf[1]}"
         cosine = "-" if c.cosine is None else f"{c.cosine:.6f}"
         result = "[green]pass[/]" if c.passed else f"[red]FAIL[/] {c.problem}"
+        if c.passed and c.unvarying:
+            result = f"[yellow]proves nothing[/] ({c.unvarying})"
         table.add_row(c.signature, c.output, "x".join(map(str, c.shape)) or "scalar", _number(c.max_abs),
                       _number(c.max_rel), cosine, special, result)
     console.print(table)

@@ -97,7 +97,7 @@ def guard(graph_def, fetches, feeds, precision: str = "float16", rtol: float | N
     checker = Checker(rewrite, runner, outputs, refs, rtol, atol, max_executions)
     checker.results[frozenset()] = plain
     before = checker.error(frozenset(), "plain", force=True)
-    analysis = Analysis(findings)
+    analysis = Analysis(findings, unvarying=_unvarying(outputs, refs, feeds))
     if before.passed:
         return _finish(checker, frozenset(), [], analysis, before, start, user_keep)
     base = frozenset(f.node for f in findings)
@@ -183,6 +183,14 @@ def _screen(graph_def, plain: RewriteResult, ref: GraphInfo, outputs, runner: Ru
     what = f"float32 reference + range screen of {len(targets)} tensors"
     values = runner(graph_def, outputs + [t.tensor for t in targets], what)
     return values[:len(outputs)], range_findings(targets, values[len(outputs):], precision, underflow_share)
+
+
+def _unvarying(outputs, refs, feeds) -> dict:
+    """{output tensor: how its float32 value shows it does not depend on the feeds} (analysis.compare.unvarying)."""
+    from ..analysis.compare import rows_differ, unvarying
+    differ = rows_differ(feeds)
+    found = {name: unvarying(value, differ) for name, value in zip(outputs, refs)}
+    return {name: how for name, how in found.items() if how}
 
 
 def _nodes(candidates) -> frozenset:

@@ -68,12 +68,15 @@ class Analysis:
         boundaries: (Cast-to-float32 tensor of the mixed graph, its relative error against float32), per boundary.
         level: "unit" or "region" (what the first side-by-side run isolated), "" when attribution could not run
             (v1 control flow, or too big) and the search halved the units blind.
+        unvarying: {output tensor: how its float32 value shows it does not depend on the calibration inputs}
+            (analysis.compare.unvarying): the tolerance met there proves nothing.
     """
 
     findings: list = dataclasses.field(default_factory=list)
     units: list = dataclasses.field(default_factory=list)
     boundaries: list = dataclasses.field(default_factory=list)
     level: str = "unit"
+    unvarying: dict = dataclasses.field(default_factory=dict)
 
     @property
     def attributed(self) -> bool:
@@ -130,6 +133,11 @@ class GuardResult:
         lines = [f"accuracy guard ({self.precision}, rtol={self.rtol:g}, atol={self.atol:g}): tolerance {state} "
                  f"after {self.executions} graph executions in {self.seconds:.1f} s",
                  f"  plain conversion: {self.before.text()}", f"  final:            {self.after.text()}"]
+        same = self.analysis.unvarying
+        if same:
+            lines.append(f"  {len(same)} of the outputs do not depend on the calibration inputs ("
+                         + "; ".join(f"{name}: {how}" for name, how in same.items())
+                         + "): the tolerance met there proves nothing; give inputs they depend on (--inputs)")
         screen = sum(k.stage == "screen" for k in self.kept)
         lines.append(f"  kept float32: {len(self.kept)} nodes ({screen} by the range screen, "
                      f"{len(self.kept) - screen} by the search)")

@@ -55,12 +55,15 @@ class TuneResult:
         milliseconds: candidate -> median CPU milliseconds of one call of every signature, over the rounds.
         passed: candidate -> whether it met the verification tolerance.
         conversion: the ConversionResult of the chosen candidate.
+        unvarying: verify's note where outputs do not depend on the inputs fed (the check of every candidate
+            then proves nothing there), else "".
     """
 
     chosen: str
     milliseconds: dict
     passed: dict
     conversion: object
+    unvarying: str = ""
 
     def summary(self) -> str:
         """One line per candidate, then the choice."""
@@ -71,7 +74,8 @@ class TuneResult:
             verdict = "" if self.passed[name] else ", fails verification"
             lines.append(f"  {name:<12} {ms:8.2f} ms per call{speed}{verdict}")
         return "tuning on this machine (median CPU time per call):\n" + "\n".join(lines) + \
-            f"\nchose '{self.chosen}' (the fastest candidate that verifies)"
+            f"\nchose '{self.chosen}' (the fastest candidate that verifies)" + \
+            (f"\n  verifying the candidates:{self.unvarying.removeprefix(' ')}" if self.unvarying else "")
 
 
 def _candidate_lists(name: str, base):
@@ -135,8 +139,9 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
                     raise
                 out[name] = str(e).split("; ")[0]
         candidates = {name: frozen for name, frozen in candidates.items() if name not in out}
-        passed = {name: _verifies(source, Path(work) / name, precision, inputs, seed, batch_size, tag_set)
-                  for name in steps.each("verifying", candidates)}
+        reports = {name: _verification(source, Path(work) / name, precision, inputs, seed, batch_size, tag_set)
+                   for name in steps.each("verifying", candidates)}
+        passed = {name: report.passed for name, report in reports.items()}
         milliseconds = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size, tags,
                                         rounds, calls, precision, steps)
         fine = [name for name in candidates if passed[name]]
@@ -145,7 +150,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
                              "model and the inputs (--inputs), or loosen --rtol/--atol")
         chosen = min(fine, key=milliseconds.get)
         steps.finish(f"writing '{chosen}', the fastest candidate that verifies")
-        result = TuneResult(chosen, milliseconds, passed, converted[chosen])
+        unvarying = reports[chosen].unvarying_note() if reports[chosen].unvarying else ""
+        result = TuneResult(chosen, milliseconds, passed, converted[chosen], unvarying)
         winner = Path(work) / chosen
         (winner / "assets").mkdir(exist_ok=True)
         (winner / "assets" / TUNING_FILE).write_text(json.dumps(
@@ -182,10 +188,11 @@ def _has_ops(source, ops) -> bool:
     return False
 
 
-def _verifies(original, converted, precision, inputs, seed, batch_size, tag_set) -> bool:
+def _verification(original, converted, precision, inputs, seed, batch_size, tag_set):
+    """verify's VerifyReport of one candidate against the original."""
     from .verify import verify_saved_models
     return verify_saved_models(original, converted, inputs=inputs, precision=precision, seed=seed,
-                               batch_size=batch_size, tag_set=tag_set).passed
+                               batch_size=batch_size, tag_set=tag_set)
 
 
 def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, tags, rounds: int, calls: int,

@@ -79,13 +79,38 @@ class VerifyReport:
         """The checks that failed."""
         return [c for c in self.checks if not c.passed]
 
+    @property
+    def unvarying(self) -> list[OutputCheck]:
+        """The checks that passed on an output that does not depend on the inputs fed (proving nothing)."""
+        return [c for c in self.checks if c.passed and c.unvarying]
+
+    @property
+    def proved_nothing(self) -> bool:
+        """True when every output passed but none depends on the inputs fed: a broken conversion would pass too."""
+        return bool(self.checks) and self.passed and len(self.unvarying) == len(self.checks)
+
     def summary(self) -> str:
-        """One line: passed or failed, how many outputs, at which tolerance."""
+        """One line: passed, failed or proved nothing, how many outputs, at which tolerance; then, where outputs
+        do not depend on the inputs fed, which and what to do."""
         verdict = "passed" if self.passed else f"FAILED ({len(self.failures)} of {len(self.checks)} outputs)"
+        if self.proved_nothing:
+            verdict = "proved nothing"
         where = f"the {self.precision} defaults" if self.defaults else "as given"
         signatures = len({c.signature for c in self.checks})  # those that could not run count too
-        return (f"verification {verdict}: {_count(len(self.checks), 'output')} of "
+        line = (f"verification {verdict}: {_count(len(self.checks), 'output')} of "
                 f"{_count(signatures, 'signature')} compared at rtol={self.rtol:g}, atol={self.atol:g} ({where})")
+        return line + (f"\n{self.unvarying_note()}" if self.unvarying else "")
+
+    def unvarying_note(self) -> str:
+        """What the outputs that do not depend on the inputs fed mean for the verdict, and what to do."""
+        same = self.unvarying
+        named = "; ".join(f"{c.signature}/{c.output}: {c.unvarying}" for c in same[:3]) + \
+            (f"; and {len(same) - 3} more" if len(same) > 3 else "")
+        which = "no output depends" if self.proved_nothing else \
+            f"{len(same)} of {_count(len(self.checks), 'output')} {'does' if len(same) == 1 else 'do'} not depend"
+        return (f"  {which} on the inputs fed ({named}): comparing them proves nothing, a broken conversion "
+                "would match as well (a model of random weights whose activations die out does this); verify on "
+                "inputs it depends on (--inputs FILE.npz) or a model with trained weights")
 
 
 def _count(n: int, noun: str) -> str:
@@ -253,7 +278,7 @@ def _compare(reference, converted: _Converted, keys, recipe, precision: str, rto
         outputs = got.outputs if ran else _run(got, arrays, "converted", key, precision)
         if progress is not None:
             progress(2 * i + 2, total, f"{key} (converted)")
-        checks += compare_outputs(expected, outputs, rtol, atol, signature=key)
+        checks += compare_outputs(expected, outputs, rtol, atol, signature=key, inputs=arrays)
     return checks, sources
 
 
