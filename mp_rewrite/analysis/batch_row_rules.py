@@ -1,0 +1,424 @@
+"""The per-op rules of the batch-rows analysis (batch_rows.py): for each op, how the states of its inputs make the
+states of its outputs, or why it mixes the samples of a batch.
+
+States (batch_rows.py says what each means): `same`, `rows(k)`, `size(k)`, `shape(k)`. A rule is called only when
+some input is not `same`; it returns one State per output (the last one repeats) or raises Refused with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+
+from ..core.graph_view import parse_input
+
+SAME, ROWS, SIZE, SHAPE = "same", "rows", "size", "shape"
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    """A tensor's state; k is the rows per sample (1 for `same`); a shape's known values after its first."""
+
+    kind: str
+    k: int = 1
+    rest: tuple | None = None  # shape(k): the values after the first, where known
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == SAME else f"{self.kind}({self.k})"
+
+
+SAME_STATE = State(SAME)
+# Ops that normalize over the last axis: a 1-D input would be normalized over the batch.
+LAST_AXIS = frozenset({"Softmax", "LogSoftmax", "_MklLayerNorm"})
+
+
+class Refused(Exception):
+    """A node does not keep the samples of a batch apart (the message says which and why)."""
+
+
+class Context:
+    """The walk's state: nodes by name, static shapes ({node: [shape per output]}), states by node name."""
+
+    def __init__(self, nodes: dict, shapes: dict):
+        self.nodes, self.shapes, self.states = nodes, shapes, {}
+
+    def state(self, tensor: str) -> State:
+        name, port = parse_input(tensor)
+        found = self.states[name]
+        return found[min(port, len(found) - 1)]
+
+    def shape(self, tensor: str):
+        name, port = parse_input(tensor)
+        found = self.shapes.get(name) or []
+        return found[port] if port < len(found) else None
+
+    def rank(self, tensor: str, node) -> int:
+        shape = self.shape(tensor)
+        if shape is None:
+            raise Refused(where(node, f"the rank of {tensor} is unknown, so whether axis 0 stays the batch is not "
+                                      "known"))
+        return len(shape)
+
+    def value(self, tensor: str, node) -> list:
+        """The integer values of a Const input, flattened, or refuse."""
+        found = const_ints(self.nodes.get(parse_input(tensor)[0]))
+        if found is None:
+            raise Refused(where(node, f"its input {tensor} is not a constant, so the axes it touches are unknown"))
+        return found
+
+
+def where(node, why: str) -> str:
+    """The reason a node refuses, naming it and its op."""
+    return f"node '{node.name}' ({node.op}): {why}"
+
+
+def const_ints(node) -> list | None:
+    """A Const node's int32/int64 values, flattened; None for anything else."""
+    if node is None or node.op != "Const":
+        return None
+    tensor = node.attr["value"].tensor
+    if tensor.dtype not in (3, 9):  # DT_INT32, DT_INT64
+        return None
+    count = math.prod(dim.size for dim in tensor.tensor_shape.dim)
+    if tensor.tensor_content:
+        width, code = (4, "i") if tensor.dtype == 3 else (8, "q")
+        return list(struct.unpack(f"<{len(tensor.tensor_content) // width}{code}", tensor.tensor_content))
+    values = list(tensor.int_val if tensor.dtype == 3 else tensor.int64_val) or [0]  # no values: all zeros
+    return values + values[-1:] * (count - len(values))  # TensorProto repeats its last value
+
+
+def rows_k(node, states) -> int:
+    """The k shared by the `rows` inputs when every other input is `same`, or refuse."""
+    ks = {s.k for s in states if s.kind == ROWS}
+    if len(ks) != 1 or any(s.kind not in (ROWS, SAME) for s in states):
+        raise Refused(where(node, f"its inputs do not line up on the batch ({', '.join(map(str, states))})"))
+    return ks.pop()
+
+
+def _axis(node, axis: int, rank: int, new_axis: bool = False) -> int:
+    return axis + rank + (1 if new_axis else 0) if axis < 0 else axis
+
+
+def _refuse_batch_axis(node, axes, rank: int, what: str, new_axis: bool = False) -> None:
+    if any(_axis(node, a, rank, new_axis) == 0 for a in axes):
+        raise Refused(where(node, f"{what} axis 0, the batch"))
+
+
+def unary(node, data, states, context):
+    if any(s != SAME_STATE for s in states[1:]):
+        raise Refused(where(node, "a parameter of an elementwise op carries the batch"))
+    first = states[0]
+    if first.kind in (SIZE, SHAPE) and node.op not in ("Identity", "Cast", "StopGradient", "Snapshot"):
+        raise Refused(where(node, f"computes with the batch size ({first})"))
+    return [first]
+
+
+def broadcasting(node, data, states, context):
+    if any(s.kind in (SIZE, SHAPE) for s in states):
+        return [_size_arithmetic(node, data, states, context)]
+    k = rows_k(node, states)
+    if node.op in ("BiasAdd", "AddN"):  # BiasAdd: a 1-D bias on the last axis of a rank >= 2 value
+        if node.op == "BiasAdd" and states[0].kind != ROWS:
+            raise Refused(where(node, "its bias carries the batch"))
+        return [State(ROWS, k)]
+    rows = [context.rank(t, node) for t, s in zip(data, states) if s.kind == ROWS]
+    if len(set(rows)) != 1:
+        raise Refused(where(node, f"its batch inputs differ in rank ({rows}): axis 0 would not line up"))
+    for tensor, state in zip(data, states):
+        shape = context.shape(tensor)
+        if state == SAME_STATE and (shape is None or (len(shape) == rows[0] and shape[0] != 1)
+                                    or len(shape) > rows[0]):
+            raise Refused(where(node, f"{tensor} ({shape}) may broadcast over axis 0, the batch"))
+    return [State(ROWS, k)]
+
+
+def _size_arithmetic(node, data, states, context) -> State:
+    """The batch size times a constant (a reshape's rows): Mul of size(k) by a constant integer."""
+    sizes = [i for i, s in enumerate(states) if s.kind == SIZE]
+    if node.op == "Mul" and len(sizes) == 1 and len(states) == 2:
+        factor = const_ints(context.nodes.get(parse_input(data[1 - sizes[0]])[0]))
+        if factor is not None and len(factor) == 1 and factor[0] > 0:
+            return State(SIZE, states[sizes[0]].k * factor[0])
+    raise Refused(where(node, f"computes with the batch size ({', '.join(map(str, states))})"))
+
+
+def row_wise(node, data, states, context):
+    if states[0].kind != ROWS:
+        raise Refused(where(node, f"a parameter carries the batch, not its input ({states[0]})"))
+    k = states[0].k
+    rank = context.rank(data[0], node) if node.op in LAST_AXIS or len(states) > 1 else None
+    for tensor, state in zip(data[1:], states[1:]):  # a fused residual (side input) is elementwise
+        if state != SAME_STATE and (state != State(ROWS, k) or context.rank(tensor, node) != rank):
+            raise Refused(where(node, f"{tensor} ({state}) does not line up with its input on the batch"))
+    if node.op in LAST_AXIS and rank < 2:
+        raise Refused(where(node, "normalizes a 1-D tensor: over the batch"))
+    if node.op.startswith("FusedBatchNorm") or node.op == "_FusedBatchNormEx":
+        if node.attr["is_training"].b:
+            raise Refused(where(node, "normalizes with the batch's own statistics (training mode)"))
+        return [State(ROWS, k), SAME_STATE]
+    return [State(ROWS, k)]
+
+
+def matmul(node, data, states, context):
+    if states[1] != SAME_STATE or states[0].kind != ROWS:
+        raise Refused(where(node, f"multiplies by a matrix that carries the batch ({states[1]}): rows would mix"))
+    if node.attr["transpose_a"].b:
+        raise Refused(where(node, "contracts over axis 0 (transpose_a), the batch"))
+    return row_wise(node, [data[0], *data[2:]], [states[0], *states[2:]], context)
+
+
+def batch_matmul(node, data, states, context):
+    x, y = states[:2]
+    ranks = [context.rank(t, node) for t in data[:2]]
+    if x.kind == ROWS and y.kind == ROWS and x.k == y.k and ranks[0] == ranks[1] >= 3:
+        return [x]
+    shapes = [context.shape(t) for t in data[:2]]
+    for mine, other in ((0, 1), (1, 0)):
+        if states[mine].kind == ROWS and states[other] == SAME_STATE and ranks[mine] >= 3 and (
+                ranks[other] < ranks[mine] or shapes[other][0] == 1):
+            return [states[mine]]
+    if x.kind == ROWS and y == SAME_STATE and ranks[0] == 2 and not node.attr["adj_x"].b:
+        return [x]
+    raise Refused(where(node, f"its operands ({x}, rank {ranks[0]}; {y}, rank {ranks[1]}) do not line up on the "
+                              "batch"))
+
+
+def einsum(node, data, states, context):
+    equation = node.attr["equation"].s.decode().replace(" ", "")
+    given, _, out = equation.partition("->")
+    terms = given.split(",")
+    rows = {terms[i][:1] for i, s in enumerate(states) if s.kind == ROWS}
+    k = rows_k(node, states)
+    letter = rows.pop() if len(rows) == 1 else "."
+    same = "".join(t for t, s in zip(terms, states) if s == SAME_STATE)
+    in_rows = [t[1:] for t, s in zip(terms, states) if s.kind == ROWS]
+    if letter == "." or not out.startswith(letter) or letter in same or any(letter in t for t in in_rows):
+        raise Refused(where(node, f"equation {equation!r} does not keep the batch on axis 0 of each operand"))
+    return [State(ROWS, k)]
+
+
+def reduction(node, data, states, context):
+    if states[0].kind == SHAPE and node.op == "Prod" and states[1] == SAME_STATE:
+        return [_shape_product(node, data, states[0], context)]
+    if states[0].kind != ROWS or any(s != SAME_STATE for s in states[1:]):
+        raise Refused(where(node, f"reduces with the batch in its axes ({states[1]})"))
+    axes = context.value(data[1], node)
+    _refuse_batch_axis(node, axes, context.rank(data[0], node) if any(a < 0 for a in axes) else 0, "reduces over")
+    return [states[0]]
+
+
+def _shape_product(node, data, shape: State, context) -> State:
+    """The product of a shape's values (tf.tensordot's rows): size(k * the rest), where the rest is known."""
+    if context.value(data[1], node) not in ([0], [-1]) or shape.rest is None:
+        raise Refused(where(node, f"multiplies the batch size by values not known here ({shape})"))
+    size = State(SIZE, shape.k * math.prod(shape.rest))
+    return State(SHAPE, size.k, ()) if node.attr["keep_dims"].b else size
+
+
+def shape_of(node, data, states, context):
+    out = []
+    for tensor, state in zip(data, states):
+        if state.kind != ROWS:
+            raise Refused(where(node, f"takes the shape of {state}"))
+        shape = context.shape(tensor)
+        known = shape is not None and None not in shape[1:]
+        out.append(State(SHAPE, state.k, tuple(shape[1:]) if known else None))
+    return out
+
+
+def strided_slice(node, data, states, context):
+    if any(s != SAME_STATE for s in states[1:]):
+        raise Refused(where(node, "its slice bounds depend on the batch"))
+    x = states[0]
+    begin, strides = context.value(data[1], node), context.value(data[3], node)
+    masks = {m: node.attr[m].i for m in ("begin_mask", "end_mask", "shrink_axis_mask", "new_axis_mask",
+                                          "ellipsis_mask")}
+    if x.kind == SHAPE and len(begin) == 1 and strides == [1] and not masks["new_axis_mask"] | masks["ellipsis_mask"]:
+        start = 0 if masks["begin_mask"] & 1 else begin[0]
+        length = (context.shape(data[0]) or (None,))[0]
+        start = start + length if start < 0 and length is not None else start
+        if start == 0 and masks["shrink_axis_mask"] & 1:
+            return [State(SIZE, x.k)]
+        if start == 0:
+            end = None if masks["end_mask"] & 1 else context.value(data[2], node)[0]
+            rest = x.rest if end is None or x.rest is None else x.rest[:max(0, end - 1)]
+            return [State(SHAPE, x.k, rest)]
+        if start > 0:
+            return [SAME_STATE]
+    if x.kind == ROWS and _keeps_axis_0(node, begin, strides, masks, context.rank(data[0], node)):
+        return [x]
+    raise Refused(where(node, f"slices axis 0 of {x}, the batch"))
+
+
+def _keeps_axis_0(node, begin, strides, masks, rank: int) -> bool:
+    if masks["new_axis_mask"] & 1:
+        return False
+    if masks["ellipsis_mask"] & 1:
+        after = sum(1 for i in range(1, len(begin)) if not masks["new_axis_mask"] >> i & 1)
+        return rank - after >= 1
+    return ((masks["begin_mask"] & 1 or begin[0] == 0) and masks["end_mask"] & 1 and strides[0] == 1
+            and not masks["shrink_axis_mask"] & 1)
+
+
+def pack(node, data, states, context):
+    axis = node.attr["axis"].i
+    if states[0].kind == SIZE and all(s == SAME_STATE for s in states[1:]) and axis == 0:
+        values = [const_ints(context.nodes.get(parse_input(t)[0])) for t in data[1:]]
+        return [State(SHAPE, states[0].k, None if None in values else tuple(v[0] for v in values))]
+    k = rows_k(node, states)
+    if any(s.kind != ROWS for s in states):
+        raise Refused(where(node, "stacks batch and non-batch tensors"))
+    _refuse_batch_axis(node, [axis], context.rank(data[0], node), "stacks on", new_axis=True)
+    return [State(ROWS, k)]
+
+
+def concat(node, data, states, context):
+    values, axis_states = states[:-1], states[-1]
+    axis = context.value(data[-1], node)
+    if values[0].kind == SHAPE and all(s == SAME_STATE for s in values[1:]) and axis in ([0], [-1]):
+        tails = [const_ints(context.nodes.get(parse_input(t)[0])) for t in data[1:-1]]
+        known = values[0].rest is not None and None not in tails
+        return [State(SHAPE, values[0].k, values[0].rest + tuple(v for t in tails for v in t) if known else None)]
+    k = rows_k(node, values)
+    if any(s.kind != ROWS for s in values) or axis_states != SAME_STATE:
+        raise Refused(where(node, "concatenates batch and non-batch tensors"))
+    _refuse_batch_axis(node, axis, context.rank(data[0], node), "concatenates along")
+    return [State(ROWS, k)]
+
+
+def reshape(node, data, states, context):
+    x, target = states
+    if x.kind == ROWS and target.kind == SHAPE:
+        return [State(ROWS, target.k)]
+    if x.kind != ROWS or target != SAME_STATE:
+        raise Refused(where(node, f"reshapes {x} to a shape {target}"))
+    dims, shape = context.value(data[1], node), context.shape(data[0])
+    if not dims or dims[0] != -1 or -1 in dims[1:]:
+        raise Refused(where(node, f"reshapes to {dims}: a fixed size on axis 0, the batch"))
+    if shape is None or None in shape[1:]:
+        raise Refused(where(node, f"reshapes {shape} to {dims}: whether rows would mix samples is not known"))
+    per_sample, row = x.k * math.prod(shape[1:]), math.prod(dims[1:])
+    if row <= 0 or per_sample % row:
+        raise Refused(where(node, f"reshapes {shape} to {dims}: a row would hold parts of two samples"))
+    return [State(ROWS, per_sample // row)]
+
+
+def fill(node, data, states, context):
+    shape, value = states[:2] if node.op == "Fill" else states[::-1]
+    if shape.kind != SHAPE or value.kind not in (SAME, ROWS) or (value.kind == ROWS and value.k != shape.k):
+        raise Refused(where(node, f"fills a shape {shape} with {value}"))
+    return [State(ROWS, shape.k)]
+
+
+def _constant_axis_rule(index: int, check):
+    """A rule for ops whose input `index` is a constant that must leave axis 0 alone (`check(values, rank)`)."""
+    def rule(node, data, states, context):
+        if states[0].kind != ROWS or any(s != SAME_STATE for i, s in enumerate(states) if i):
+            raise Refused(where(node, f"its parameters carry the batch ({', '.join(map(str, states))})"))
+        if not check(context.value(data[index], node), context.rank(data[0], node)):
+            raise Refused(where(node, f"its {data[index]} moves, slices or repeats axis 0, the batch"))
+        return [states[0]]
+    return rule
+
+
+def squeeze(node, data, states, context):
+    dims = list(node.attr["squeeze_dims"].list.i)
+    if not dims:  # every size-1 axis goes: the batch too, for a slice of one sample
+        raise Refused(where(node, "squeezes every axis of size 1, the batch's too when a slice holds one sample"))
+    _refuse_batch_axis(node, dims, context.rank(data[0], node), "squeezes")
+    return unary(node, data, states, context)
+
+
+def gather(node, data, states, context):
+    params, indices = states[:2]
+    axis = context.value(data[2], node)[0] if node.op == "GatherV2" else 0
+    if params.kind == SHAPE and indices == SAME_STATE and axis == 0:
+        return [_gathered_shape(node, data, params, context)]
+    batch_dims = node.attr["batch_dims"].i if node.op == "GatherV2" else 0
+    if params == SAME_STATE and indices.kind == ROWS and axis == 0:
+        return [indices]  # a lookup per index: the output's axis 0 is the indices'
+    rank = context.rank(data[0], node)
+    axis = axis + rank if axis < 0 else axis
+    if params.kind == ROWS and indices == SAME_STATE and axis >= 1:
+        return [params]
+    if params.kind == ROWS and indices.kind == ROWS and params.k == indices.k and batch_dims >= 1 and axis >= 1:
+        return [params]
+    raise Refused(where(node, f"gathers across the batch (params {params}, indices {indices}, axis {axis})"))
+
+
+def _gathered_shape(node, data, shape: State, context) -> State:
+    """Some values of a shape (tf.tensordot's free dimensions): shape(k) if the batch size comes first, else same."""
+    picked = context.value(data[1], node)
+    if 0 not in picked:
+        return SAME_STATE
+    if picked[0] != 0 or 0 in picked[1:] or len(context.shape(data[1]) or ()) != 1:
+        raise Refused(where(node, f"moves the batch size within a shape (indices {picked})"))
+    rest = None if shape.rest is None else tuple(shape.rest[i - 1] for i in picked[1:])
+    return State(SHAPE, shape.k, rest)
+
+
+def split(node, data, states, context):
+    index, axis_index = (1, 0) if node.op == "Split" else (0, 2)
+    if states[index].kind != ROWS or any(s != SAME_STATE for i, s in enumerate(states) if i != index):
+        raise Refused(where(node, "its split sizes or axis carry the batch"))
+    axis = node.attr["axis"].i if node.op == "Unpack" else context.value(data[axis_index], node)[0]
+    _refuse_batch_axis(node, [axis], context.rank(data[index], node), "splits")
+    return [states[index]]
+
+
+def lookup(node, data, states, context):
+    if states[0] != SAME_STATE or states[2] != SAME_STATE or states[1].kind != ROWS:
+        raise Refused(where(node, "looks up a table with the batch in its table or default"))
+    return [states[1]]
+
+
+def slice_rows(node, data, states, context):
+    rule = _constant_axis_rule(1, lambda begin, rank: begin[:1] == [0])
+    if context.value(data[2], node)[:1] != [-1]:
+        raise Refused(where(node, "slices axis 0, the batch (its size is not -1)"))
+    return rule(node, data, states, context)
+
+
+def _pads_keep_axis_0(values, rank):
+    return values[:2] == [0, 0]
+
+
+RULES = {
+    **dict.fromkeys(({
+        "Identity", "StopGradient", "PreventGradient", "Snapshot", "CheckNumerics", "Cast", "Relu", "Relu6", "Elu",
+        "Selu", "LeakyRelu", "Gelu", "Tanh", "Sigmoid", "Exp", "Expm1", "Log", "Log1p", "Sqrt", "Rsqrt", "Square",
+        "Neg", "Abs", "Erf", "Erfc", "Softplus", "Softsign", "Floor", "Ceil", "Round", "Rint", "Sign", "Sin", "Cos",
+        "Reciprocal", "Inv", "IsNan", "IsFinite", "IsInf", "LogicalNot", "ZerosLike", "OnesLike", "_MklSwish",
+        "Mish", "ClipByValue", "EnsureShape"}), unary),
+    **dict.fromkeys(("Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "Maximum", "Minimum",
+                     "Pow", "SquaredDifference", "FloorDiv", "FloorMod", "TruncateDiv", "Mod", "Less", "LessEqual",
+                     "Greater", "GreaterEqual", "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "SelectV2", "Atan2",
+                     "BiasAdd", "AddN", "Xlogy", "Xdivy"), broadcasting),
+    **dict.fromkeys(("Conv2D", "Conv3D", "DepthwiseConv2dNative", "_FusedConv2D", "_FusedDepthwiseConv2dNative",
+                     "MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D", "FusedBatchNorm", "FusedBatchNormV2",
+                     "FusedBatchNormV3", "_FusedBatchNormEx", "_MklLayerNorm", "Softmax", "LogSoftmax", "LRN"),
+                    row_wise),
+    **dict.fromkeys(("MatMul", "_FusedMatMul"), matmul),
+    **dict.fromkeys(("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"), batch_matmul),
+    "Einsum": einsum,
+    **dict.fromkeys(("Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm", "ArgMax", "ArgMin"),
+                    reduction),
+    "Shape": shape_of, "ShapeN": shape_of,
+    "StridedSlice": strided_slice, "Pack": pack, "ConcatV2": concat, "Reshape": reshape,
+    "Fill": fill, "BroadcastTo": fill,
+    "Transpose": _constant_axis_rule(1, lambda perm, rank: perm[:1] == [0]),
+    "ExpandDims": _constant_axis_rule(1, lambda axis, rank: (axis[0] + rank + 1 if axis[0] < 0 else axis[0]) > 0),
+    "Slice": slice_rows,
+    "Pad": _constant_axis_rule(1, _pads_keep_axis_0), "PadV2": _constant_axis_rule(1, _pads_keep_axis_0),
+    "MirrorPad": _constant_axis_rule(1, _pads_keep_axis_0),
+    "Tile": _constant_axis_rule(1, lambda multiples, rank: multiples[:1] == [1]),
+    "Squeeze": squeeze, "GatherV2": gather, "Gather": gather,
+    "Split": split, "SplitV": split, "Unpack": split,
+    "LookupTableFindV2": lookup, "LookupTableFind": lookup,
+}
+# Ops that read state without changing it or making it: `same` when their inputs are (weights, captured tables).
+READS = frozenset({"Const", "Placeholder", "VarHandleOp", "ReadVariableOp", "NoOp", "HashTableV2",
+                   "MutableHashTableV2", "LookupTableSizeV2", "LookupTableFindV2", "LookupTableFind"})
+CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "While", "StatelessWhile",
+                   "Case", "StatelessCase"})
