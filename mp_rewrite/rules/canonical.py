@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .batchnorm import fold_batch_norms_recorded
+from .batchnorm import RULE as BATCHNORM_FOLD, fold_batch_norms_recorded
 from .batchnorm_variables import (batchnorm_fused_fusion, batchnorm_fusion, match_batchnorm_into_filter,
                                   match_float32_scaled_filter, rewrite_batchnorm_fused, rewrite_batchnorm_into_filter,
                                   rewrite_float32_scaled_filter)
@@ -21,12 +21,13 @@ from .bias import match_bias_add, rewrite_bias_add
 from .dense import match_dense_activation, match_dense_bias, rewrite_dense_activation, rewrite_dense_bias
 from .gelu import match_gelu, rewrite_gelu
 from .graph import EditableGraph, drop_unset_attrs, reachable
+from .graph_check import Fault, drop_stale_shapes, graph_fault
 from .grouped_conv import match_grouped_conv, rewrite_grouped_conv
 from .identity import match_identity_n, rewrite_identity_n
 from .layer_norm import match_layer_norm, rewrite_layer_norm
 from .padding import match_explicit_padding, rewrite_explicit_padding
 from .residual import match_residual_bias, match_residual_rows, rewrite_residual_bias, rewrite_residual_rows
-from .record import APPLIED, DECLINED, Match, Record
+from .record import APPLIED, DECLINED, LEFT_OUT, Match, Record
 from .reshape import (match_batch_matmul, match_einsum, match_reshape_pair, match_static_reshape,
                       rewrite_batch_matmul, rewrite_einsum, rewrite_reshape_pair, rewrite_static_reshape)
 from .scale import match_scale_into_weights, rewrite_scale_into_weights
@@ -121,7 +122,36 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
     Returns:
         (a new GraphDef, [Record]): every rule applied and every rule declined where its pattern was found, with
         the reason, in the order they happened; a decline later made moot by another rule's rewrite is dropped.
+        The new graph passes `graph_check.graph_fault`: a rule whose rewrite fails it is left out of this graph
+        (a "left out" Record says which, and why) and the rules run again without it, so no rule can break a graph.
     """
+    left_out, original = [], None
+    while True:
+        new, records = _rewritten(graph_def, fetches, rules, fold_batch_norms, shapes, alive)
+        if not any(record.applied for record in records):
+            return new, records + left_out
+        drop_stale_shapes(new, graph_def)
+        fault = graph_fault(new, fetches, shapes)
+        if fault is not None and fault.reason.startswith(IMPORT_FAULT):
+            # a graph TF's importer refuses as it was given (an op this process does not register) says nothing
+            # of the rules: then only the structure (inputs and outputs that name nodes) is theirs to answer for
+            original = original or graph_fault(graph_def, fetches, shapes) or NO_FAULT
+            fault = None if original is not NO_FAULT else fault
+        if fault is None:
+            return new, records + left_out
+        culprits = _culprits(records, fault)
+        left_out += [Record(name, _where(fault), LEFT_OUT, f"left out of this graph: its rewrite failed the check "
+                            f"({fault.reason}); the graph was converted without it") for name in culprits]
+        rules = tuple(rule for rule in rules if rule.name not in culprits)
+        fold_batch_norms = fold_batch_norms and BATCHNORM_FOLD not in culprits
+
+
+IMPORT_FAULT = "TensorFlow does not import it"
+NO_FAULT = Fault("", frozenset())
+
+
+def _rewritten(graph_def, fetches, rules, fold_batch_norms: bool, shapes, alive) -> tuple[object, list]:
+    """The rules run to a fixed point over a copy of `graph_def` (canonicalize's arguments), unchecked."""
     records, needed = [], reachable(graph_def, fetches)
     if fold_batch_norms:
         graph_def, records = fold_batch_norms_recorded(graph_def, fetches)
@@ -131,13 +161,33 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
         applied = _run_round(graph, rules, records, declined)
         if not applied:
             break
-        graph.forget_shapes()  # asked again (lazily) in the next round, the new nodes included
+        # asked again (lazily) in the next round, the new nodes included, from TF's inference, not from the shapes
+        # a rewritten node still states (TF's importer takes a node's `_output_shapes` over its own inference)
+        drop_stale_shapes(graph.graph_def, graph_def)
+        graph.forget_shapes()
     records += [r for r in declined.values() if r.node in graph.nodes]
     # What a rewrite left unread (the chain a BatchNorm was folded out of) would keep the contraction "read by 2
-    # nodes" for whoever looks next; what was dead before is not ours to remove.
+    # nodes" for whoever looks next; what was dead before is not ours to remove, unless it reads what went (Keras
+    # leaves an unread strided_slice of a Shape that a rewrite stopped reading).
     graph.remove(needed - reachable(graph.graph_def, (*fetches, *alive)))
+    graph.remove_orphans()
     drop_unset_attrs(graph.graph_def)
     return graph.graph_def, records
+
+
+def _culprits(records: list, fault: Fault) -> list[str]:
+    """The rules whose applied rewrites cover a node the fault names (a node they added is named after one they
+    covered: 'x/before_reshape'); every rule that applied when the fault names none of theirs."""
+    applied = [record for record in records if record.applied]
+
+    def covers(record) -> bool:
+        names = (record.node, *record.nodes)
+        return any(f == n or f.startswith(f"{n}/") for f in fault.nodes for n in names)
+    return list(dict.fromkeys(r.rule for r in applied if covers(r))) or list(dict.fromkeys(r.rule for r in applied))
+
+
+def _where(fault: Fault) -> str:
+    return min(fault.nodes) if fault.nodes else "graph"
 
 
 def _run_round(graph: EditableGraph, rules, records: list, declined: dict) -> int:

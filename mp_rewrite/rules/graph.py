@@ -197,13 +197,35 @@ class EditableGraph:
             self.nodes.pop(name, None)
         self._readers = None
 
+    def remove_orphans(self) -> None:
+        """Remove the nodes (not fetches) that read, directly or through others, a node that no longer exists."""
+        while True:
+            orphans = {node.name for node in self.graph_def.node if node.name not in self.kept and
+                       any(node_name(tensor) not in self.nodes for tensor in node.input)}
+            if not orphans:
+                return
+            self.remove(orphans)
+
     def is_kept(self, node) -> bool:
         """Whether the node is a fetch (its name, op and output must stay)."""
         return node.name in self.kept
 
 
 def _inferred_shapes(graph_def, stated: dict) -> dict:
-    """{node name: shape of its output 0} from importing the graph into TensorFlow; {} if it does not import.
+    """{node name: shape of its output 0} from importing the graph into TensorFlow (`imported`); {} if it does not
+    import."""
+    import tensorflow as tf
+    try:
+        graph = imported(graph_def, stated)
+    except (ValueError, TypeError, tf.errors.OpError):
+        return {}
+    return {op.name: tuple(op.outputs[0].shape.as_list()) for op in graph.get_operations()
+            if op.outputs and op.outputs[0].shape.rank is not None}
+
+
+def imported(graph_def, stated: dict):
+    """The graph imported into a new tf.Graph, which runs TensorFlow's own checks of it (inputs, types, shapes,
+    `_output_shapes`); raises what TensorFlow's importer raises.
 
     Weights are imported as Placeholders of their shape (a shape never depends on a weight's values), so a model of
     several GB is not copied into a second graph to answer a question about shapes. A function body's arguments
@@ -230,13 +252,9 @@ def _inferred_shapes(graph_def, stated: dict) -> dict:
             placeholder(node, node.attr["dtype"].type, stated[resource_source(nodes, node.input[0])])
         elif node.op != "_Retval":
             light.node.add().CopyFrom(node)
-    try:
-        with tf.Graph().as_default() as graph:
-            tf.graph_util.import_graph_def(light, name="")
-    except (ValueError, TypeError, tf.errors.OpError):
-        return {}
-    return {op.name: tuple(op.outputs[0].shape.as_list()) for op in graph.get_operations()
-            if op.outputs and op.outputs[0].shape.rank is not None}
+    with tf.Graph().as_default() as graph:
+        tf.graph_util.import_graph_def(light, name="")
+    return graph
 
 
 def resource_source(nodes: dict, tensor: str) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 
 APPLIED = "applied"
 DECLINED = "declined"
+LEFT_OUT = "left out"  # a rule whose rewrite failed the check (rules.graph_check): the graph converted without it
 
 
 @dataclasses.dataclass
@@ -39,7 +40,7 @@ class Record:
     Attributes:
         rule: the rule's name ("dense_reshape", "batchnorm_fold", ...).
         node: the node the pattern is rooted at, as named in the input graph.
-        status: "applied" or "declined".
+        status: "applied", "declined" or "left out" (its rewrite failed the check; the graph went on without it).
         reason: for a declined rule, why; for an applied one, what it did.
         fusion: the fusion the rewrite enables for TensorFlow's remapper, e.g. "MatMul + BiasAdd + GeluExact".
         nodes: the names of the nodes the pattern covered (input graph names).
