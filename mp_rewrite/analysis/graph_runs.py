@@ -14,13 +14,13 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import math
 import os
 import shutil
 import time
 
 import numpy as np
 
+from .race_times import MORE_ROUNDS, RaceTimes
 from .run_times import op_interval
 
 WARMUP = 2  # untimed runs of each variant first (graph optimization, oneDNN primitive caches)
@@ -319,11 +319,15 @@ def traced_times(runners, runs: int, progress=None):
     return [{name: float(np.median(ms)) for name, ms in s.items()} for s in samples], walls
 
 
-def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS) -> list[float]:
-    """Median wall ms of one run of each runner (untraced), over `runs` alternated rounds after `warmup`. A runner
-    that raises is out of the race: its time is infinite (so any other wins), and a line on the `mp_rewrite`
-    logger says why in TensorFlow's words, naming it by `names`. If every runner fails, VariantError (the
-    first's)."""
+def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS, most: int | None = None) -> RaceTimes:
+    """Wall ms of each runner's untraced runs, round by round: `runs` alternated rounds after `warmup`, then more,
+    one round at a time up to `most` (default race_times.MORE_ROUNDS x runs), while some ratio of two runners is
+    not yet known to within race_times.SETTLED (a busy machine makes the race longer, not its answer different). A
+    runner that raises is out of the race: its time is infinite (so any other wins), and a line on the `mp_rewrite`
+    logger says why in TensorFlow's words, naming it by `names`. If every runner fails, VariantError (the first's).
+
+    Returns:
+        A RaceTimes (its `medians`: the median ms per run of each runner)."""
     out = {}
     for i, runner in enumerate(runners):
         try:
@@ -336,14 +340,17 @@ def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS) -> list[float
     if len(out) == len(runners):
         raise out[0]
     walls = [[] for _ in runners]
-    for _ in range(runs):
+    most = MORE_ROUNDS * runs if most is None else most
+    for done in itertools.count(1):
         for i, runner in enumerate(runners):
             if i in out:
                 continue
             begin = time.perf_counter()
             _run_variant(runner, i)
             walls[i].append((time.perf_counter() - begin) * 1e3)
-    return [math.inf if i in out else float(np.median(w)) for i, w in enumerate(walls)]
+        times = RaceTimes(tuple(tuple(w) for w in walls))
+        if done >= most or (done >= runs and times.settled()):
+            return times
 
 
 def _run_variant(runner, index: int, metadata=None) -> None:

@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from .graph_runs import WARMUP, VariantError, made_up_values, race
+from .race_times import RaceTimes, Ratio, geometric_mean
 
 RACE_RUNS = 9  # untraced runs of each variant when the cut's graph is checked against the lists' and float32
 # Without a batch size from the user, the variants are raced at each of these (where an input's batch is unknown)
@@ -66,9 +67,9 @@ def race_variants(table, cut, racing, batches: dict, batch, where: str, source: 
         try:
             ms[size] = race(runners, *_race_runs(size, batch), names=[_named(v) for v in names])
         except VariantError:  # none runs at this size (a shape fixed in the graph): best_across leaves it out
-            ms[size] = [np.inf] * len(runners)
+            ms[size] = RaceTimes.of_medians([np.inf] * len(runners))
     keep, said = best_across(ms, names, where)
-    at = ms.get(batch)
+    at = ms[batch].medians if batch in ms else None
     raced = () if at is None else (at[0], at[1], at[names.index("cut")] if with_cut else at[1])
     return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}"), raced
 
@@ -86,51 +87,80 @@ def verdict(table, raced, where: str = ""):
 
 
 def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "") -> tuple:
-    """Which variant to keep, given each one's ms per run ({batch size, or None: [ms per variant in `names`]}).
+    """Which variant to keep, given each one's times ({batch size, or None: a RaceTimes, or [ms per variant in
+    `names`]}).
 
-    The baseline is the model as given: "source" where it was raced (the rules changed it), else "float32". A
-    variant slower than the baseline by more than SLOWER at any batch is out (the baseline never is); of the rest,
-    the one whose time over the baseline's has the least geometric mean across the batches wins -- what the
-    assignment keeps by itself (the cut, or the lists when there is no cut of their own), unless another gains
-    more than RESOLUTION on it. A batch the baseline could not run at (infinite) is left out, and said.
+    The baseline is the model as given: "source" where it was raced (the rules changed it), else "float32". Each
+    variant's time over the baseline's is read round by round, with an interval (race_times.Ratio). A variant
+    slower than the baseline by more than SLOWER at some batch, beyond the noise (its interval above the limit), is
+    out (the baseline never is); of the rest, the one whose ratio has the least geometric mean across the batches
+    is fastest. What the user asked for -- the low precision: what the assignment keeps by itself (the cut, or
+    the lists when there is no cut of their own), else the lists -- is kept wherever it ties with the fastest:
+    within RESOLUTION of it, or inside the noise (their intervals overlap). A batch the baseline could not run at
+    (infinite) is left out, and said.
 
     Returns:
         (keep, line): the table's `keep` ("" for what the assignment keeps by itself, else "lists", "float32" or
-        "source") and what the race showed.
+        "source") and what the race showed, "tie" where the noise decided nothing.
     """
     from ..core.assignment import RESOLUTION
+    times = {b: t if isinstance(t, RaceTimes) else RaceTimes.of_medians(t) for b, t in ms.items()}
     base = names.index("source") if "source" in names else 0
-    failed = [b for b, t in ms.items() if not np.isfinite(t[base])]
-    ms = {b: t for b, t in ms.items() if b not in failed}
+    failed = [b for b, t in times.items() if not np.isfinite(t.medians[base])]
+    times = {b: t for b, t in times.items() if b not in failed}
     sizes = ", ".join(map(str, failed))
-    if not ms:
+    if not times:
         return names[base], f"{_named(names[base])} did not run at batch {sizes}: it is kept"
-    ratio = {v: [t[i] / t[base] for t in ms.values()] for i, v in enumerate(names)}
-    score = {v: float(np.exp(np.mean(np.log(r)))) for v, r in ratio.items() if max(r) <= 1 + SLOWER}
-    best = min(score, key=score.get)
+    ratio = {v: [t.ratio(i, base) for t in times.values()] for i, v in enumerate(names)}
+    kept_in = {v for v, r in ratio.items() if all(x.low <= 1 + SLOWER for x in r)}
+    score = {v: geometric_mean(ratio[v]) for v in kept_in}
+    fastest = min(score, key=lambda v: score[v].mid)
     mine = "cut" if "cut" in names else "lists"
-    if mine in score and score[mine] <= (1 + RESOLUTION) * score[best]:
-        best = mine
-    at = f" at batch {', '.join(map(str, ms))}" if None not in ms else ""
-    each = "; ".join(f"{_named(v)} " + " / ".join(f"{t[i]:.1f}" for t in ms.values()) for i, v in enumerate(names))
-    worst = {v: max(zip(r, ms)) for v, r in ratio.items()}  # (ratio, batch) where each is slowest
-    out = [f"{_named(v)} " + (f"{worst[v][0]:.2f}x" if np.isfinite(worst[v][0]) else "did not run")
+    best = next((v for v in (mine, "lists") if v in score and _ties(score[v], score[fastest], RESOLUTION)),
+                fastest)
+    return ("" if best == mine else best), _said(times, names, base, ratio, score, best, fastest, where, sizes)
+
+
+def _ties(mine: Ratio, fastest: Ratio, resolution: float) -> bool:
+    """Whether `mine` is as fast as `fastest` as far as the race can tell: within `resolution`, or inside the noise."""
+    return mine.mid <= (1 + resolution) * fastest.mid or mine.low <= fastest.high
+
+
+def _said(times: dict, names, base: int, ratio: dict, score: dict, best: str, fastest: str, where: str,
+          sizes: str) -> str:
+    """The race's line: each variant's ms per run at each batch, what was kept and why, the variants out, ties."""
+    from ..core.assignment import RESOLUTION
+    at = f" at batch {', '.join(map(str, times))}" if None not in times else ""
+    each = "; ".join(f"{_named(v)} " + " / ".join(f"{t.medians[i]:.1f}" for t in times.values())
+                     for i, v in enumerate(names))
+    rounds = max(t.rounds for t in times.values())
+    worst = {v: max(zip((x.mid for x in r), times, r), key=lambda w: w[0]) for v, r in ratio.items()}
+    out = [f"{_named(v)} " + (f"{worst[v][2].text()}" if np.isfinite(worst[v][0]) else "did not run")
            + (f" at batch {worst[v][1]}" if at else "") for v in names if v not in score]
-    slower, where_slower = worst[best]
-    # Where a variant left out ran faster than the one kept: a model for that batch alone would gain.
-    gains = [(x, size, v) for v, r in ratio.items() if v not in score
-             for x, size, kept in zip(r, ms, ratio[best]) if x < (1 - RESOLUTION) * kept]
+    # A variant whose median was over the limit somewhere, kept in because the limit is inside its interval.
+    near = [f"{_named(best)} {x.text()}" + (f" at batch {size}" if at else "")
+            for x, size in zip(ratio[best], times) if x.mid > 1 + SLOWER]
+    slower, where_slower = worst[best][0], worst[best][1]
+    gains = [(x.high, size, v) for v, r in ratio.items() if v not in score
+             for x, size, kept in zip(r, times, ratio[best]) if x.high < (1 - RESOLUTION) * kept.low]
     hint = ""
     if gains and at:
-        fastest, size, variant = min(gains)
-        hint = f"; at batch {size} {_named(variant)} ran {fastest:.2f}x: --batch-size {size} chooses for that batch"
-    said = (f"raced{where}{at} ({each} ms per run): {_named(best)} kept"
-            + (", the best across them" if len(ms) > 1 else "")
-            + (f" (out, over {1 + SLOWER:.2f}x {_named(names[base])}'s time: {', '.join(out)}{hint})" if out else "")
+        fastest_gain, size, variant = min(gains)
+        hint = (f"; at batch {size} {_named(variant)} ran {fastest_gain:.2f}x: --batch-size {size} chooses for that "
+                "batch")
+    tie = ""
+    if best != fastest:
+        tie = (f": a tie with {_named(fastest)} ({score[best].text()} against {score[fastest].text()} of "
+               f"{_named(names[base])}'s time, inside the noise of {rounds} alternated runs), so the precision asked "
+               "for is kept")
+    return (f"raced{where}{at} ({each} ms per run): {_named(best)} kept" + tie
+            + (", the best across them" if len(times) > 1 and not tie else "")
+            + (f" (out, over {1 + SLOWER:.2f}x {_named(names[base])}'s time"
+               f"{' beyond the noise' if rounds > 1 else ''}: {', '.join(out)}{hint})" if out else "")
+            + (f"; a tie with the {1 + SLOWER:.2f}x limit, inside the noise: {', '.join(near)}" if near else "")
             + (f"; it runs {slower:.2f}x {_named(names[base])}'s time at batch {where_slower} (--batch-size "
-               f"{where_slower} chooses for that batch)" if len(ms) > 1 and slower > 1 + RESOLUTION else "")
-            + (f"; {_named(names[base])} did not run at batch {sizes}" if failed else ""))
-    return ("" if best == mine else best), said
+               f"{where_slower} chooses for that batch)" if len(times) > 1 and slower > 1 + RESOLUTION else "")
+            + (f"; {_named(names[base])} did not run at batch {sizes}" if sizes else ""))
 
 
 def _named(variant: str) -> str:
