@@ -50,6 +50,12 @@ def register(sub) -> None:
                    help="with --freeze: constants (weights folded into the graph), variables (kept as variables of "
                    "the output, in low precision where only read so: models of any size) or auto (default: "
                    "constants unless they pass protobuf's 2 GB limit on one graph)")
+    p.add_argument("--split", default="off", metavar="auto|N|off",
+                   help="with --freeze: run each signature's batch in N concurrent branches (slices of the batch, "
+                   "outputs concatenated), where every op is proven to keep samples apart and the split equals the "
+                   "whole call on random inputs; auto keeps it only if it measures faster here (with this process's "
+                   "TF threads: run convert with TF_NUM_INTRAOP_THREADS=1 to choose for one intra-op thread). Serve "
+                   "a split model with one intra-op thread. Default off")
     p.add_argument("--keras-metadata", default="keep", choices=("keep", "drop"),
                    help="a tf_keras model's keras_metadata.pb: keep (default; tf_keras.models.load_model then runs "
                    "float32 layers, a warning says how to load the converted functions) or drop (load_model refuses "
@@ -87,10 +93,17 @@ def register(sub) -> None:
 
 def precheck(args) -> None:
     """Before TensorFlow starts: the source is a SavedModel (or a Keras file) and the output may be written."""
+    from ..errors import OptionError
     from ..model.files import KERAS_SUFFIXES
     from ..savedmodel.model_dir import check_output
+    from ..savedmodel.split_option import parse_split
     if not args.source.lower().endswith(KERAS_SUFFIXES):
         check_output(args.source, args.output, args.overwrite)
+    args.split = parse_split(args.split)
+    if args.split != "off" and not args.freeze:
+        raise OptionError(f"--split {args.split} needs --freeze: only frozen signatures are split into branches")
+    if args.split != "off" and args.tune:
+        raise OptionError("--split is not raced by --tune yet: convert with --freeze --split auto instead")
     if args.verify or args.guard or args.tune or args.run_check:
         check_verify_options(args)  # a bad option must not be found after the output is written
     if args.guard and args.guard_overrides:
@@ -187,7 +200,8 @@ def _convert(args, options, runs: dict | None = None):
     with progress_bar("rewriting functions", finishing=finishing) as progress:
         return convert_saved_model(args.source, args.output, options=options, tag_set=args.tag_set,
                                    signatures=args.signature or None, weights=args.weights, freeze=args.freeze,
-                                   freeze_weights=args.freeze_weights, keras_metadata=args.keras_metadata,
+                                   freeze_weights=args.freeze_weights, split=args.split,
+                                   keras_metadata=args.keras_metadata,
                                    overwrite=args.overwrite, run_check=args.run_check, run_inputs=recipe,
                                    allow_opaque_xla=args.allow_opaque_xla, progress=progress, on_note=say,
                                    on_run=keep if runs is not None else None)
@@ -319,7 +333,17 @@ def _fusion_lines(result) -> list[str]:
     if declined:
         line += f"; {sum(declined.values())} declined (" + "; ".join(
             f"{n}x {why}" for why, n in declined.most_common(3)) + ")"
-    return [line]
+    return [line, *_left_out_lines(result)]
+
+
+def _left_out_lines(result) -> list[str]:
+    """One line per rule left out of a function or graph because its rewrite failed the check (rules.graph_check):
+    which rule, where, and why; the rest of that graph converted with the other rules."""
+    from ..rules.record import LEFT_OUT
+    bodies = {id(body): (name, body) for name, body in [*result.graphs.items(), *result.functions.items()]}
+    return [f"rule '{record.rule}' left out of '{name}': at '{record.node}' its rewrite "
+            f"{record.reason.removeprefix('left out of this graph: its rewrite ')}"
+            for name, body in bodies.values() for record in getattr(body, "rules", []) if record.status == LEFT_OUT]
 
 
 def _count(n: int, noun: str) -> str:

@@ -31,6 +31,7 @@ from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 from .result import ConversionResult, low_precision_counts
 from .run_check import RunCheck
+from .split_option import parse_split
 from .source_check import check_source, check_written, check_written_attrs, node_names
 
 WEIGHTS = ("keep", "low")
@@ -41,7 +42,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                         lists_file: str | None = None, allow=(), infer=(), deny=(), clear=(), remove=(),
                         keep_fp32=(), force_low=(), level: str | None = None, emulate: bool | None = None,
                         assign: str = "lists", costs=None, weights: str = "keep", freeze: bool = False,
-                        freeze_weights: str = "auto", keras_metadata: str = "keep", overwrite: bool = False,
+                        freeze_weights: str = "auto", split="off", keras_metadata: str = "keep",
+                        overwrite: bool = False,
                         flops: bool = True, run_check: bool = True, run_inputs: InputRecipe | None = None,
                         allow_opaque_xla: bool = False, progress=None, on_note=None, on_run=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
@@ -66,6 +68,9 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
         freeze_weights: with freeze, "constants" (weights folded into the graph), "variables" (weights kept as
             variables of the output, in low precision where only read so: models of any size) or "auto" (constants
             unless they pass protobuf's 2 GB limit).
+        split: with freeze, "off" (default), "auto" or a number of branches N >= 2: each signature's batch runs in
+            N concurrent branches where that is proven to equal the whole call (batch_split.py); "auto" keeps it
+            only where it measured faster here. A note per signature says what was chosen and how to serve it.
         keras_metadata: "keep" or "drop" a tf_keras model's keras_metadata.pb (see keras_metadata.py).
         overwrite: replace an existing output (a SavedModel or an empty directory), once the new one is complete.
         flops: estimate the share of matmul/conv FLOPs in low precision (result.flops).
@@ -95,6 +100,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                             force_low=force_low, level=level, emulate=emulate, lists_file=lists_file, allow=allow,
                             infer=infer, deny=deny, clear=clear, remove=remove, assign=assign, costs=costs)
     check_modes(weights, freeze, keras_metadata)
+    split = check_split(split, freeze)
     tags = parse_tag_set(tag_set)
     with saved_model_of(source, on_note) as source_path:
         # The lock is held from the output check to the rename, so that no other run interleaves with this one.
@@ -106,7 +112,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
             with _step("rewrite"):
                 if freeze:
                     rewritten = freeze_saved_model(source_dir, saved_model, options, keys, tags, progress,
-                                                   weights=weights, freeze_weights=freeze_weights, output=output)
+                                                   weights=weights, freeze_weights=freeze_weights, output=output,
+                                                   split=split)
                 else:
                     rewritten = rewrite_in_place(source_dir, saved_model, options, keys, tags, progress,
                                                  keras_metadata=keras_metadata, output=output)
@@ -147,6 +154,18 @@ def check_modes(weights: str, freeze: bool, keras_metadata: str) -> None:
         raise OptionError("--weights low needs --freeze: variables stay float32 in a SavedModel that keeps them; "
                           "with --freeze, weights consumed only in low precision are stored in low precision")
     check_mode(keras_metadata)
+
+
+def check_split(split, freeze: bool):
+    """The batch split option, parsed ("off", "auto" or N).
+
+    Raises:
+        OptionError: an unknown value, or a split without freeze (only the frozen strategy splits).
+    """
+    split = parse_split(split)
+    if split != "off" and not freeze:
+        raise OptionError(f"--split {split} needs --freeze: only frozen signatures are split into branches")
+    return split
 
 
 def check_conversion(source, output, tag_set=None, signatures=None, freeze: bool = False, overwrite: bool = False,

@@ -34,7 +34,8 @@ from ..model.runtime import load_saved_model
 from ..model.signatures import require_signatures
 from ..model.tags import load_tags, single_meta_graph
 from ..rules import canonicalize, check_weights_low, fold_constant_casts
-from .frozen_function import as_function, compact, prune, remove_tree
+from .batch_split import split_signature
+from .frozen_function import compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
 from .keras_metadata import METADATA_FILE
 from .loadable_copy import loadable_copy
@@ -54,13 +55,16 @@ WRITTEN = (*MODEL_FILES, "variables", "assets", FINGERPRINT_FILE, METADATA_FILE)
 
 
 def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None, progress=None, *,
-                       weights: str = "keep", freeze_weights: str = "auto", output=None) -> Rewritten:
+                       weights: str = "keep", freeze_weights: str = "auto", output=None, split="off") -> Rewritten:
     """Freeze, fold and rewrite every signature (or `keys`) of the MetaGraph tagged `tag_set` (else the only one,
     or the only "serve" one) into a new SavedModel in a temporary directory.
 
     Raises:
         ModelError: several MetaGraphs and no tag_set; the model does not load; it has no signature; a signature
             changes state or cannot be frozen; TensorFlow cannot save the result.
+
+    `split` ("off", "auto" or N: split_option.parse_split) runs each signature's batch in N concurrent branches
+    where that is proven equal (and, for "auto", measured faster); a note per signature says what was chosen.
     """
     import tensorflow as tf
 
@@ -71,7 +75,7 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
     try:  # kept until saved: the assets of a restored table are copied from where it was loaded
         loaded = load_saved_model(staging or source_dir, "source", tags, shown_as=source_dir)
         module, functions, graphs, names = _frozen_module(loaded, source_dir, keys, options, progress, weights,
-                                                          form == "variables")
+                                                          form == "variables", split)
         frozen_keys = tuple(functions)
         directory = tempfile.mkdtemp(prefix="mp_rewrite-frozen-")
         # An inference artifact needs no gradients; saving custom gradients (Keras' swish) fails on frozen graphs.
@@ -91,7 +95,11 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
         gc.collect()
     note = (f"frozen inference model, {why}: every signature is kept; dropped: {'; '.join(DROPPED)}. Load it with "
             f"tf.saved_model.load('{output}'{f', tags={tags}' if tags and tags != ['serve'] else ''})")
-    return Rewritten(new, pathlib.Path(directory), graphs, {}, names, frozen_keys, notes=[note],
+    shared = {}  # signatures of one function share one frozen graph and its split: said once
+    for label, r in graphs.items():
+        shared.setdefault(id(r), (r, []))[1].append(label)
+    splits = [f"{', '.join(labels)}: {r.split.why}" for r, labels in shared.values() if r.split.why != "off"]
+    return Rewritten(new, pathlib.Path(directory), graphs, {}, names, frozen_keys, notes=[note, *splits],
                      staging=directory)
 
 
@@ -134,7 +142,7 @@ def _with_source_files(directory: str, source_dir, tags) -> object:
     return new
 
 
-def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, keep_variables: bool):
+def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, keep_variables: bool, split="off"):
     """(a module tracking the frozen functions and the tables they read, {key: function}, {label: RewriteResult},
     the names of the frozen graphs' nodes and every suffix of them)."""
     import tensorflow as tf
@@ -154,7 +162,7 @@ def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, ke
             results[f"signature {key} (frozen)"] = results[f"signature {same} (frozen)"]
         else:
             function, result, identity = _frozen_signature(loaded, key, options, weights, module.resources, names,
-                                                           keep_variables)
+                                                           keep_variables, split)
             functions[key] = seen.setdefault(identity, function)
             results[f"signature {key} (frozen)"] = result
         if progress is not None:
@@ -181,10 +189,12 @@ def _keep_fused(options, records, present: set, names: set):
     return dataclasses.replace(options, keep_fp32=tuple(options.keep_fp32) + tuple(f"={node}" for node in left))
 
 
-def _frozen_signature(loaded, key: str, options, weights: str, resources: list, names: set, keep_variables: bool):
+def _frozen_signature(loaded, key: str, options, weights: str, resources: list, names: set, keep_variables: bool,
+                      split="off"):
     """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult, a key
     equal for signatures whose frozen graphs and interfaces are the same). The resources it captures (tables, and
-    kept variables) are appended to `resources`, which the saved module tracks; its node names to `names`."""
+    kept variables) are appended to `resources`, which the saved module tracks; its node names to `names`; what
+    its batch split became (batch_split.SplitChoice) to the result, as `split`."""
     frozen = freeze_signature(loaded, key, keep_variables)
     fetches = frozen.fetches
     # BatchNorms folded into their convolutions, and the patterns TF's remapper fuses written the way it sees them.
@@ -215,7 +225,7 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
         check_weights_low(result.graph_def, key)
     resources.extend(owner for _, owner in captured if all(owner is not r for r in resources))
     result.graph_def = compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)
+    function, result.split = split_signature(result.graph_def, frozen, captured, split, exact=not result.retyped)
     identity = (result.graph_def.SerializeToString(deterministic=True), repr(frozen.inputs),
-                repr(sorted(frozen.outputs.items())), *(id(owner) for _, owner in captured))
-    function = as_function(result.graph_def, frozen.inputs, frozen.outputs, captured, frozen.shapes)
+                repr(sorted(frozen.outputs.items())), result.split.branches, *(id(owner) for _, owner in captured))
     return function, result, identity

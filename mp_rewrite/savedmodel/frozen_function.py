@@ -78,6 +78,25 @@ def as_function(graph_def, inputs, outputs: dict, captured=(), shapes=None):
     handles of their owners (tables, or variables)."""
     import tensorflow as tf
 
+    imported, specs = imported_function(graph_def, inputs, outputs, captured)
+    fetch_keys = list(outputs)
+
+    @tf.function(input_signature=specs, autograph=False)
+    def run(*args):
+        results = dict(zip(fetch_keys, imported(*args)))
+        for key, shape in (shapes or {}).items():
+            results[key].set_shape(shape)  # a shape Grappler computed from folded weights, kept when they are not
+        return results
+
+    return run
+
+
+def imported_function(graph_def, inputs, outputs: dict, captured=()):
+    """(a concrete function running `graph_def` on the signature's inputs, in order, and returning the `outputs`'
+    tensors in their order; the inputs' TensorSpecs). The graph is imported once: callers call it, so that saving
+    (which traces them again) stores the weights once."""
+    import tensorflow as tf
+
     feeds = [name for _, name in inputs]
     fetch_keys = list(outputs)
     graph_def = _renamed_functions(graph_def, f"_mp_rewrite_{next(_IMPORTS)}")
@@ -91,18 +110,7 @@ def as_function(graph_def, inputs, outputs: dict, captured=(), shapes=None):
         return tf.graph_util.import_graph_def(graph_def, input_map={**dict(zip(feeds, args)), **handles},
                                               return_elements=[outputs[k] for k in fetch_keys], name="frozen")
 
-    # The graph is imported once, into one concrete function; `run` only calls it, so that saving (which traces
-    # `run` again) stores the weights once.
-    imported = body.get_concrete_function(*specs)
-
-    @tf.function(input_signature=specs, autograph=False)
-    def run(*args):
-        results = dict(zip(fetch_keys, imported(*args)))
-        for key, shape in (shapes or {}).items():
-            results[key].set_shape(shape)  # a shape Grappler computed from folded weights, kept when they are not
-        return results
-
-    return run
+    return body.get_concrete_function(*specs), specs
 
 
 def remove_tree(directory) -> None:

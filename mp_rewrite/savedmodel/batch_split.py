@@ -1,0 +1,164 @@
+"""Per-core branches (`convert --freeze --split auto|N|off`): a frozen signature whose batch is cut into N slices,
+the graph called once per slice inside one tf.function (TensorFlow's inter-op pool runs the calls at once) and the
+outputs concatenated on axis 0.
+
+TensorFlow hands each small oneDNN primitive of one call to its intra-op pool and waits; served with one intra-op
+thread (TF_NUM_INTRAOP_THREADS=1, tf.config.threading.set_intra_op_parallelism_threads(1), TF Serving's
+--tensorflow_intra_op_parallelism=1), N concurrent calls on slices of the batch use the cores with no hand-off.
+
+Only where the batch-rows analysis (analysis/batch_rows.py) proves that every output row depends on the same input
+rows alone, and the split function's outputs equal the whole graph's on random inputs (an odd batch, split
+unevenly, and a batch smaller than N, which runs unsplit): bit for bit where the graph computes in float32, within
+round-off where it computes in low precision. "auto" keeps the split only where it measured faster than the whole
+call here, at every batch timed, beyond the noise (a tie keeps the graph whole): the split never makes a model
+slower in the setting it was measured in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+
+from ..analysis.batch_rows import batch_rows
+from ..analysis.shapes import node_shapes
+from .frozen_function import imported_function
+from .inputs import signature_inputs
+from .split_option import SERVE
+
+SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
+CHECK_BATCHES = (SHAPE_BATCH,)  # plus N - 1 (unsplit) where N > 1
+TIMED_BATCHES, ROUNDS, CALLS = (8, 32), 5, 4
+FASTER = 0.97  # a split within 3% of the whole call is a tie: the graph stays whole
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitChoice:
+    """What a signature's batch split became, and why (the convert line).
+
+    Attributes:
+        branches: N slices (1: the graph runs whole).
+        why: the reason, with what was measured.
+        times: {(batch, branches): median ms per call} measured for "auto" (empty otherwise).
+    """
+
+    branches: int
+    why: str
+    times: dict = dataclasses.field(default_factory=dict)
+
+
+def split_signature(graph_def, frozen, captured, split, exact: bool):
+    """(the signature's tf.function, a SplitChoice): the frozen graph whole, or split into N branches.
+
+    Args:
+        graph_def: the frozen, rewritten graph; frozen: its FrozenSignature (inputs, outputs, shapes);
+        captured: [(placeholder, owner)] as frozen_function.as_function takes them.
+        split: "off", "auto" or N (split_option.parse_split).
+        exact: the graph computes in float32 (the split must then be equal bit for bit).
+    """
+    imported, specs = imported_function(graph_def, frozen.inputs, frozen.outputs, captured)
+    whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
+    if split == "off":
+        return whole, SplitChoice(1, "off")
+    inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
+    found = batch_rows(graph_def, inputs, frozen.fetches, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
+    if not found.splittable:
+        return whole, SplitChoice(1, f"not split: {found.reason}")
+    carried = tuple(name in found.batch_inputs for _, name in frozen.inputs)
+    candidates = [split] if split != "auto" else sorted({2, min(8, os.cpu_count() or 2)})
+    made = {n: _function(imported, specs, list(frozen.outputs), frozen.shapes, carried, n) for n in candidates}
+    for n, function in made.items():
+        unequal = _unequal(whole, function, specs, n, exact)
+        if unequal:
+            return whole, SplitChoice(1, f"not split: {unequal}")
+    if split != "auto":
+        return made[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
+    return _chosen(whole, made, specs)
+
+
+def _function(imported, specs, keys, shapes, carried, branches: int):
+    """A tf.function calling `imported` whole (branches 1) or once per slice of the `carried` inputs' batch."""
+    import tensorflow as tf
+
+    def whole(args):
+        return list(imported(*args))
+
+    def sliced(args):
+        batch = tf.shape(args[carried.index(True)])[0]
+        sizes = batch // branches + tf.cast(tf.range(branches) < batch % branches, tf.int32)
+        pieces = [tf.split(a, sizes, num=branches) if c else [a] * branches for a, c in zip(args, carried)]
+        results = [imported(*[p[i] for p in pieces]) for i in range(branches)]
+        return [tf.concat([r[j] for r in results], 0) for j in range(len(keys))]
+
+    @tf.function(input_signature=specs, autograph=False)
+    def run(*args):
+        if branches == 1:
+            outputs = whole(args)
+        else:  # a batch smaller than the branches runs whole
+            batch = tf.shape(args[carried.index(True)])[0]
+            outputs = tf.cond(batch >= branches, lambda: sliced(args), lambda: whole(args))
+        results = dict(zip(keys, outputs))
+        for key, shape in (shapes or {}).items():
+            results[key].set_shape(shape)  # a shape Grappler computed from folded weights, kept when they are not
+        return results
+
+    return run
+
+
+def _feeds(specs, batch: int, seed: int = 0) -> list:
+    import tensorflow as tf
+    arrays, _ = signature_inputs("split", {spec.name: spec for spec in specs}, {}, batch, seed)
+    return [tf.constant(arrays[spec.name]) for spec in specs]
+
+
+def _unequal(whole, split, specs, branches: int, exact: bool) -> str:
+    """"" if the split function's outputs equal the whole one's at an odd batch and at branches - 1; else why."""
+    import numpy as np
+    for batch in (*CHECK_BATCHES, max(1, branches - 1)):
+        feeds = _feeds(specs, batch, seed=batch)
+        want, got = whole(*feeds), split(*feeds)
+        for key in want:
+            a, b = want[key].numpy(), got[key].numpy()
+            if a.shape != b.shape:
+                return f"output {key} is {b.shape} split in {branches}, {a.shape} whole (batch {batch})"
+            same = np.array_equal(a, b, equal_nan=True) if exact or not np.issubdtype(a.dtype, np.floating) else \
+                np.allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2, equal_nan=True)
+            if not same:
+                return (f"output {key} split in {branches} differs from the whole call at batch {batch} (largest "
+                        f"difference {np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))):.3g})")
+    return ""
+
+
+def _chosen(whole, made: dict, specs):
+    """Race the whole call and each split, interleaved, at TIMED_BATCHES; keep a split only where it wins all."""
+    import tensorflow as tf
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    setting = "one intra-op thread" if threads == 1 else f"{threads or 'the default'} intra-op threads"
+    times, wins = {}, {n: True for n in made}
+    for batch in TIMED_BATCHES:
+        feeds = _feeds(specs, batch)
+        runners = {1: whole, **made}
+        samples = {n: [] for n in runners}
+        for function in runners.values():
+            function(*feeds)  # warm: oneDNN's primitives and TF's kernels are made at the first call
+        for _ in range(ROUNDS):
+            for n, function in runners.items():
+                start = time.perf_counter()
+                for _ in range(CALLS):
+                    function(*feeds)
+                samples[n].append((time.perf_counter() - start) / CALLS * 1e3)
+        for n in runners:
+            times[batch, n] = statistics.median(samples[n])
+        for n in made:
+            wins[n] = wins[n] and times[batch, n] < FASTER * times[batch, 1]
+    measured = "; ".join(f"batch {b}: " + ", ".join(f"{'whole' if n == 1 else f'{n} branches'} {times[b, n]:.1f} ms"
+                                                     for n in (1, *made)) for b in TIMED_BATCHES)
+    winners = [n for n in made if wins[n]]
+    if not winners:
+        return whole, SplitChoice(1, f"not split: no split measured faster here with {setting} ({measured}); "
+                                     "to choose for one intra-op thread, convert with TF_NUM_INTRAOP_THREADS=1",
+                                  times)
+    best = min(winners, key=lambda n: sum(times[b, n] for b in TIMED_BATCHES))
+    return made[best], SplitChoice(best, f"split in {best} branches: faster at every batch timed with {setting} "
+                                         f"({measured}); {SERVE}", times)

@@ -1,0 +1,25 @@
+"""The `--split` option of `convert --freeze` (batch_split.py), parsed without TensorFlow: the command line checks
+it before anything slow starts."""
+
+from __future__ import annotations
+
+from ..errors import OptionError
+
+SPLIT_FORMS = ("auto", "off")
+SERVE = ("serve it with one intra-op thread: TF_NUM_INTRAOP_THREADS=1, "
+         "tf.config.threading.set_intra_op_parallelism_threads(1), or TF Serving's "
+         "--tensorflow_intra_op_parallelism=1")
+
+
+def parse_split(value) -> str | int:
+    """"auto", "off", or a number of branches >= 2 (given as text on the command line, or an int).
+
+    Raises:
+        OptionError: anything else.
+    """
+    text = str(value).strip().lower()
+    if text in SPLIT_FORMS:
+        return text
+    if text.isdigit() and int(text) >= 2:
+        return int(text)
+    raise OptionError(f"unknown --split {value!r}: use auto, off, or a number of branches (2 or more)")
