@@ -17,7 +17,8 @@ The candidates (each converted exactly as `convert` would, with --freeze when as
 Every candidate runs every signature on the same inputs, interleaved over several rounds (median CPU time per
 call, so other processes on the machine disturb every candidate alike), and is checked against the original with
 `verify`'s tolerances. The fastest candidate that passes is written to the output, with the timings in
-``assets/mp_rewrite_tuning.json``. Tune on the machine the model will be served on: the result is a property of
+``assets/mp_rewrite_tuning.json`` -- or, where one earlier in the list above (more in the precision asked for)
+ties with it inside the noise (`choose`: faster in some round), that one, and the line says "a tie". Tune on the machine the model will be served on: the result is a property of
 that machine's kernels.
 """
 
@@ -30,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..analysis.race_times import RaceTimes
 from ..core.options import given_or_made
 from ..model.tags import load_tags, parse_tag_set, single_meta_graph
 from ..errors import ModelError
@@ -57,6 +59,7 @@ class TuneResult:
         conversion: the ConversionResult of the chosen candidate.
         unvarying: verify's note where outputs do not depend on the inputs fed (the check of every candidate
             then proves nothing there), else "".
+        tie: where the fastest candidate was not chosen, why ("a tie with 'float32' (...)"), else "".
     """
 
     chosen: str
@@ -64,6 +67,7 @@ class TuneResult:
     passed: dict
     conversion: object
     unvarying: str = ""
+    tie: str = ""
 
     def summary(self) -> str:
         """One line per candidate, then the choice."""
@@ -74,7 +78,7 @@ class TuneResult:
             verdict = "" if self.passed[name] else ", fails verification"
             lines.append(f"  {name:<12} {ms:8.2f} ms per call{speed}{verdict}")
         return "tuning on this machine (median CPU time per call):\n" + "\n".join(lines) + \
-            f"\nchose '{self.chosen}' (the fastest candidate that verifies)" + \
+            f"\nchose '{self.chosen}' " + (f"({self.tie})" if self.tie else "(the fastest candidate that verifies)") + \
             (f"\n  verifying the candidates:{self.unvarying.removeprefix(' ')}" if self.unvarying else "")
 
 
@@ -142,20 +146,23 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
         reports = {name: _verification(source, Path(work) / name, precision, inputs, seed, batch_size, tag_set)
                    for name in steps.each("verifying", candidates)}
         passed = {name: report.passed for name, report in reports.items()}
-        milliseconds = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size, tags,
-                                        rounds, calls, precision, steps)
+        times = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size, tags,
+                                 rounds, calls, precision, steps)
+        milliseconds = dict(zip(candidates, times.medians))
         fine = [name for name in candidates if passed[name]]
         if not fine:
             raise ModelError("no candidate of --tune meets the verification tolerance, not even float32; check the "
                              "model and the inputs (--inputs), or loosen --rtol/--atol")
-        chosen = min(fine, key=milliseconds.get)
-        steps.finish(f"writing '{chosen}', the fastest candidate that verifies")
+        chosen, tie = choose(fine, list(candidates), times)
+        steps.finish(f"writing '{chosen}', " + ("a tie with the fastest" if tie else "the fastest candidate that "
+                                                                                     "verifies"))
         unvarying = reports[chosen].unvarying_note() if reports[chosen].unvarying else ""
-        result = TuneResult(chosen, milliseconds, passed, converted[chosen], unvarying)
+        result = TuneResult(chosen, milliseconds, passed, converted[chosen], unvarying, tie)
         winner = Path(work) / chosen
         (winner / "assets").mkdir(exist_ok=True)
         (winner / "assets" / TUNING_FILE).write_text(json.dumps(
-            {"chosen": chosen, "precision": precision, "freeze": freeze, "median_cpu_ms_per_call": milliseconds,
+            {"chosen": chosen, "tie": tie, "precision": precision, "freeze": freeze,
+             "median_cpu_ms_per_call": milliseconds,
              "verified": passed, "machine": _machine()}, indent=1) + "\n")
         target = absolute_output(output)
         with output_lock(target):
@@ -166,6 +173,28 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     result.conversion.notes = [n.replace(str(Path(work) / chosen), str(output)) for n in result.conversion.notes]
     result.conversion.notes += [f"--tune: candidate '{name}' is out of the race: {why}" for name, why in out.items()]
     return result
+
+
+def choose(fine: list, order: list, times) -> tuple:
+    """The candidate to write, of those that verify (`fine`), given every candidate's timed rounds (a RaceTimes in
+    `order`, which runs from the most low precision to float32: what the user asked for first): the first in
+    `order` that ties with the fastest -- within core.assignment.RESOLUTION of it, or faster in some round (the
+    sign test's interval of its time over the fastest's holds 1) -- else the fastest.
+
+    Returns:
+        (candidate, why it is not the fastest, or "").
+    """
+    from ..core.assignment import RESOLUTION
+    medians = dict(zip(order, times.medians))
+    fastest = min(fine, key=medians.get)
+    for name in (n for n in order if n in fine):
+        ratio = times.ratio(order.index(name), order.index(fastest))
+        if name == fastest:
+            return name, ""
+        if ratio.mid <= 1 + RESOLUTION or ratio.low <= 1:
+            return name, (f"a tie with the fastest, '{fastest}': {ratio.text()} its time over {ratio.rounds} "
+                          "interleaved rounds, inside the noise, so the candidate most in the precision asked for")
+    return fastest, ""
 
 
 def _costs(options, batch_size: int):
@@ -196,22 +225,24 @@ def _verification(original, converted, precision, inputs, seed, batch_size, tag_
 
 
 def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, tags, rounds: int, calls: int,
-                     precision: str, steps: TuneSteps) -> dict:
-    """Median CPU ms of one call of every signature, per candidate, timed in rotated interleaved rounds, on the
+                     precision: str, steps: TuneSteps):
+    """A RaceTimes (in `paths`' order) of CPU ms of one call of every signature, per candidate, per round, timed in
+    rotated interleaved rounds, on the
     inputs verify makes (ids inside the tables they index, learned on the original). Each load and round is a step
     told to `steps`."""
     import tensorflow as tf
 
+    from ..model.runtime import load_saved_model
     from .inputs import load_inputs
     from .verify import signature_feeds
     given = load_inputs(inputs) if inputs else {}
-    original = tf.saved_model.load(str(source), tags=tags)
+    original = load_saved_model(source, "original", tags)  # runnable_directory's: no effect is performed
     feeds = {key: {k: tf.constant(v) for k, v in signature_feeds(function, key, given, batch_size, seed,
                                                                     precision).items()}
              for key, function in original.signatures.items()}
     runs = {}
     for name in steps.each("loading", paths):
-        loaded = tf.saved_model.load(str(paths[name]), tags=tags)
+        loaded = load_saved_model(paths[name], f"candidate '{name}'", tags)
         for key, function in loaded.signatures.items():
             function(**feeds[key])  # the first call builds and optimizes the graph
             runs.setdefault(name, []).append((function, feeds[key]))
@@ -226,7 +257,7 @@ def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, ta
                     for value in function(**arrays).values():
                         value.numpy()
             samples[name].append((time.process_time() - start) * 1000 / calls)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return RaceTimes(tuple(tuple(samples[name]) for name in paths))
 
 
 class TuneSteps:

@@ -78,3 +78,17 @@ def test_a_race_goes_on_while_its_ratios_are_unsettled_and_stops_when_they_are()
     jumpy = race([Sleeper(0.002), Sleeper(0.002, 0.006)], runs=5, warmup=0, most=15)
     assert jumpy.rounds == 15
     assert 1.0 < jumpy.ratio(1, 0).mid < 3.5 and jumpy.medians[0] < jumpy.medians[1]
+
+
+def test_tune_chooses_the_precision_asked_for_where_it_ties_with_the_fastest():
+    from mp_rewrite.savedmodel.tune import choose
+    order = ["cost", "no-depthwise", "float32"]
+    # The flip: float32 a little faster by the median, no-depthwise faster in two of five rounds.
+    level = RaceTimes(((14.0, 14.2, 13.9, 14.1, 14.3), (10.6, 10.2, 10.9, 10.3, 10.5), (10.4, 10.3, 10.5, 10.5, 10.1)))
+    chosen, tie = choose(order, order, level)
+    assert chosen == "no-depthwise" and "a tie with the fastest, 'float32'" in tie, tie
+    # Slower in every round by more than the resolution: the fastest is chosen, no tie said.
+    apart = RaceTimes(((14.0,) * 5, (11.0, 11.2, 11.1, 11.3, 11.0), (10.5, 10.4, 10.6, 10.6, 10.2)))
+    assert choose(order, order, apart) == ("float32", "")
+    # A candidate that failed verification is never chosen, tie or not.
+    assert choose(["cost", "float32"], order, level)[0] == "float32"

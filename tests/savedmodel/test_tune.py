@@ -28,8 +28,10 @@ def test_tune_writes_the_fastest_verified_candidate_and_records_why(tmp_path):
     assert set(result.milliseconds) == {*TRIED, ORIGINAL} - {"no-depthwise"} == set(result.passed)
     assert result.passed[result.chosen]
     fastest = min((n for n in result.milliseconds if result.passed[n]), key=result.milliseconds.get)
-    assert result.chosen == fastest
-    assert result.milliseconds[result.chosen] <= result.milliseconds[ORIGINAL]  # never slower than the model here
+    # The fastest, or one that ties with it inside the noise, earlier in the candidates' order (and said).
+    assert result.chosen == fastest or (f"a tie with the fastest, '{fastest}'" in result.tie and
+                                        list(result.milliseconds).index(result.chosen) <
+                                        list(result.milliseconds).index(fastest))
     record = json.loads((tmp_path / "tuned" / "assets" / TUNING_FILE).read_text())
     assert record["chosen"] == result.chosen and record["median_cpu_ms_per_call"] == result.milliseconds
     loaded = tf.saved_model.load(str(tmp_path / "tuned"))
@@ -89,4 +91,5 @@ def test_progress_names_each_candidate_its_place_and_the_time_left(tmp_path):
         "timing round 1 of 2 (every candidate", "timing round 2 of 2 (every candidate"]
     # Once a step has been timed, every step says roughly how long is left.
     assert "left" not in steps[0] and all(re.search(r", about \d+ (s|min) left$", s) for s in steps[1:-1])
-    assert steps[-1] == f"writing '{result.chosen}', the fastest candidate that verifies"
+    assert steps[-1] == f"writing '{result.chosen}', " + ("a tie with the fastest" if result.tie else
+                                                          "the fastest candidate that verifies")
