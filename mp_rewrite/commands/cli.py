@@ -11,9 +11,13 @@ import os
 import signal
 import sys
 
+from .model_options import add_effects_option
+
 # Subcommand modules, in the order `mp-rewrite --help` lists them. Each defines register(subparsers), which adds
 # its parser and sets `func` (args -> exit code).
 COMMANDS = ("demo", "convert", "verify", "inspect", "explain", "view", "lists", "costs")
+# The subcommands that run the model they are given (to measure, check or time it): they take --run-effects.
+RUNS_MODELS = ("convert", "verify", "inspect", "explain", "view")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    for name in RUNS_MODELS:
+        if name in sub.choices:
+            add_effects_option(sub.choices[name])
     return parser
 
 
@@ -83,7 +90,8 @@ def main(argv=None) -> int:
             precheck(args)
         keep_freed_memory()
         _import_tensorflow_keeping_sigterm(previous is not None, args.verbose)
-        return int(args.func(args) or 0)
+        with effects_said(args):
+            return int(args.func(args) or 0)
     except Terminated:
         return _report_terminated()
     except KeyboardInterrupt:
@@ -105,6 +113,14 @@ def main(argv=None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def effects_said(args):
+    """The effects policy of a command (core.effects): the model's effects are run only with --run-effects, and a
+    command other than convert (whose summary names them) says in a note what a copy stood in for."""
+    from ..core.effects import running_effects
+    from .model_options import say
+    return running_effects(getattr(args, "run_effects", False), None if args.command == "convert" else say)
 
 
 def _report_terminated() -> int:

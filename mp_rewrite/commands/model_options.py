@@ -15,6 +15,14 @@ def add_tag_set_option(parser) -> None:
     parser.add_argument("--tag-set", dest="tag_set", metavar="TAGS", default=None, help=TAG_SET_HELP)
 
 
+def add_effects_option(parser) -> None:
+    """Add --run-effects to a subcommand that runs the model it is given."""
+    parser.add_argument("--run-effects", action="store_true",
+                        help="run the model as it is where it is run to measure or check it: the ops of its "
+                             "signatures that write files, save checkpoints or write summaries then do so (by "
+                             "default a copy in which they do nothing is run, and a note names them)")
+
+
 def say(line: str) -> None:
     """A one-line note on stderr (stdout may be a report or a table)."""
     print(f"note: {line}", file=sys.stderr)

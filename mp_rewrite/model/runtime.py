@@ -1,9 +1,29 @@
 """Loading a SavedModel in TensorFlow (`tf.saved_model.load`) for what has to run it -- freezing, verifying, the
-accuracy guard -- with the MetaGraph chosen by tag-set and a one-line error when TensorFlow cannot load it."""
+accuracy guard -- with the MetaGraph chosen by tag-set and a one-line error when TensorFlow cannot load it.
+
+What runs a model to measure or check it loads `runnable_directory`: the model itself, or, where its signatures or
+its loading would write files, save checkpoints or write summaries (core.effects), a temporary copy in which those
+ops do nothing (core.stand_ins; variables and assets linked, nothing of the model written) -- unless the effects
+policy in force says to run the model as it is (`--run-effects`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+
+from ..core.effects import effect_line, effects_policy
+from ..core.stand_ins import saved_model_without_effects
 from ..errors import ModelError
+from .files import read_saved_model
+
+LINKED = ("variables", "assets", "assets.extra")  # what a copy links to; saved_model.pb is its own
+
+
+class EffectsNotRun(ModelError):
+    """The model has effects, and no copy without them stands for it: it is not run."""
 
 
 def first_line(error: BaseException) -> str:
@@ -12,16 +32,61 @@ def first_line(error: BaseException) -> str:
     return next((line for line in lines if "is not in [0," in line), lines[0])
 
 
-def load_saved_model(path, which: str = "original", tags=None, shown_as=None):
+def load_saved_model(path, which: str = "original", tags=None, shown_as=None, *, saved_model=None,
+                     to_write: bool = False):
     """`tf.saved_model.load(path, tags=tags)`, with a one-line ModelError naming the model (`which`, at `shown_as`,
-    default `path`: the user's path where a temporary copy is loaded) if TF cannot load it.
+    default `path`: the user's path where a temporary copy is loaded) if TF cannot load it: runnable_directory's
+    copy, or with `to_write` (the loaded functions are traced into a model to be written: freezing) one in which
+    only what loading runs does nothing (core.stand_ins.with_effects_restored gives the written model its ops back).
 
     Raises:
-        ModelError: TensorFlow cannot load it (the line says why and which model).
+        ModelError: TensorFlow cannot load it (the line says why and which model). EffectsNotRun: as
+            runnable_directory.
     """
     import tensorflow as tf
+    with runnable_directory(path, saved_model, loading_only=to_write) as directory:
+        try:
+            return tf.saved_model.load(directory, tags=tags)
+        except Exception as e:  # TF raises OSError, ValueError, OpError, RuntimeError, ... for unloadable models
+            raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{shown_as or path}': {first_line(e)}; "
+                             "export the model again") from None
+
+
+@contextlib.contextmanager
+def runnable_directory(path, saved_model=None, loading_only: bool = False):
+    """Yield a SavedModel directory that runs as `path` does but performs none of its effects: `path` itself when
+    it has none or the effects policy runs them, else a temporary copy whose ops with effects are stand-ins
+    (removed afterwards: load it inside the block). The policy's observer is told, once, what stood in.
+
+    Args:
+        saved_model: the SavedModel proto at `path`, if already read.
+        loading_only: stand in only for what loading the model runs (its resources' initializers).
+
+    Raises:
+        EffectsNotRun: an op with an effect has outputs that are read, so no copy without it stands for the model.
+        ModelError: the directory holds no readable SavedModel.
+    """
+    policy = effects_policy()
+    if policy.run:
+        yield str(path)
+        return
+    copy, stand_ins = saved_model_without_effects(saved_model or read_saved_model(path), loading_only)
+    if not stand_ins.effects:
+        yield str(path)
+        return
+    line = effect_line(stand_ins.effects)
+    if not stand_ins.stands:
+        raise EffectsNotRun(f"{line}: not run, and no copy without them stands for the model "
+                            f"({stand_ins.blocked[0]}); --run-effects runs the model as it is")
+    policy.tell(f"{line}: not run here; what runs the model runs a copy in which these ops do nothing "
+                "(--run-effects runs them)")
+    directory = tempfile.mkdtemp(prefix="mp_rewrite-run-")
     try:
-        return tf.saved_model.load(str(path), tags=tags)
-    except Exception as e:  # TF raises OSError, ValueError, OpError, RuntimeError, ... for unloadable models
-        raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{shown_as or path}': {first_line(e)}; "
-                         "export the model again") from None
+        with open(os.path.join(directory, "saved_model.pb"), "wb") as f:
+            f.write(copy.SerializeToString())
+        for name in LINKED:
+            if os.path.exists(os.path.join(path, name)):
+                os.symlink(os.path.realpath(os.path.join(path, name)), os.path.join(directory, name))
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)  # removes the links, never what they point to

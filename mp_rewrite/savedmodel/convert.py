@@ -13,9 +13,11 @@ import contextlib
 import time
 
 from ..analysis.flops import estimate_flops
+from ..core.effects import effect_line, effects_policy, running_effects
 from ..core.meta_graph import functions_to_rewrite
 from ..core.options import Options, given_or_made
 from ..core.pass_context import check_patterns_match, unmatched_patterns
+from ..core.stand_ins import StandIns, meta_graph_without_effects
 from ..errors import ModelError, MpRewriteError, OptionError, StageError
 from ..model.files import read_saved_model
 from ..model.keras_file import saved_model_of
@@ -45,7 +47,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                         freeze_weights: str = "auto", split="off", keras_metadata: str = "keep",
                         overwrite: bool = False,
                         flops: bool = True, run_check: bool = True, run_inputs: InputRecipe | None = None,
-                        allow_opaque_xla: bool = False, progress=None, on_note=None, on_run=None) -> ConversionResult:
+                        allow_opaque_xla: bool = False, run_effects: bool | None = None, progress=None, on_note=None,
+                        on_run=None) -> ConversionResult:
     """Convert a SavedModel to mixed precision: a new SavedModel with the same signatures (names, inputs, outputs,
     dtypes, shapes), variables, assets and object graph, whose functions compute in float16 or bfloat16.
 
@@ -80,6 +83,10 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
             --input-shapes, --seed); None: every input made up with the defaults.
         allow_opaque_xla: write a model that computes in XlaCallModule ops (a jax2tf / Keras 3 JAX export), whose
             StableHLO the pass cannot see into, with those ops unchanged (a note says so); False refuses it.
+        run_effects: what the conversion runs to measure and check the model (the costs, the run check) performs
+            the ops of its signatures that write files, save checkpoints or write summaries (core.effects); False
+            runs copies in which they do nothing (a note names them); None: as the effects policy in force says
+            (core.effects.running_effects; default False). The written model keeps them either way.
         progress: optional callable (done, total, name), after each function body (or frozen signature).
         on_note: optional callable(str) for one-line notes made before the result (a Keras file was exported).
         on_run: optional callable(tags, key, verify.SignatureRun) for each signature the run check called (what
@@ -102,13 +109,15 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
     check_modes(weights, freeze, keras_metadata)
     split = check_split(split, freeze)
     tags = parse_tag_set(tag_set)
-    with saved_model_of(source, on_note) as source_path:
+    run = effects_policy().run if run_effects is None else run_effects
+    with saved_model_of(source, on_note) as source_path, running_effects(run, effects_policy().on_note):
         # The lock is held from the output check to the rename, so that no other run interleaves with this one.
         with output_lock(absolute_output(output)):
             source_dir, output_dir, saved_model, keys = check_conversion(source_path, output, tags, signatures,
                                                                          freeze, overwrite, options, freeze_weights,
                                                                          allow_opaque_xla)
             opaque = opaque_modules(saved_model, tags, keys, freeze)
+            effects = conversion_effects(saved_model, tags, keys, freeze)
             with _step("rewrite"):
                 if freeze:
                     rewritten = freeze_saved_model(source_dir, saved_model, options, keys, tags, progress,
@@ -126,7 +135,9 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                 counted = []
 
                 def check(written):  # on the complete copy, before it is moved into place
-                    check_written(source_dir, saved_model, written, rewritten.saved_model, runs if run_check else None)
+                    if effects.stands or run:  # else no copy without its effects can be loaded and run
+                        check_written(source_dir, saved_model, written, rewritten.saved_model,
+                                      runs if run_check else None)
                     counted.append(low_precision_counts(read_saved_model(written), options.precision))
                 write_model_dir(rewritten.files, output_dir, rewritten.saved_model, overwrite, drop=rewritten.drop,
                                 check=check)
@@ -137,7 +148,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
     return ConversionResult(str(source), str(output), options.precision, options.device, rewritten.keys,
                             rewritten.graphs, rewritten.skipped, share, per_function, per_graph,
                             time.perf_counter() - start, frozen=freeze,
-                            notes=rewritten.notes + runs.notes + _opaque_notes(opaque),
+                            notes=rewritten.notes + runs.notes + _opaque_notes(opaque) + effects_note(effects, run),
                             ran=tuple(runs.ran) if run_check else None,
                             written=tuple(max(0, w - o) for w, o in zip(counted[0], own)), opaque=tuple(opaque))
 
@@ -222,6 +233,30 @@ def opaque_modules(saved_model, tags, keys, freeze: bool) -> list:
     chosen = [single_meta_graph(saved_model, tags, "--freeze")] if freeze else select_meta_graphs(saved_model, tags)
     return [m for _, meta_graph in chosen
             for m in xla_modules(meta_graph.graph_def, functions_to_rewrite(meta_graph, keys))]
+
+
+def conversion_effects(saved_model, tags, keys, freeze: bool):
+    """The StandIns of the MetaGraphs a conversion reads (core.stand_ins): the effects of what their signatures
+    (`keys`, else all) and their loading run, and whether a copy without them stands for the model."""
+    chosen = [single_meta_graph(saved_model, tags, "--freeze")] if freeze else select_meta_graphs(saved_model, tags)
+    found = [meta_graph_without_effects(meta_graph, keys)[1] for _, meta_graph in chosen]
+    return StandIns(sum((s.effects for s in found), ()), sum((s.blocked for s in found), ()))
+
+
+def effects_note(stand_ins, run: bool) -> list[str]:
+    """The line that names the model's effects and says how the conversion decided without performing them."""
+    if not stand_ins.effects:
+        return []
+    line = effect_line(stand_ins.effects)
+    if run:
+        return [f"{line}: run during conversion, as asked (--run-effects)"]
+    if not stand_ins.stands:
+        return [f"{line}: not run during conversion: {stand_ins.blocked[0]}, so no copy without them stands for the "
+                "model; the costs came from the op table and the written copy was not loaded or run before it was "
+                "moved into place (--run-effects runs the model as it is)"]
+    return [f"{line}: not run during conversion: what it ran to measure and check the model (the costs, the run "
+            "check) was a copy in which these ops do nothing; the written model keeps them (--run-effects runs "
+            "them)"]
 
 
 def _opaque_notes(modules) -> list[str]:

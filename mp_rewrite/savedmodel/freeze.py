@@ -28,6 +28,7 @@ from ..analysis.grappler import FOLDING, optimize_graph
 from ..analysis.graph_profile import PROFILE_LIMIT
 from ..core.assignment import SOURCE
 from ..core.rewrite import rewrite_graph_def
+from ..core.stand_ins import with_effects_restored
 from ..errors import ModelError, OptionError
 from ..model.files import MODEL_FILES, read_saved_model
 from ..model.runtime import load_saved_model
@@ -73,7 +74,8 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
     form, why = weights_form(source_dir, freeze_weights)
     staging = loadable_copy(source_dir, saved_model)
     try:  # kept until saved: the assets of a restored table are copied from where it was loaded
-        loaded = load_saved_model(staging or source_dir, "source", tags, shown_as=source_dir)
+        # What is traced here is written: only what loading runs is stood in for, and given back once saved.
+        loaded = load_saved_model(staging or source_dir, "source", tags, shown_as=source_dir, to_write=True)
         module, functions, graphs, names = _frozen_module(loaded, source_dir, keys, options, progress, weights,
                                                           form == "variables", split)
         frozen_keys = tuple(functions)
@@ -83,7 +85,7 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
         try:
             tf.saved_model.save(module, directory, options=save_options,
                                 signatures={k: f.get_concrete_function() for k, f in functions.items()})
-            new = _with_source_files(directory, source_dir, tags)
+            new = with_effects_restored(_with_source_files(directory, source_dir, tags))
         except (ValueError, TypeError, OSError, tf.errors.OpError) as e:
             remove_tree(directory)
             raise ModelError(f"TensorFlow cannot save the frozen signatures: {str(e).splitlines()[0]}") from None

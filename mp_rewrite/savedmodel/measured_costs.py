@@ -14,7 +14,9 @@ from pathlib import Path
 
 from ..analysis.graph_profile import PROFILE_LIMIT  # weights (or a frozen graph) above it are not profiled
 from ..analysis.graph_runs import VariantError, onednn_cap, tf_reason
+from ..core.effects import effect_line, effects_policy, graph_effects
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
+from ..core.stand_ins import StandIns, graph_without_effects, meta_graph_without_effects
 from ..model.signatures import function_key
 from ..rules.graph import resource_source
 from .inputs import DEFAULT_DIM, unfeedable_inputs
@@ -52,6 +54,10 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict, source=None):
     from ..analysis.graph_profile import profile_costs, profileable
     if not measuring(options):
         return options
+    given = graph_def
+    graph_def, source, stand_ins = _frozen_stand_ins(graph_def, source, fetches, frozen.key)
+    if not stand_ins.stands:
+        return _op_table(options, given, fetches, _not_run(stand_ins))
     why = "it reads tables or kept variables" if frozen.captured or frozen.variables else ""
     size = graph_def.ByteSize()
     inputs = [(_sized_spec(spec, measured_dim(options)), name) for spec, name in frozen.inputs]
@@ -66,7 +72,8 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict, source=None):
     except VariantError as e:
         return _without_failed(options, graph_def, fetches, e)
     made_up = any(spec.shape.rank is not None and _inner_unknown(spec.shape.as_list()) for spec, _ in frozen.inputs)
-    return dataclasses.replace(options, costs=_say_made_up(profile.table, made_up, measured_dim(options)))
+    table = _say_stood_in(_say_made_up(profile.table, made_up, measured_dim(options)), stand_ins)
+    return dataclasses.replace(options, costs=table)
 
 
 def measured_dim(options) -> int:
@@ -107,6 +114,10 @@ def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
     from ..analysis.graph_profile import profile_saved_model
     if not measuring(options):
         return options
+    given = meta_graph
+    meta_graph, source, stand_ins = _in_place_stand_ins(meta_graph, source, keys)
+    if not stand_ins.stands:
+        return _op_table(options, given.graph_def, signature_nodes(given, outputs_only=True), _not_run(stand_ins))
     inputs, fetches, seen, made_up = {}, [], set(), False
     for key, signature in sorted(meta_graph.signature_def.items()):
         if key.startswith(INTERNAL_PREFIX) or (keys and key not in keys):
@@ -138,7 +149,43 @@ def in_place_costs(options, source_dir, meta_graph, keys=None, source=None):
     except Exception as e:  # noqa: BLE001 -- whatever TF's session loader refuses: the op table serves
         why = f"TensorFlow could not run it ({tf_reason(e)})"
         return _op_table(options, meta_graph.graph_def, graph_fetches, why)
-    return dataclasses.replace(options, costs=_say_made_up(profile.table, made_up, measured_dim(options)))
+    table = _say_stood_in(_say_made_up(profile.table, made_up, measured_dim(options)), stand_ins)
+    return dataclasses.replace(options, costs=table)
+
+
+def _in_place_stand_ins(meta_graph, source, keys) -> tuple:
+    """(the MetaGraph to measure, the source to race, StandIns): copies in which the ops with effects of what the
+    signatures run do nothing (core.stand_ins), unless the effects policy runs the model as it is."""
+    if effects_policy().run:
+        return meta_graph, source, StandIns()
+    measured, stand_ins = meta_graph_without_effects(meta_graph, keys)
+    if source is None or source is meta_graph:
+        return measured, None if source is None else measured, stand_ins
+    return measured, meta_graph_without_effects(source, keys)[0], stand_ins
+
+
+def _frozen_stand_ins(graph_def, source, fetches, key: str) -> tuple:
+    """(the frozen graph to measure, the source graph to race, StandIns), as _in_place_stand_ins."""
+    if effects_policy().run:
+        return graph_def, source, StandIns()
+    measured, stand_ins = graph_without_effects(graph_def, graph_effects(graph_def, fetches, key), fetches)
+    if source is None or source is graph_def:
+        return measured, None if source is None else measured, stand_ins
+    return measured, graph_without_effects(source, graph_effects(source, fetches, key), fetches)[0], stand_ins
+
+
+def _not_run(stand_ins) -> str:
+    """Why a model with effects no copy can stand for is priced from the op table."""
+    return (f"{effect_line(stand_ins.effects)}, not run, and no copy without them stands for the model "
+            f"({stand_ins.blocked[0]}); --run-effects measures the model as it is")
+
+
+def _say_stood_in(table, stand_ins):
+    """The table, its note saying that the model's effects were not run where it was measured."""
+    if not stand_ins.effects:
+        return table
+    return dataclasses.replace(table, note=f"{table.note}; measured on a copy in which the ops with effects do "
+                                           f"nothing ({effect_line(stand_ins.effects)})")
 
 
 def _call_identity(meta_graph, signature):

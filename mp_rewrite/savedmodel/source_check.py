@@ -20,7 +20,7 @@ from ..core import dtypes
 
 from ..core.graph_view import parse_input
 from ..errors import GraphError, ModelError
-from ..model.runtime import first_line
+from ..model.runtime import first_line, runnable_directory
 from ..model.tags import load_tags
 
 VARIABLES_INDEX = Path("variables") / "variables.index"
@@ -218,14 +218,15 @@ def loaded_meta_graphs(directory, saved_model):
     """Yield (tags, the loaded object or the first line of the loader's error) for every MetaGraph of the
     SavedModel at `directory`, one at a time (a model is dropped before the next one is loaded)."""
     import tensorflow as tf
-    for tags in [load_tags(mg) for mg in saved_model.meta_graphs]:
-        with _tf_warnings_off():
-            try:
-                loaded = tf.saved_model.load(str(directory), tags=tags)
-            except Exception as e:  # TF raises ValueError, KeyError, OpError, ... for a model it cannot load
-                loaded = first_line(e)
-        yield tags, loaded
-        loaded = None
+    with runnable_directory(directory, saved_model) as runnable:  # loading must not write what the model writes
+        for tags in [load_tags(mg) for mg in saved_model.meta_graphs]:
+            with _tf_warnings_off():
+                try:
+                    loaded = tf.saved_model.load(runnable, tags=tags)
+                except Exception as e:  # TF raises ValueError, KeyError, OpError, ... for a model it cannot load
+                    loaded = first_line(e)
+            yield tags, loaded
+            loaded = None
 
 
 @contextlib.contextmanager

@@ -1,0 +1,253 @@
+"""Effects: the ops of a model whose work reaches outside the graph (files written, checkpoints saved, summaries
+written, prints to a file), found in everything a signature -- or loading the model -- runs.
+
+A conversion runs the model to measure and check it; it runs a copy in which these ops do nothing
+(stand_ins.py) unless told to run the model as it is (`EffectsPolicy.run`, the CLI's --run-effects). Which ops reach
+outside is TensorFlow's op registry's answer where it has one (a stateless op never does) and the table
+lists/effects.toml's where it has not (a stateful op may write a file or only read a variable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import importlib.resources
+import tomllib
+
+from tensorflow.python.framework import op_def_registry
+
+from ..errors import ListError
+from .meta_graph import INTERNAL_PREFIX, _upstream_nodes, signature_nodes
+
+LOADING = ""  # an Effect's `where` when loading the model runs it (a resource's initializer), not a signature
+# Children of a SavedObjectGraph resource that tf.saved_model.load calls while it loads the model.
+LOAD_FUNCTIONS = ("_create_resource", "_initialize")
+# TF1 collections of ops the loader runs (tf.compat.v1.saved_model.loader: the main op or the legacy init op).
+LOAD_COLLECTIONS = ("saved_model_main_op", "legacy_init_op", "table_initializer")
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectKind:
+    """One kind of effect: how a line says it ("writes files"), its ops, the ops that pass their first input through
+    (stood in by an Identity of it), and {attribute: prefix} a node's attributes must have to count."""
+
+    says: str
+    ops: frozenset
+    passes_through: frozenset = frozenset()
+    when_attr: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectTable:
+    """The kinds of effect, loaded once from lists/effects.toml."""
+
+    kinds: tuple
+
+    def kind_of(self, node) -> EffectKind | None:
+        """The kind of effect `node` (a NodeDef) has, or None: stateless ops never have one (the registry), a
+        stateful one has the kind the table names it in, if its attributes say it reaches outside."""
+        kind = next((k for k in self.kinds if node.op in k.ops), None)
+        if kind is None or not _stateful(node.op):
+            return None
+        for attr, prefix in kind.when_attr:
+            if attr in node.attr and not node.attr[attr].s.decode(errors="replace").startswith(prefix):
+                return None
+        return kind
+
+    @functools.cached_property
+    def op_names(self) -> tuple:
+        """Every op named, as bytes (what a serialized graph holding one contains)."""
+        return tuple(sorted(op.encode() for kind in self.kinds for op in kind.ops))
+
+
+@dataclasses.dataclass(frozen=True)
+class Effect:
+    """One op with an effect: the signature that runs it (LOADING: loading the model does), the function holding it
+    ("" for the main graph), the node, its op and what it does ("writes files")."""
+
+    where: str
+    function: str
+    node: str
+    op: str
+    says: str
+
+
+def _stateful(op: str) -> bool:
+    op_def = op_def_registry.get(op)
+    return op_def is None or op_def.is_stateful  # an op this TensorFlow does not know: the table decides
+
+
+@functools.lru_cache(maxsize=None)
+def effect_table() -> EffectTable:
+    """The table of lists/effects.toml.
+
+    Raises:
+        ListError: the file is malformed, or names an op in two kinds.
+    """
+    resource = importlib.resources.files("mp_rewrite.lists") / "effects.toml"
+    try:
+        data = tomllib.loads(resource.read_text())
+        kinds = tuple(EffectKind(entry["says"], frozenset(entry["ops"]), frozenset(entry.get("passes_through", ())),
+                                 tuple(entry.get("when_attr", {}).items())) for entry in data.values())
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ListError(f"the effects table {resource} is malformed ({e}); reinstall mp_rewrite") from None
+    seen = {}
+    for kind in kinds:
+        for op in kind.ops:
+            if op in seen:
+                raise ListError(f"the effects table names {op} twice ({seen[op]!r} and {kind.says!r}); keep one")
+            seen[op] = kind.says
+    return EffectTable(kinds)
+
+
+def mentions_effects(message) -> bool:
+    """Whether a proto (GraphDef, FunctionDef, MetaGraphDef) holds any op name of the table: a quick test, true for
+    every TF2 SavedModel (its saver saves checkpoints), that spares reading the nodes of one that holds none."""
+    data = message.SerializeToString()
+    return any(name in data for name in effect_table().op_names)
+
+
+def find_effects(meta_graph, keys=None) -> tuple:
+    """The effects of a MetaGraph: in what each signature (those of `keys`, else every user signature) runs -- its
+    main-graph nodes and every function they call, nested calls, loop and branch bodies included -- and in what
+    loading the model runs (its resources' initializers, a TF1 main op). The saver's own ops are not counted: a
+    conversion never calls it.
+
+    Returns:
+        A tuple of Effects, in the order found.
+    """
+    if not mentions_effects(meta_graph.graph_def):
+        return ()
+    roots = {key: signature_nodes(meta_graph, [key], outputs_only=True)
+             for key in sorted(meta_graph.signature_def)
+             if not key.startswith(INTERNAL_PREFIX) and (not keys or key in keys)}
+    roots[LOADING] = [n.split(":")[0].lstrip("^") for name in LOAD_COLLECTIONS
+                      for n in meta_graph.collection_def[name].node_list.value] \
+        if any(name in meta_graph.collection_def for name in LOAD_COLLECTIONS) else []
+    walk = _Walk(meta_graph.graph_def)
+    found = []
+    for where, names in roots.items():
+        calls = walk.main_graph(where, _upstream_nodes(meta_graph.graph_def, names), found)
+        if where == LOADING:
+            calls += _load_functions(meta_graph.object_graph_def)
+        walk.functions(where, calls, found)
+    return tuple(found)
+
+
+def graph_effects(graph_def, fetches, where: str) -> tuple:
+    """The effects of a bare GraphDef (a frozen signature, `where` its key): what running `fetches` (tensor or node
+    names) runs."""
+    if not mentions_effects(graph_def):
+        return ()
+    walk, found = _Walk(graph_def), []
+    names = [f.lstrip("^").split(":")[0] for f in fetches]
+    walk.functions(where, walk.main_graph(where, _upstream_nodes(graph_def, names), found), found)
+    return tuple(found)
+
+
+class _Walk:
+    """Effects found in a graph's main nodes and library functions (each function read once per `where`)."""
+
+    def __init__(self, graph_def):
+        self.table = effect_table()
+        self.bodies = {f.signature.name: f for f in graph_def.library.function}
+        self.plain = {name for name, f in self.bodies.items() if not mentions_effects(f)}
+
+    def main_graph(self, where: str, nodes, found: list) -> list:
+        """Record the effects among main-graph `nodes`; return the functions they call."""
+        for node in nodes:
+            kind = self.table.kind_of(node)
+            if kind is not None:
+                found.append(Effect(where, "", node.name, node.op, kind.says))
+        return [name for node in nodes for name in called(node, self.bodies)]
+
+    def functions(self, where: str, names, found: list) -> None:
+        """Record the effects in the functions `names` and every function they call."""
+        seen, stack = set(), list(names)
+        while stack:
+            name = stack.pop()
+            if name in seen or name not in self.bodies:
+                continue
+            seen.add(name)
+            for node in self.bodies[name].node_def:
+                kind = None if name in self.plain else self.table.kind_of(node)
+                if kind is not None:
+                    found.append(Effect(where, name, node.name, node.op, kind.says))
+                stack += called(node, self.bodies)
+
+
+def called(node, bodies) -> list:
+    """The library functions a node calls: by its op (a function called by name) or any function attribute
+    (PartitionedCall's f, If's branches, While's cond and body, ...)."""
+    names = [node.op] if node.op in bodies else []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names += [f.name for f in value.list.func]
+    return names
+
+
+def _load_functions(object_graph) -> list:
+    """The concrete functions tf.saved_model.load calls while loading: each resource's creator and initializer."""
+    nodes = object_graph.nodes
+    names = []
+    for node in nodes:
+        if node.WhichOneof("kind") != "resource":
+            continue
+        for child in node.children:
+            target = nodes[child.node_id] if child.local_name in LOAD_FUNCTIONS else None
+            if target is not None and target.WhichOneof("kind") == "function":
+                names += list(target.function.concrete_functions)
+    return names
+
+
+def effect_line(effects) -> str:
+    """What the effects do, by signature: "serving_default writes files (WriteFile), saves checkpoints (SaveV2);
+    loading the model writes summaries (CreateSummaryFileWriter)"."""
+    parts = {}
+    for effect in effects:
+        parts.setdefault(effect.where, {}).setdefault(effect.says, set()).add(effect.op)
+    return "; ".join(
+        f"{where or 'loading the model'} " + ", ".join(f"{says} ({', '.join(sorted(ops))})"
+                                                      for says, ops in kinds.items())
+        for where, kinds in parts.items())
+
+
+# --------------------------------------------------------------------------------------------- the policy
+
+
+@dataclasses.dataclass
+class EffectsPolicy:
+    """Whether what a conversion runs performs the model's effects (`run`: as the model is; else a copy in which
+    they do nothing), and who is told when a copy stands in (`on_note`: callable(str), each line once)."""
+
+    run: bool = False
+    on_note: object = None
+    said: set = dataclasses.field(default_factory=set)
+
+    def tell(self, line: str) -> None:
+        """Tell `on_note` the line, once."""
+        if self.on_note is not None and line not in self.said:
+            self.said.add(line)
+            self.on_note(line)
+
+
+_POLICY = contextvars.ContextVar("mp_rewrite_effects_policy", default=EffectsPolicy())
+
+
+def effects_policy() -> EffectsPolicy:
+    """The policy in force (the default: effects are not run, nobody is told)."""
+    return _POLICY.get()
+
+
+@contextlib.contextmanager
+def running_effects(run: bool = False, on_note=None):
+    """Within the block, what runs the model performs its effects (`run`) or runs a copy without them; `on_note`
+    is told, once per line, what a copy stood in for."""
+    token = _POLICY.set(EffectsPolicy(run, on_note))
+    try:
+        yield _POLICY.get()
+    finally:
+        _POLICY.reset(token)
