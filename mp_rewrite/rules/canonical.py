@@ -130,7 +130,6 @@ def canonicalize(graph_def, fetches=(), rules=RULES, fold_batch_norms: bool = Tr
         new, records = _rewritten(graph_def, fetches, rules, fold_batch_norms, shapes, alive)
         if not any(record.applied for record in records):
             return new, records + left_out
-        drop_stale_shapes(new, graph_def)
         fault = graph_fault(new, fetches, shapes)
         if fault is not None and fault.reason.startswith(IMPORT_FAULT):
             # a graph TF's importer refuses as it was given (an op this process does not register) says nothing
@@ -163,7 +162,7 @@ def _rewritten(graph_def, fetches, rules, fold_batch_norms: bool, shapes, alive)
             break
         # asked again (lazily) in the next round, the new nodes included, from TF's inference, not from the shapes
         # a rewritten node still states (TF's importer takes a node's `_output_shapes` over its own inference)
-        drop_stale_shapes(graph.graph_def, graph_def)
+        drop_stale_shapes(graph.graph_def, graph_def, shapes)
         graph.forget_shapes()
     records += [r for r in declined.values() if r.node in graph.nodes]
     # What a rewrite left unread (the chain a BatchNorm was folded out of) would keep the contraction "read by 2

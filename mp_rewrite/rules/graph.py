@@ -223,14 +223,15 @@ def _inferred_shapes(graph_def, stated: dict) -> dict:
             if op.outputs and op.outputs[0].shape.rank is not None}
 
 
-def imported(graph_def, stated: dict):
+def imported(graph_def, stated: dict, stated_shapes: bool = True):
     """The graph imported into a new tf.Graph, which runs TensorFlow's own checks of it (inputs, types, shapes,
     `_output_shapes`); raises what TensorFlow's importer raises.
 
     Weights are imported as Placeholders of their shape (a shape never depends on a weight's values), so a model of
     several GB is not copied into a second graph to answer a question about shapes. A function body's arguments
     (`_Arg`) and the reads of its variables are Placeholders of the shapes `stated` gives them (unknown when it
-    gives none); its `_Retval`s are left out."""
+    gives none); its `_Retval`s are left out. Without `stated_shapes`, the nodes' `_output_shapes` are left out too
+    (TF's importer takes them over its own inference): the shapes are TF's inference alone."""
     import tensorflow as tf
     light = type(graph_def)()
     light.library.CopyFrom(graph_def.library)
@@ -252,6 +253,8 @@ def imported(graph_def, stated: dict):
             placeholder(node, node.attr["dtype"].type, stated[resource_source(nodes, node.input[0])])
         elif node.op != "_Retval":
             light.node.add().CopyFrom(node)
+            if not stated_shapes and "_output_shapes" in node.attr:
+                del light.node[-1].attr["_output_shapes"]
     with tf.Graph().as_default() as graph:
         tf.graph_util.import_graph_def(light, name="")
     return graph

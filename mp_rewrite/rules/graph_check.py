@@ -30,17 +30,50 @@ class Fault:
     nodes: frozenset
 
 
-def drop_stale_shapes(graph_def, before) -> int:
-    """Remove `_output_shapes` from every node of `graph_def` (in place) that is not in `before` as it is now: a node
-    the rules added, renamed or gave other inputs, whose stated shapes are its old ones (TensorFlow infers them
-    again on import, and refuses a graph whose stated shapes disagree with its own). Returns how many."""
+def drop_stale_shapes(graph_def, before, shapes=None) -> int:
+    """Remove (in place) the `_output_shapes` of `graph_def` that may no longer be true: those of every node that is
+    not in `before` as it is now (a node the rules added, renamed or gave other inputs), then those that disagree
+    with TensorFlow's own inference of the graph without them (a node downstream of a rewrite whose shape changed).
+    TF's importer takes a node's stated shapes over its inference, and refuses them where they disagree.
+
+    Args:
+        graph_def: the rewritten GraphDef (edited in place).
+        before: the GraphDef the rules were given.
+        shapes: {node name: shape} of the weights and arguments the graph does not state.
+
+    Returns:
+        how many nodes lost their `_output_shapes`.
+    """
+    import tensorflow as tf
     was = {node.name: (node.op, tuple(node.input)) for node in before.node}
     dropped = 0
     for node in graph_def.node:
         if "_output_shapes" in node.attr and was.get(node.name) != (node.op, tuple(node.input)):
             del node.attr["_output_shapes"]
             dropped += 1
+    if not dropped and len(was) == len(graph_def.node):
+        return 0
+    try:
+        inferred = imported(graph_def, shapes or {}, stated_shapes=False)
+    except (ValueError, TypeError, tf.errors.OpError):
+        return dropped  # graph_fault will say why
+    for node in graph_def.node:
+        if "_output_shapes" in node.attr and not _agrees(node, inferred):
+            del node.attr["_output_shapes"]
+            dropped += 1
     return dropped
+
+
+def _agrees(node, graph) -> bool:
+    """Whether the node's stated `_output_shapes` are compatible with TF's inference in `graph`."""
+    import tensorflow as tf
+    try:
+        outputs = graph.get_operation_by_name(node.name).outputs
+    except (KeyError, ValueError):
+        return True  # not imported as itself (a weight as a Placeholder, an _Arg, a _Retval)
+    stated = node.attr["_output_shapes"].list.shape
+    return len(stated) == len(outputs) and all(
+        tf.TensorShape(shape).is_compatible_with(output.shape) for shape, output in zip(stated, outputs))
 
 
 def graph_fault(graph_def, fetches=(), shapes=None) -> Fault | None:
