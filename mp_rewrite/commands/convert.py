@@ -146,6 +146,9 @@ def _run(args, given: str) -> int:
         return 0
     report = run_verification(args.source, args.output, args, args.signature, result.precision, args.tag_set,
                               shown_original=given, converted_runs=runs)
+    if not (result.written or (result.converted_nodes,))[0]:
+        stdout_console().print(f"both sides ran float32 (no node was converted to {result.precision}): the "
+                               "verification checked the graph rules' rewrites, not the low precision", soft_wrap=True)
     if not report.passed:
         stdout_console().print(f"the converted model is kept at {args.output}; loosen --rtol/--atol if the errors "
                                "are acceptable, or keep the offending nodes in float32 with --keep-fp32",

@@ -116,7 +116,7 @@ def rewrite_with_costs(args):
     result = rewrite_model(model, fetches=args.fetch, options=options)
     if model.meta_graph is not None:
         rules_after_pass(result, records, options)
-    say_assignment(result)
+    say_assignment(result, verb="chose")
     return model, result, options.costs
 
 

@@ -111,12 +111,14 @@ def predicted(result) -> dict | None:
     total["candidates"] = sum(len(a.candidates) for a in parts)
     total["note"] = next((a.note for a in parts if a.note), "")
     total["source"] = parts[0].source
+    total["decision"] = next((a.decision for a in parts if a.decision), "")
     return total
 
 
-def say_assignment(result, label: str = "", stream=None) -> None:
-    """One line on what the cost assignment chose and predicts, and where its costs come from; on stderr, why it
-    kept everything float32 when the machine has no low-precision units."""
+def say_assignment(result, label: str = "", stream=None, verb: str = "wrote") -> None:
+    """One line on what the cost assignment chose and predicts, and where its costs come from, after the race's
+    decision where variants were raced ("wrote float32: bfloat16 measured ...", `verb` for "wrote" where nothing
+    is written); on stderr, why it kept everything float32 when the machine has no low-precision units."""
     import sys
     p = predicted(result)
     if p is None:
@@ -124,6 +126,8 @@ def say_assignment(result, label: str = "", stream=None) -> None:
     if p["note"]:
         print(f"note: {p['note']} (--assign lists converts by Grappler's lists anyway)", file=stream or sys.stderr)
         return
+    if p["decision"]:  # what was written and why, in a user's words, before the figures
+        print(verb + p["decision"].removeprefix("wrote"), file=stream or sys.stdout)
     print(f"cost assignment{f' of {label}' if label else ''}: {p['demoted']} of {p['candidates']} candidates kept "
           f"float32; predicted {p['cost']:.2f} ms per run against Grappler's lists {p['lists_cost']:.2f} ms and "
           f"float32 {p['fp32_cost']:.2f} ms; {p['source']}", file=stream or sys.stdout)

@@ -56,6 +56,8 @@ class CostTable:
         runs: what running the model measured beside the costs (analysis.run_times.RunTimes: every op's time, the
             whole runs), for reports; None when the table was not measured in the model. The assignment never
             reads it.
+        decision: where variants were raced, what was written and why in a user's words ("wrote float32: bfloat16
+            measured 1.31x slower at batch 1 ..."), the line a conversion says first; else "".
     """
 
     precision: str
@@ -66,6 +68,7 @@ class CostTable:
     note: str = ""
     keep: str = ""
     runs: object = None
+    decision: str = ""
 
 
 @dataclasses.dataclass
@@ -168,6 +171,7 @@ class Assignment:
         bound: the sum over candidates of the faster precision's time, casts not counted.
         note: one line when the table says why everything stays float32.
         source: where the table's numbers come from (its note).
+        decision: the table's decision line (what was written and why, where variants were raced), else "".
     """
 
     candidates: tuple
@@ -178,6 +182,7 @@ class Assignment:
     bound: float
     note: str = ""
     source: str = ""
+    decision: str = ""
 
 
 def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph") -> Assignment:
@@ -231,7 +236,7 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
     return Assignment(tuple(view.names[n] for n in nodes),
                       tuple(view.names[n] for n, is_low in zip(nodes, low) if not is_low),
                       total_cost(problem, low), lists_cost, fp32_cost, sum(min(ms) for ms in problem.node_ms), note,
-                      table.note)
+                      table.note, table.decision)
 
 
 def _side(ctx, paint, var_of, v):

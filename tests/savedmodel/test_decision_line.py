@@ -1,0 +1,43 @@
+"""The first line says what was written and why (issue 39, item 3): the race's decision in a user's words, and
+--verify says when both sides ran float32."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mp_rewrite.analysis.op_costs import this_machine
+from mp_rewrite.analysis.variant_race import decision
+from mp_rewrite.commands import cli
+
+
+def test_a_float32_output_says_why_with_the_measured_ratios_and_what_to_do():
+    line = decision({1: [1.0, 1.31], 8: [10.0, 11.0], 32: [40.0, 18.2]}, ("float32", "lists"), "float32", "bfloat16")
+    assert line == ("wrote float32: bfloat16 (the lists) measured 1.31x slower at batch 1 and 1.10x at 8, 2.20x "
+                    "faster at batch 32 on this CPU -- --batch-size 32 converts for that batch, --assign lists forces "
+                    "TF's lists")
+
+
+def test_a_low_precision_output_says_how_much_faster_it_measured():
+    line = decision({1: [1.0, 1.02, 1.01], 8: [10.0, 5.2, 5.1], 32: [40.0, 18.2, 18.0]},
+                    ("float32", "lists", "cut"), "", "bfloat16")
+    assert line == ("wrote bfloat16: 1.96x faster than float32 at batch 8 and 2.22x at 32; 1.01x float32's time at "
+                    "batch 1, measured here")
+
+
+@pytest.mark.skipif(not this_machine("bfloat16").low_units, reason="the race runs where the CPU computes bfloat16")
+def test_convert_says_the_decision_first(small_cnn, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MP_REWRITE_ASSIGN", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert cli.main(["convert", str(small_cnn), str(tmp_path / "out"), "--precision", "bfloat16", "--freeze"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(("wrote bfloat16: ", "wrote float32: ")) and "batch 1" in first, first
+
+
+def test_verify_says_when_both_sides_ran_float32(small_cnn, tmp_path, capsys):
+    assert os.environ["MP_REWRITE_ASSIGN"] == "lists"  # conftest: Grappler's lists, no race
+    assert cli.main(["convert", str(small_cnn), str(tmp_path / "out"), "--precision", "bfloat16",
+                     "--keep-fp32", "*", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "both sides ran float32 (no node was converted to bfloat16)" in out, out
