@@ -44,7 +44,10 @@ def check_output(source, output, overwrite: bool = False) -> tuple[Path, Path]:
     """
     saved_model_file(source)
     src, out = Path(source).resolve(), Path(output).resolve()
-    if out == src or src in out.parents:
+    if out == src:
+        raise ModelError(f"output '{output}' is the source directory itself; the source is never replaced, write "
+                         "the converted model to another directory")
+    if src in out.parents:
         raise ModelError(f"output '{output}' is inside the source '{source}'; write the converted model outside "
                          "the source directory")
     if out in src.parents:

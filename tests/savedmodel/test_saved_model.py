@@ -358,7 +358,7 @@ def test_bad_outputs_and_the_source_is_never_modified(models, tmp_path):
     before = _tree_hash(source)
     with pytest.raises(ModelError, match="is inside the source"):
         convert_saved_model(source, source / "variables" / "out", "bfloat16")
-    with pytest.raises(ModelError, match="is inside the source"):
+    with pytest.raises(ModelError, match="is the source directory itself"):
         convert_saved_model(source, source, "bfloat16", overwrite=True)
     with pytest.raises(ModelError, match="contains the source"):
         convert_saved_model(source, source.parent, "bfloat16", overwrite=True)
