@@ -1,108 +1,17 @@
-"""The per-op rules of the batch-rows analysis (batch_rows.py): for each op, how the states of its inputs make the
-states of its outputs, or why it mixes the samples of a batch.
+"""The per-op rules of the batch-rows analysis (batch_rows.py): for each op, how the states of its inputs
+(batch_row_states.py) make the states of its outputs, or why it mixes the samples of a batch.
 
-States (batch_rows.py says what each means): `same`, `rows(k)`, `size(k)`, `shape(k)`. A rule is called only when
-some input is not `same`; it returns one State per output (the last one repeats) or raises Refused with the reason.
+A rule is called only when some input is not `same`; it returns one State per output (the last one repeats) or
+raises Refused with the reason.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import struct
 
 from ..core.graph_view import parse_input
-
-SAME, ROWS, SIZE, SHAPE = "same", "rows", "size", "shape"
-
-
-@dataclasses.dataclass(frozen=True)
-class State:
-    """A tensor's state; k is the rows per sample (1 for `same`); a shape's known values after its first."""
-
-    kind: str
-    k: int = 1
-    rest: tuple | None = None  # shape(k): the values after the first, where known
-
-    def __str__(self) -> str:
-        return self.kind if self.kind == SAME else f"{self.kind}({self.k})"
-
-
-SAME_STATE = State(SAME)
-# Ops that normalize over the last axis: a 1-D input would be normalized over the batch.
-LAST_AXIS = frozenset({"Softmax", "LogSoftmax", "_MklLayerNorm"})
-
-
-class Refused(Exception):
-    """A node does not keep the samples of a batch apart (the message says which and why)."""
-
-
-class Context:
-    """The walk's state: nodes by name, static shapes ({node: [shape per output]}), states by node name."""
-
-    def __init__(self, nodes: dict, shapes: dict):
-        self.nodes, self.shapes, self.states = nodes, shapes, {}
-
-    def state(self, tensor: str) -> State:
-        name, port = parse_input(tensor)
-        found = self.states[name]
-        return found[min(port, len(found) - 1)]
-
-    def shape(self, tensor: str):
-        name, port = parse_input(tensor)
-        found = self.shapes.get(name) or []
-        return found[port] if port < len(found) else None
-
-    def rank(self, tensor: str, node) -> int:
-        shape = self.shape(tensor)
-        if shape is None:
-            raise Refused(where(node, f"the rank of {tensor} is unknown, so whether axis 0 stays the batch is not "
-                                      "known"))
-        return len(shape)
-
-    def value(self, tensor: str, node) -> list:
-        """The integer values of a Const input, flattened, or refuse."""
-        found = const_ints(self.nodes.get(parse_input(tensor)[0]))
-        if found is None:
-            raise Refused(where(node, f"its input {tensor} is not a constant, so the axes it touches are unknown"))
-        return found
-
-
-def where(node, why: str) -> str:
-    """The reason a node refuses, naming it and its op."""
-    return f"node '{node.name}' ({node.op}): {why}"
-
-
-def const_ints(node) -> list | None:
-    """A Const node's int32/int64 values, flattened; None for anything else."""
-    if node is None or node.op != "Const":
-        return None
-    tensor = node.attr["value"].tensor
-    if tensor.dtype not in (3, 9):  # DT_INT32, DT_INT64
-        return None
-    count = math.prod(dim.size for dim in tensor.tensor_shape.dim)
-    if tensor.tensor_content:
-        width, code = (4, "i") if tensor.dtype == 3 else (8, "q")
-        return list(struct.unpack(f"<{len(tensor.tensor_content) // width}{code}", tensor.tensor_content))
-    values = list(tensor.int_val if tensor.dtype == 3 else tensor.int64_val) or [0]  # no values: all zeros
-    return values + values[-1:] * (count - len(values))  # TensorProto repeats its last value
-
-
-def rows_k(node, states) -> int:
-    """The k shared by the `rows` inputs when every other input is `same`, or refuse."""
-    ks = {s.k for s in states if s.kind == ROWS}
-    if len(ks) != 1 or any(s.kind not in (ROWS, SAME) for s in states):
-        raise Refused(where(node, f"its inputs do not line up on the batch ({', '.join(map(str, states))})"))
-    return ks.pop()
-
-
-def _axis(node, axis: int, rank: int, new_axis: bool = False) -> int:
-    return axis + rank + (1 if new_axis else 0) if axis < 0 else axis
-
-
-def _refuse_batch_axis(node, axes, rank: int, what: str, new_axis: bool = False) -> None:
-    if any(_axis(node, a, rank, new_axis) == 0 for a in axes):
-        raise Refused(where(node, f"{what} axis 0, the batch"))
+from .batch_row_states import (LAST_AXIS, ROWS, SAME, SAME_STATE, SHAPE, SIZE, Refused, State, const_ints,
+                               refuse_batch_axis, rows_k, where)
 
 
 def unary(node, data, states, context):
@@ -204,7 +113,7 @@ def reduction(node, data, states, context):
     if states[0].kind != ROWS or any(s != SAME_STATE for s in states[1:]):
         raise Refused(where(node, f"reduces with the batch in its axes ({states[1]})"))
     axes = context.value(data[1], node)
-    _refuse_batch_axis(node, axes, context.rank(data[0], node) if any(a < 0 for a in axes) else 0, "reduces over")
+    refuse_batch_axis(node, axes, context.rank(data[0], node) if any(a < 0 for a in axes) else 0, "reduces over")
     return [states[0]]
 
 
@@ -269,7 +178,7 @@ def pack(node, data, states, context):
     k = rows_k(node, states)
     if any(s.kind != ROWS for s in states):
         raise Refused(where(node, "stacks batch and non-batch tensors"))
-    _refuse_batch_axis(node, [axis], context.rank(data[0], node), "stacks on", new_axis=True)
+    refuse_batch_axis(node, [axis], context.rank(data[0], node), "stacks on", new_axis=True)
     return [State(ROWS, k)]
 
 
@@ -283,7 +192,7 @@ def concat(node, data, states, context):
     k = rows_k(node, values)
     if any(s.kind != ROWS for s in values) or axis_states != SAME_STATE:
         raise Refused(where(node, "concatenates batch and non-batch tensors"))
-    _refuse_batch_axis(node, axis, context.rank(data[0], node), "concatenates along")
+    refuse_batch_axis(node, axis, context.rank(data[0], node), "concatenates along")
     return [State(ROWS, k)]
 
 
@@ -326,7 +235,7 @@ def squeeze(node, data, states, context):
     dims = list(node.attr["squeeze_dims"].list.i)
     if not dims:  # every size-1 axis goes: the batch too, for a slice of one sample
         raise Refused(where(node, "squeezes every axis of size 1, the batch's too when a slice holds one sample"))
-    _refuse_batch_axis(node, dims, context.rank(data[0], node), "squeezes")
+    refuse_batch_axis(node, dims, context.rank(data[0], node), "squeezes")
     return unary(node, data, states, context)
 
 
@@ -363,7 +272,7 @@ def split(node, data, states, context):
     if states[index].kind != ROWS or any(s != SAME_STATE for i, s in enumerate(states) if i != index):
         raise Refused(where(node, "its split sizes or axis carry the batch"))
     axis = node.attr["axis"].i if node.op == "Unpack" else context.value(data[axis_index], node)[0]
-    _refuse_batch_axis(node, [axis], context.rank(data[index], node), "splits")
+    refuse_batch_axis(node, [axis], context.rank(data[index], node), "splits")
     return [states[index]]
 
 

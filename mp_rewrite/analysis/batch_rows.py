@@ -24,7 +24,8 @@ import dataclasses
 from ..core.graph_view import parse_input
 from ..core.op_support import Signatures
 from ..errors import GraphError
-from .batch_row_rules import CALLS, READS, ROWS, RULES, SAME_STATE, Context, Refused, State, where
+from .batch_row_rules import CALLS, READS, RULES
+from .batch_row_states import ROWS, SAME_STATE, Context, Refused, State, where
 
 
 @dataclasses.dataclass(frozen=True)

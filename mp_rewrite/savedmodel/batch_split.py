@@ -133,7 +133,9 @@ def _unequal(whole, split, specs, branches: int, exact: bool) -> str:
 def _chosen(whole, made: dict, specs):
     """Race the whole call and each split, interleaved, at TIMED_BATCHES; keep a split only where it wins all."""
     import tensorflow as tf
-    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    # TF reads TF_NUM_INTRAOP_THREADS at start without reporting it through tf.config.
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or int(
+        os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0)
     setting = "one intra-op thread" if threads == 1 else f"{threads or 'the default'} intra-op threads"
     times, wins = {}, {n: True for n in made}
     for batch in TIMED_BATCHES:

@@ -1,0 +1,140 @@
+"""Per-core branches (issue 40): the batch-rows analysis (analysis/batch_rows.py) refuses what mixes samples, with
+the node and the reason, and accepts Dense, convolution and attention models; the split signature
+(savedmodel/batch_split.py) equals the whole one bit for bit in float32, on an odd batch split unevenly and on a
+batch smaller than its branches; `convert --freeze --split` says what it chose."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from mp_rewrite.analysis.batch_rows import batch_rows  # noqa: E402
+from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
+from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
+from mp_rewrite.errors import OptionError  # noqa: E402
+from mp_rewrite.savedmodel.batch_split import SHAPE_BATCH, split_signature  # noqa: E402
+from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
+from mp_rewrite.testing import example_models  # noqa: E402
+
+
+def _analysed(function, *specs):
+    """batch_rows over a tf.function's graph, traced at `specs`, with shapes inferred as the split infers them."""
+    concrete = tf.function(function).get_concrete_function(*specs)
+    graph_def = concrete.graph.as_graph_def()
+    inputs = {t.name: tuple(t.shape.as_list()) for t in concrete.inputs}
+    outputs = [t.name for t in concrete.outputs]
+    return batch_rows(graph_def, inputs, outputs, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
+
+
+ROWS = tf.TensorSpec([None, 6], tf.float32)
+
+
+def test_a_reduction_over_the_batch_is_refused_with_the_node_and_the_reason():
+    found = _analysed(lambda x: x - tf.reduce_mean(x, axis=0, name="batch_mean"), ROWS)
+    assert not found.splittable
+    assert "batch_mean" in found.reason and "axis 0, the batch" in found.reason
+
+
+def test_a_reduction_over_features_is_accepted():
+    found = _analysed(lambda x: x - tf.reduce_mean(x, axis=-1, keepdims=True), ROWS)
+    assert found.splittable, found.reason
+
+
+def test_a_reshape_that_merges_samples_is_refused():
+    # Seven samples of 2 values (the batch shapes are inferred at) make one row of 14: a row would hold 7 samples.
+    found = _analysed(lambda x: tf.reshape(x, [-1, 14]), tf.TensorSpec([None, 2], tf.float32))
+    assert not found.splittable and "parts of two samples" in found.reason
+
+
+@pytest.mark.parametrize("function, why", [
+    (lambda x: tf.reshape(x, [-1, 12]), "rows would mix samples is not known"),  # shapes do not even infer
+    (lambda x: tf.matmul(x, x, transpose_a=True), "carries the batch"),
+    (lambda x: x + tf.random.uniform([6]), "stateful or random"),
+    (lambda x: tf.gather(x, [1, 0]), "gathers across the batch"),
+    (lambda x: tf.concat([x, x], axis=0), "concatenates along axis 0"),
+    (lambda x: tf.nn.softmax(tf.reshape(x, [-1])), "1-D"),
+])
+def test_what_mixes_samples_is_refused(function, why):
+    found = _analysed(function, ROWS)
+    assert not found.splittable
+    assert why in found.reason
+
+
+def test_a_function_call_that_sees_the_batch_is_refused():
+    inner = tf.function(lambda x: x * 2.0)
+    found = _analysed(lambda x: inner(x) + 1.0, ROWS)
+    assert not found.splittable and "calls function" in found.reason
+
+
+def test_a_reshape_that_merges_and_restores_the_batch_is_accepted():
+    def dense_3d(x):  # what tf.tensordot does for a Dense on [batch, time, features]
+        rows = tf.reshape(x, [-1, 6]) @ tf.ones([6, 4])
+        return tf.reshape(rows, tf.concat([tf.shape(x)[:2], [4]], 0))
+    found = _analysed(dense_3d, tf.TensorSpec([None, 5, 6], tf.float32))
+    assert found.splittable, found.reason
+
+
+@pytest.fixture(scope="module")
+def frozen_models(tmp_path_factory):
+    """{name: (loaded SavedModel, its float32 frozen signature folded as --freeze folds it)} for a Dense, a
+    convolution (with BatchNorm) and an attention model."""
+    made = {"dense": example_models.mlp(), "conv": example_models.cnn_bn(),
+            "attention": example_models.transformer_encoder()}
+    found = {}
+    for name, model in made.items():
+        path = tmp_path_factory.mktemp(name) / "model"
+        model.export(str(path), verbose=False)
+        loaded = tf.saved_model.load(str(path))
+        frozen = freeze_signature(loaded, "serving_default")
+        frozen.graph_def = optimize_graph(frozen.graph_def, frozen.fetches, FOLDING)
+        found[name] = (loaded, frozen)
+    return found
+
+
+@pytest.mark.parametrize("name", ["dense", "conv", "attention"])
+def test_dense_conv_and_attention_models_are_split_and_equal_bit_for_bit(frozen_models, name):
+    _, frozen = frozen_models[name]
+    whole, off = split_signature(frozen.graph_def, frozen, frozen.captured, "off", exact=True)
+    split, choice = split_signature(frozen.graph_def, frozen, frozen.captured, 3, exact=True)
+    assert off.branches == 1 and choice.branches == 3, choice.why
+    spec = frozen.inputs[0][0]
+    rng = np.random.default_rng(0)
+    for batch in (5, 3, 1):  # 2+2+1 (uneven), one sample per branch, fewer samples than branches (whole)
+        x = tf.constant(rng.normal(size=[batch, *spec.shape.as_list()[1:]]).astype(np.float32))
+        want, got = whole(x), split(x)
+        for key in want:
+            assert got[key].shape[0] == batch
+            np.testing.assert_array_equal(got[key].numpy(), want[key].numpy())
+
+
+def test_the_split_graph_runs_the_slices_as_separate_calls(frozen_models):
+    _, frozen = frozen_models["dense"]
+    split, _ = split_signature(frozen.graph_def, frozen, frozen.captured, 2, exact=True)
+    graph = split.get_concrete_function().graph.as_graph_def()
+    branches = [f for f in graph.library.function if "cond_true" in f.signature.name]
+    calls = [n for f in branches for n in f.node_def if n.op in ("PartitionedCall", "StatefulPartitionedCall")]
+    assert len(calls) == 2
+
+
+def test_convert_freeze_split_says_what_it_chose_and_how_to_serve_it(tmp_path):
+    source = tmp_path / "mlp"
+    example_models.mlp().export(str(source), verbose=False)
+    result = convert_saved_model(source, tmp_path / "split", "bfloat16", freeze=True, split=2)
+    line = next(note for note in result.notes if "branches" in note)
+    assert "split in 2 branches" in line and "TF_NUM_INTRAOP_THREADS=1" in line
+    loaded = tf.saved_model.load(str(tmp_path / "split")).signatures["serving_default"]
+    out = loaded(features=tf.ones([5, 32]))
+    assert next(iter(out.values())).shape == (5, 10)
+
+
+def test_a_split_without_freeze_is_refused_before_anything_is_done(tmp_path):
+    with pytest.raises(OptionError, match="needs --freeze"):
+        convert_saved_model(tmp_path / "missing", tmp_path / "out", "bfloat16", split=2)
+    with pytest.raises(OptionError, match="unknown --split"):
+        convert_saved_model(tmp_path / "missing", tmp_path / "out", "bfloat16", freeze=True, split="1")
