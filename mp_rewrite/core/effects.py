@@ -147,6 +147,28 @@ def graph_effects(graph_def, fetches, where: str) -> tuple:
     return tuple(found)
 
 
+def effects_awaited(graph_def, fetches):
+    """`graph_def` (a frozen signature), or a copy of it in which each fetched node waits (a control input) for
+    every op with an effect of the main graph that no fetch needed: TensorFlow's function runtime runs every
+    stateful op of a body, but a graph run for its fetches -- and Grappler's pruning -- drops the others (a SaveV2
+    that automatic control dependencies leave out of a function's control outputs), and the frozen model would
+    no longer do what the source did. Never modifies `graph_def`."""
+    if not mentions_effects(graph_def):
+        return graph_def
+    table = effect_table()
+    names = list(dict.fromkeys(f.lstrip("^").split(":")[0] for f in fetches))
+    needed = {node.name for node in _upstream_nodes(graph_def, names)}
+    missing = [node.name for node in graph_def.node if node.name not in needed and table.kind_of(node)]
+    if not missing:
+        return graph_def
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.name in names:
+            node.input.extend(f"^{name}" for name in missing)
+    return out
+
+
 class _Walk:
     """Effects found in a graph's main nodes and library functions (each function read once per `where`)."""
 

@@ -5,7 +5,9 @@ MUTATING_OPS = frozenset({
     "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign", "AssignAdd", "AssignSub",
     "ResourceScatterUpdate", "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterMul", "ResourceScatterDiv",
     "ResourceScatterMin", "ResourceScatterMax", "ResourceScatterNdUpdate", "ResourceScatterNdAdd", "ScatterUpdate",
-    "ScatterAdd", "ScatterNdUpdate", "DestroyResourceOp", "LookupTableInsertV2", "LookupTableRemoveV2"})
+    "ScatterAdd", "ScatterNdUpdate", "DestroyResourceOp", "LookupTableInsertV2", "LookupTableRemoveV2",
+    # Sets a variable's copy-on-read mode for good; tf.train.Checkpoint.write in a signature reads every variable so.
+    "DisableCopyOnRead"})
 
 # Contractions whose constant filter can take a per-output-channel scale (BatchNorm folding).
 CONTRACTIONS = ("Conv2D", "DepthwiseConv2dNative", "MatMul")

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 
+from ..core.effects import effects_awaited
 from ..core.op_facts import MUTATING_OPS
 from ..errors import ModelError
 
@@ -68,6 +69,7 @@ def freeze_signature(loaded, key: str, keep_variables: bool = False) -> FrozenSi
     captured = _captured_resources(signature, key, placeholders, loaded, variables)
     # A signature returns a dict; its tensors are the function's outputs in tf.nest order (sorted keys).
     outputs = {name: tensor.name for name, tensor in zip(sorted(signature.structured_outputs), signature.outputs)}
+    graph_def = effects_awaited(graph_def, list(outputs.values()))  # what the source did, the frozen model does
     specs = tf.nest.flatten(signature.structured_input_signature, expand_composites=True)
     inputs = list(zip(specs, placeholders))
     keyword = signature.structured_input_signature[1]

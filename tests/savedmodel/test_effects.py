@@ -1,0 +1,244 @@
+"""A conversion never performs the model's effects (issue 41): what it runs to measure and check a model whose
+serving signature writes a file, saves a checkpoint and writes a summary -- every mode of convert, verify, inspect's
+measured costs, --tune -- leaves the file system and the source byte for byte as they were, names the effects, and
+the written model still performs them when called."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.framework import node_def_pb2  # noqa: E402
+from tensorflow.python.framework import op_def_registry  # noqa: E402
+
+from mp_rewrite.commands import cli  # noqa: E402
+from mp_rewrite.core.effects import effect_line, effect_table, find_effects  # noqa: E402
+from mp_rewrite.core.stand_ins import STOOD_IN, meta_graph_without_effects, saved_model_without_effects  # noqa: E402
+from mp_rewrite.model.files import read_saved_model  # noqa: E402
+
+LINE = ("serving_default writes files (WriteFile), saves checkpoints (SaveV2), writes summaries (FlushSummaryWriter, "
+        "WriteSummary); loading the model writes summaries (CreateSummaryFileWriter)")
+WRITTEN = {"written.txt", "ckpt.index", "logs"}  # what one call of the model leaves in its side directory
+
+
+class Effectful(tf.Module):
+    """A Dense layer whose serving signature also writes a file, saves a checkpoint and writes a summary."""
+
+    def __init__(self, side: Path):
+        self.side = str(side)
+        self.w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[1, 2]) * 0.1)
+        self.writer = tf.summary.create_file_writer(str(side / "logs"), experimental_trackable=True)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+    def serve(self, x):
+        tf.io.write_file(self.side + "/written.txt", tf.strings.as_string(tf.reduce_sum(x)))
+        # A checkpoint of the input (one of the variables is Saver's: freezing folds variables away).
+        saved = tf.raw_ops.SaveV2(prefix=self.side + "/ckpt", tensor_names=["x"], shape_and_slices=[""], tensors=[x])
+        with self.writer.as_default():
+            tf.summary.write("total", tf.reduce_sum(x), step=1)
+        self.writer.flush()
+        with tf.control_dependencies([saved]):  # a SaveV2 nothing waits for is pruned from the function
+            return {"y": tf.nn.relu(tf.matmul(x, self.w))}
+
+
+class Saver(tf.Module):
+    """A signature that saves its variables in a checkpoint, as tf.train.Checkpoint.write does."""
+
+    def __init__(self, side: Path):
+        self.side = str(side)
+        self.w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[1, 2]) * 0.1)
+        self.checkpoint = tf.train.Checkpoint(w=self.w)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+    def serve(self, x):
+        self.checkpoint.write(self.side + "/ckpt")
+        return {"y": tf.nn.relu(tf.matmul(x, self.w))}
+
+
+class Plain(tf.Module):
+    def __init__(self):
+        self.w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[3, 4]) * 0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+    def serve(self, x):
+        return {"y": tf.nn.relu(tf.matmul(x, self.w))}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """(the SavedModel, its side directory), the side directory emptied of what building the model wrote."""
+    root = tmp_path_factory.mktemp("effects")
+    side, path = root / "side", root / "model"
+    side.mkdir()
+    module = Effectful(side)
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    del module
+    _empty(side)
+    return path, side
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """A cache of measured costs of this test's own, so that every measurement runs the model."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _empty(directory: Path) -> None:
+    for entry in directory.iterdir():
+        if entry.is_dir():
+            _empty(entry)
+            entry.rmdir()
+        else:
+            entry.unlink()
+
+
+def _tree(*paths) -> dict:
+    """Every file and directory under `paths`: relative name -> sha256 of its bytes ("dir" for a directory)."""
+    return {f"{p.name}/{f.relative_to(p)}": "dir" if f.is_dir() else hashlib.sha256(f.read_bytes()).hexdigest()
+            for p in paths for f in sorted(p.rglob("*"))}
+
+
+def _untouched(model, argv, capsys) -> str:
+    """Run `mp-rewrite ARGV`; assert it exits 0 and leaves the source and the side directory as they were; return
+    what it printed."""
+    before = _tree(*model)
+    assert cli.main(argv) == 0, capsys.readouterr()
+    assert _tree(*model) == before
+    out = capsys.readouterr()
+    return out.out + out.err
+
+
+def _performs_effects(output: Path, side: Path) -> None:
+    """The written model, loaded and called as a user does, performs every effect of the source."""
+    _empty(side)
+    try:
+        loaded = tf.saved_model.load(str(output))
+        assert float(loaded.signatures["serving_default"](x=tf.ones([2, 64]))["y"].numpy().sum()) > 0
+        assert WRITTEN <= {p.name for p in side.iterdir()}
+        assert (side / "written.txt").read_text() == "128.000000"
+        assert list((side / "logs").iterdir())  # the summary's events file
+    finally:
+        _empty(side)
+
+
+# --------------------------------------------------------------------------------------------- the table
+
+
+def test_every_op_of_the_table_is_registered_and_stateful():
+    ops = [op for kind in effect_table().kinds for op in kind.ops]
+    assert len(ops) == len(set(ops)) and "WriteFile" in ops and "SaveV2" in ops
+    for op in ops:
+        op_def = op_def_registry.get(op)
+        assert op_def is not None and op_def.is_stateful, op
+
+
+def test_the_effects_are_found_in_the_signature_and_in_loading(model):
+    meta_graph = read_saved_model(model[0]).meta_graphs[0]
+    effects = find_effects(meta_graph)
+    assert effect_line(effects) == LINE
+    # The saver's own SaveV2 and MergeV2Checkpoints (the __traced_save function) are not counted.
+    assert not any("traced_save" in effect.function for effect in effects)
+    copy, stand_ins = meta_graph_without_effects(meta_graph)
+    assert stand_ins.stands and find_effects(copy) == ()
+    assert sum(STOOD_IN in node.attr for f in copy.graph_def.library.function for node in f.node_def) == \
+        len(effects)
+
+
+def test_a_print_to_stderr_is_not_an_effect_but_one_to_a_file_is():
+    def kind(stream: str):
+        node = node_def_pb2.NodeDef(name="p", op="PrintV2")
+        node.attr["output_stream"].s = stream.encode()
+        return effect_table().kind_of(node)
+    assert kind("file:///tmp/log.txt").says == "prints to a file"
+    assert kind("stderr") is None and kind("log(info)") is None
+    assert effect_table().kind_of(node_def_pb2.NodeDef(name="r", op="ReadVariableOp")) is None
+
+
+# --------------------------------------------------------------------------------------------- every mode
+
+
+@pytest.mark.parametrize("mode", [[], ["--freeze"], ["--assign", "lists"]], ids=["in-place", "freeze", "lists"])
+def test_convert_leaves_the_world_as_it_was_and_the_written_model_keeps_the_effects(model, tmp_path, capsys, mode):
+    output = tmp_path / "out"
+    said = _untouched(model, ["convert", str(model[0]), str(output), "--precision", "bfloat16", *mode], capsys)
+    assert f"{LINE}: not run during conversion" in said.replace("\n", " ")
+    assert "the written copy ran 1 signature" in said  # the run check ran, on a copy
+    if "lists" not in mode:  # the costs were measured, on a copy
+        assert "measured on a copy in which the ops with effects do nothing" in said
+    _performs_effects(output, model[1])
+
+
+def test_verify_and_convert_verify_leave_the_world_as_it_was(model, tmp_path, capsys):
+    output = tmp_path / "out"
+    said = _untouched(model, ["convert", str(model[0]), str(output), "--precision", "bfloat16", "--assign",
+                              "lists", "--verify"], capsys)
+    assert "verification passed" in said
+    said = _untouched(model, ["verify", str(model[0]), str(output)], capsys)
+    assert f"{LINE}: not run here" in said.replace("\n", " ")
+
+
+def test_inspect_time_view_measures_a_copy_and_says_so(model, tmp_path, capsys):
+    said = _untouched(model, ["inspect", str(model[0]), "--precision", "bfloat16", "--device", "cpu", "--assign",
+                              "cost", "--format", "html", "--show", "time", "-o", str(tmp_path / "page.html")], capsys)
+    assert (tmp_path / "page.html").is_file()
+    assert "measured on a copy in which the ops with effects do nothing" in said
+    assert LINE in said.replace("\n", " ")
+
+
+def test_tune_leaves_the_world_as_it_was(model, tmp_path):
+    from mp_rewrite.savedmodel.tune import tune_saved_model
+    before = _tree(*model)
+    tuned = tune_saved_model(model[0], tmp_path / "tuned", "bfloat16", rounds=1, calls=1)
+    assert _tree(*model) == before
+    assert any(note.startswith(LINE) for note in tuned.conversion.notes)
+    _performs_effects(tmp_path / "tuned", model[1])
+
+
+def test_run_effects_runs_the_model_as_it_is(model, tmp_path, capsys):
+    argv = ["convert", str(model[0]), str(tmp_path / "out"), "--precision", "bfloat16", "--assign", "lists"]
+    try:
+        assert cli.main([*argv, "--run-effects"]) == 0
+        assert WRITTEN <= {p.name for p in model[1].iterdir()}  # the run check called the model as it is
+        assert f"{LINE}: run during conversion, as asked (--run-effects)" in capsys.readouterr().out.replace("\n", " ")
+    finally:
+        _empty(model[1])
+
+
+def test_a_signature_saving_its_variables_converts_in_place_and_freeze_refuses_it_in_one_line(tmp_path, capsys):
+    side, path = tmp_path / "side", tmp_path / "saver"
+    side.mkdir()
+    module = Saver(side)
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    model = (path, side)
+    argv = ["convert", str(path), str(tmp_path / "out"), "--precision", "bfloat16", "--assign", "lists"]
+    said = _untouched(model, argv, capsys)
+    assert "serving_default saves checkpoints (MergeV2Checkpoints, SaveV2): not run during conversion" in \
+        said.replace("\n", " ")
+    before = _tree(*model)
+    assert cli.main([*argv[:2], str(tmp_path / "frozen"), *argv[3:], "--freeze"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "(DisableCopyOnRead)" in err and "cannot be frozen" in err and "\n" not in err
+    assert _tree(*model) == before and not (tmp_path / "frozen").exists()
+
+
+# --------------------------------------------------------------------------------------------- no effects
+
+
+def test_a_model_without_effects_is_run_as_it_is(tmp_path, capsys):
+    module = Plain()
+    tf.saved_model.save(module, str(tmp_path / "plain"), signatures={"serving_default": module.serve})
+    saved_model = read_saved_model(tmp_path / "plain")
+    assert saved_model_without_effects(saved_model)[0] is saved_model  # no copy: what runs is the model itself
+    assert meta_graph_without_effects(saved_model.meta_graphs[0])[0] is saved_model.meta_graphs[0]
+    results = []
+    for run in (False, True):
+        assert cli.main(["convert", str(tmp_path / "plain"), str(tmp_path / f"out{run}"), "--precision", "bfloat16",
+                         "--assign", "lists", *["--run-effects"] * run]) == 0
+        results.append(read_saved_model(tmp_path / f"out{run}").SerializeToString())
+    assert results[0] == results[1]  # the same decisions, node for node
+    assert "not run during conversion" not in capsys.readouterr().out
