@@ -272,7 +272,7 @@ def run(args) -> int:
                                                **_picture_options(args)))
     elif args.output is None and sys.stdout.isatty():
         from rich.console import Console
-        text.render_rich(_text_items(result, tables, model, args.top), Console())
+        text.render_rich(_text_items(result, tables, model, args.top), Console(highlight=False))
     else:
         write_output(args.output, text.render_plain(_text_items(result, tables, model, args.top)))
     return 0

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import sys
+import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -100,18 +103,20 @@ def run_verification(original, converted, args, signatures, precision, tag_set=N
 
 
 def stdout_console() -> Console:
-    """A console for tables: rich on a terminal, plain and wide when piped."""
-    console = Console()
+    """A console for tables: rich on a terminal, plain and wide when piped. Never rich's automatic highlighting:
+    it colors "2.31x" as "2." and "31x"; what is colored, the markup says."""
+    console = Console(highlight=False)
     return console if console.is_terminal else Console(width=PLAIN_WIDTH, no_color=True, highlight=False)
 
 
 @contextlib.contextmanager
 def progress_bar(description: str, finishing: str | None = None):
-    """Yield a callback (done, total, name) driving a progress bar on stderr when it is a terminal; a no-op
-    otherwise. The bar is removed when the block ends; `finishing` replaces the description once done == total."""
+    """Yield a callback (done, total, name) driving a progress bar on stderr when it is a terminal, else writing a
+    line to stderr per step (StepLines: a CI log sees long work go on). The bar is removed when the block ends;
+    `finishing` replaces the description once done == total."""
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield lambda done, total, name: None
+        yield StepLines(description, finishing)
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("[dim]{task.fields[item]}"))
@@ -124,11 +129,32 @@ def progress_bar(description: str, finishing: str | None = None):
         yield update
 
 
+class StepLines:
+    """A progress callback (done, total, name) for output that is not a terminal: one plain line on stderr per step
+    ("verifying: 1/4 serve (original)"), but at most one a second (a stage of many small steps, such as rewriting
+    hundreds of functions, says where it is now and then), the first and the last always."""
+
+    def __init__(self, description: str, finishing: str | None = None, stream=None, every: float = 1.0):
+        self.description, self.finishing, self.stream, self.every = description, finishing, stream, every
+        self.last = -math.inf  # when the last line was written
+
+    def __call__(self, done, total, name) -> None:
+        label = self.finishing if self.finishing and total and done >= total else self.description
+        now = time.monotonic()
+        if now - self.last < self.every and not (total and done >= total):
+            return
+        self.last = now
+        count = f"{done}/{total} " if total else ""
+        print(f"{label}: {count}{name}", file=self.stream or sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
 def stderr_status(description: str):
-    """A spinner with `description` on stderr while the block runs (long work shows progress); silent when piped."""
+    """A spinner with `description` on stderr while the block runs (long work shows progress); a line saying it
+    begins when stderr is not a terminal."""
     console = Console(stderr=True)
     if not console.is_terminal:
+        print(f"{description} ...", file=sys.stderr, flush=True)
         yield
         return
     with console.status(description):
