@@ -14,8 +14,6 @@ import os
 import shutil
 import tempfile
 
-from ..core.effects import effect_line, effects_policy
-from ..core.stand_ins import saved_model_without_effects
 from ..errors import ModelError
 from .files import read_saved_model
 
@@ -66,6 +64,8 @@ def runnable_directory(path, saved_model=None, loading_only: bool = False):
         EffectsNotRun: an op with an effect has outputs that are read, so no copy without it stands for the model.
         ModelError: the directory holds no readable SavedModel.
     """
+    from ..core.effects import effect_line, effects_policy  # the core reads TF's op registry: not before it starts
+    from ..core.stand_ins import saved_model_without_effects
     policy = effects_policy()
     if policy.run:
         yield str(path)
