@@ -211,8 +211,9 @@ def time_costs(args, model, costs, measure: bool = True):
     return costs.for_graph(model.graph_def, args.precision, fetches=model.fetches)
 
 
-def write_output(path: str | None, text: str) -> None:
-    """Write text to `path`, or to stdout when None.
+def write_output(path: str | None, text: str, say: bool = True) -> None:
+    """Write text to `path` and, with `say`, one line saying so ("wrote mobilenet.html (212 KB)"); or to stdout
+    when None.
 
     Raises:
         ModelError: the file cannot be written.
@@ -225,6 +226,8 @@ def write_output(path: str | None, text: str) -> None:
             f.write(text)
     except OSError as e:
         raise ModelError(f"cannot write '{path}': {e.strerror or e}") from None
+    if say:
+        print(f"wrote {path} ({max(1, round(len(text.encode()) / 1024))} KB)")
 
 
 def _picture_options(args) -> dict:
@@ -297,7 +300,7 @@ def _check_show(args) -> bool:
 def _write_model_explorer(args, model, result) -> int:
     from ..report.model_explorer import to_model_explorer
     overlay = to_model_explorer(result, model, args.function, quiet=not args.verbose)
-    write_output(args.output, overlay.to_json())
+    write_output(args.output, overlay.to_json(), say=False)
     if args.output:
         print(f"wrote {args.output}: {overlay.summary()}; open it with: mp-rewrite view {args.model}, or in Model "
               f"Explorer open {overlay.source.path} with the adapter '{overlay.source.adapter}' and add it as "

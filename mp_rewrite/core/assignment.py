@@ -229,8 +229,9 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
         # A gain the timing cannot resolve is no evidence against Grappler's choice (and casts cost what the
         # table does not see): the lists' coloring stays.
         gain = lists_cost - total_cost(problem, low)
-        low, low_why = everything, (f"the cut would gain {_ms(gain)}, under {RESOLUTION:.0%} of the graph's "
-                                    "predicted time: Grappler's choice kept")
+        gained = f"would gain {_ms(gain)}, under" if gain > 0 else "would gain nothing over the lists, within"
+        low, low_why = everything, (f"the cut {gained} {RESOLUTION:.0%} of the graph's predicted time: Grappler's "
+                                    "choice kept")
     measured = [view.names[n] in node_costs for n in nodes]
     _record(ctx, paint, problem, nodes, groups, low, table.precision, measured, low_why, fp32_why)
     return Assignment(tuple(view.names[n] for n in nodes),
@@ -289,9 +290,10 @@ def _record(ctx, paint, problem, nodes, groups, low, precision, measured, low_wh
                 cast_ms[x] += ms
     for i, node in enumerate(nodes):
         fp32, low_ms = problem.node_ms[i]
-        numbers = (f"{precision} {_ms(low_ms)} vs float32 {_ms(fp32)}" if measured[i] else
+        # A measured node of no time in either run ran no kernel of its own: not measured, never "0.0 us".
+        numbers = (f"{precision} {_ms(low_ms)} vs float32 {_ms(fp32)}" if measured[i] and max(fp32, low_ms) > 0 else
                    "no time of its own (fused into its producer, or not measurable: the same in both)")
-        numbers += f"; casts {_ms(cast_ms[i])}"
+        numbers += f"; casts {_ms(cast_ms[i])}" if cast_ms[i] else "; no casts"
         for v in groups[node]:
             old = paint.reasons.get(v)
             source, via = (old.source, old.via) if old else (None, None)

@@ -91,7 +91,11 @@ class Explainer:
         if t is None or any(d.reason.rule in COST_RULES for d in row.decisions):
             return []
         if row.cast is not None:
+            if not t[1]:
+                return ["time: not measured (no kernel of its own ran: TF folded or fused it)"]
             return [f"time: {_ms(t[1])} per call (priced by its tensor's size from this machine's cast times)"]
+        if not max(t):  # not a time of zero: no kernel of the node's own was timed
+            return ["time: not measured (no kernel of its own ran in the timed runs: fused into another, or folded)"]
         low = row.node_class == "allow"
         where = f"it computes in {self.precision}" if low else "it computes in float32 here"
         return [f"time: {self.precision} {_ms(t[1] if low else t[0])} vs float32 {_ms(t[0])} per call ({where})"]
