@@ -326,11 +326,12 @@ def _fusion_lines(result) -> list[str]:
     """The fusions the rules enabled (per kind) and the first reasons they declined: in the frozen graphs, or in
     the function bodies rewritten in place."""
     import collections
+    from ..rules.record import DECLINED
     records = [record for r in result.results() for record in getattr(r, "rules", [])]
     if not records:
         return []
     enabled = collections.Counter(r.fusion for r in records if r.applied and r.fusion)
-    declined = collections.Counter(r.reason for r in records if not r.applied)
+    declined = collections.Counter(r.reason for r in records if r.status == DECLINED)
     line = "fusions enabled for TensorFlow's remapper: " + (
         ", ".join(f"{n}x {kind}" for kind, n in enabled.most_common()) or "none")
     if declined:
@@ -344,8 +345,9 @@ def _left_out_lines(result) -> list[str]:
     which rule, where, and why; the rest of that graph converted with the other rules."""
     from ..rules.record import LEFT_OUT
     bodies = {id(body): (name, body) for name, body in [*result.graphs.items(), *result.functions.items()]}
-    return [f"rule '{record.rule}' left out of '{name}': at '{record.node}' its rewrite "
-            f"{record.reason.removeprefix('left out of this graph: its rewrite ')}"
+    return [f"rule '{record.rule}' left out of '{name}': its rewrite"
+            + (f" at '{record.node}' " if record.node != "graph" else " ")
+            + record.reason.removeprefix('left out of this graph: its rewrite ')
             for name, body in bodies.values() for record in getattr(body, "rules", []) if record.status == LEFT_OUT]
 
 

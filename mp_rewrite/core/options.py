@@ -30,6 +30,8 @@ class Options:
         costs: with assign="cost", a core.assignment.CostTable of the graph, or a machine table with a
             `for_graph(graph_def, precision, fetches=...)` method (analysis.op_costs.MachineCosts) that makes one
             for each graph rewritten.
+        rules: with assign="cost", run the graph rules (rules.canonicalize) before and after the pass in place; False
+            where they broke the written copy (savedmodel.convert writes it again without them).
     """
 
     precision: str
@@ -42,6 +44,7 @@ class Options:
     emulate: bool = False
     assign: str = "lists"
     costs: object = None
+    rules: bool = True
 
 
 EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"

@@ -10,6 +10,7 @@ Everything is checked before the first byte is written; the output appears only 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 from ..analysis.flops import estimate_flops
@@ -32,7 +33,7 @@ from .keras_metadata import check_mode
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 from .result import ConversionResult, low_precision_counts
-from .run_check import RunCheck
+from .run_check import RunCheck, RunFailure
 from .split_option import parse_split
 from .source_check import check_source, check_written, check_written_attrs, node_names
 
@@ -118,39 +119,55 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                                                                          allow_opaque_xla)
             opaque = opaque_modules(saved_model, tags, keys, freeze)
             effects = conversion_effects(saved_model, tags, keys, freeze)
-            with _step("rewrite"):
-                if freeze:
-                    rewritten = freeze_saved_model(source_dir, saved_model, options, keys, tags, progress,
-                                                   weights=weights, freeze_weights=freeze_weights, output=output,
-                                                   split=split)
-                else:
-                    rewritten = rewrite_in_place(source_dir, saved_model, options, keys, tags, progress,
-                                                 keras_metadata=keras_metadata, output=output)
-            try:
-                _say_vanished(options, rewritten.node_names, on_note)
-                check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run
-                with _step("estimate"):
-                    share, per_function, per_graph = estimate_flops(rewritten.graphs) if flops else (None, {}, {})
-                runs = RunCheck(source_dir, saved_model, run_inputs, options.precision, options.device, on_run=on_run)
-                counted = []
+            fallback = []
+            for with_rules in (True, False):  # a copy the rules broke is written again without them
+                here = options if with_rules else dataclasses.replace(options, rules=False)
+                with _step("rewrite"):
+                    if freeze:
+                        rewritten = freeze_saved_model(source_dir, saved_model, here, keys, tags, progress,
+                                                       weights=weights, freeze_weights=freeze_weights, output=output,
+                                                       split=split)
+                    else:
+                        rewritten = rewrite_in_place(source_dir, saved_model, here, keys, tags, progress,
+                                                     keras_metadata=keras_metadata, output=output)
+                try:
+                    _say_vanished(here, rewritten.node_names, on_note)
+                    check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run
+                    with _step("estimate"):
+                        share, per_function, per_graph = estimate_flops(rewritten.graphs) if flops else (None, {}, {})
+                    runs = RunCheck(source_dir, saved_model, run_inputs, here.precision, here.device, on_run=on_run)
+                    counted = []
 
-                def check(written):  # on the complete copy, before it is moved into place
-                    if effects.stands or run:  # else no copy without its effects can be loaded and run
-                        check_written(source_dir, saved_model, written, rewritten.saved_model,
-                                      runs if run_check else None)
-                    counted.append(low_precision_counts(read_saved_model(written), options.precision))
-                write_model_dir(rewritten.files, output_dir, rewritten.saved_model, overwrite, drop=rewritten.drop,
-                                check=check)
-            finally:
-                remove_tree(rewritten.staging)
+                    def check(written):  # on the complete copy, before it is moved into place
+                        if effects.stands or run:  # else no copy without its effects can be loaded and run
+                            check_written(source_dir, saved_model, written, rewritten.saved_model,
+                                          runs if run_check else None)
+                        counted.append(low_precision_counts(read_saved_model(written), here.precision))
+                    write_model_dir(rewritten.files, output_dir, rewritten.saved_model, overwrite,
+                                    drop=rewritten.drop, check=check)
+                    break
+                except RunFailure as failure:
+                    if not (with_rules and failure.ours and not freeze and _rules_applied(rewritten)):
+                        raise
+                    fallback.append(f"the graph rules were left out of this conversion: with them the written copy "
+                                    f"failed where the source runs ({failure.what}); converted without them")
+                finally:
+                    remove_tree(rewritten.staging)
     # The summary says what the copy holds, not what the rewrite recorded: a save that drops something shows.
     own = low_precision_counts(saved_model, options.precision)
     return ConversionResult(str(source), str(output), options.precision, options.device, rewritten.keys,
                             rewritten.graphs, rewritten.skipped, share, per_function, per_graph,
                             time.perf_counter() - start, frozen=freeze,
-                            notes=rewritten.notes + runs.notes + _opaque_notes(opaque) + effects_note(effects, run),
+                            notes=fallback + rewritten.notes + runs.notes + _opaque_notes(opaque) +
+                            effects_note(effects, run),
                             ran=tuple(runs.ran) if run_check else None,
                             written=tuple(max(0, w - o) for w, o in zip(counted[0], own)), opaque=tuple(opaque))
+
+
+def _rules_applied(rewritten) -> bool:
+    """Whether a graph rule rewrote any graph of the conversion."""
+    return any(record.applied for graph in rewritten.graphs.values()
+               for body in [graph, *graph.functions.values()] for record in getattr(body, "rules", []))
 
 
 def check_modes(weights: str, freeze: bool, keras_metadata: str) -> None:

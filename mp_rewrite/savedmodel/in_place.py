@@ -74,7 +74,7 @@ def rules_before_pass(meta_graph, options, keys=None) -> tuple[object, dict]:
     {function name: [Record]}; with Grappler's lists, the MetaGraph as it is (node for node Grappler's rewrite).
     Where the costs say this machine has no low-precision units (the graph stays float32), a BatchNorm after a
     Conv2D becomes the FusedBatchNorm TF fuses into a float32 convolution (rules.FLOAT32_RULES)."""
-    if options.assign != "cost":
+    if options.assign != "cost" or not options.rules:
         return meta_graph, {}
     return _canonical(meta_graph, keys, RULES if getattr(options.costs, "low_units", True) else FLOAT32_RULES)
 
@@ -96,7 +96,7 @@ def rules_after_pass(result, records: dict, options, keys=None) -> None:
     less, a BatchNorm of a Conv2D the pass left float32 as the FusedBatchNorm TF fuses into it) in
     `result.meta_graph_def`, and the main graph's and each function's RewriteResult given its rules' records (what
     convert prints)."""
-    if options.assign != "cost" or getattr(options.costs, "keep", "") == SOURCE:
+    if options.assign != "cost" or not options.rules or getattr(options.costs, "keep", "") == SOURCE:
         return
     result.meta_graph_def, placed = _canonical(result.meta_graph_def, keys, PLACEMENT_RULES)
     for name, body in [(MAIN_GRAPH, result), *result.functions.items()]:

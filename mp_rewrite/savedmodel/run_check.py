@@ -26,8 +26,19 @@ from .loadable_copy import loadable_copy
 from .verify import SignatureRun, function_identity, signature_run
 
 
+BUG = "this is an mp_rewrite bug, please report it with the model"
+
+
 class RunFailure(ModelError):
-    """The written copy failed to run a signature that the conversion was to write (nothing was written)."""
+    """The written copy failed to run a signature that the conversion was to write (nothing was written).
+
+    Attributes:
+        what: the copy's error; ours: whether the source runs the signature (the fault is the conversion's).
+    """
+
+    def __init__(self, message: str, what: str = "", ours: bool = False):
+        super().__init__(message)
+        self.what, self.ours = what or message, ours
 
 
 @dataclasses.dataclass
@@ -82,7 +93,7 @@ class RunCheck:
                     self.notes.append(f"signature '{key}' was not run before writing: {e}")
                     continue
                 fault = _whose_fault(self.source, self.source_model, tags, key, recipe, self.precision, str(e))
-                raise RunFailure(f"{e}; {fault}; nothing was written") from None
+                raise RunFailure(f"{e}; {fault}; nothing was written", str(e), fault.endswith(BUG)) from None
             self._ran(tags, key, run)
             called[identity] = run
 
@@ -121,7 +132,7 @@ def _whose_fault(source, source_model, tags, key: str, recipe: InputRecipe, prec
         return (f"the source runs it: oneDNN has no {precision} kernel for that op on this CPU as configured"
                 f"{onednn_cap()}; convert with the default --assign cost (it keeps what runs), or where the model "
                 "will run")
-    return "the source runs it: this is an mp_rewrite bug, please report it with the model"
+    return f"the source runs it: {BUG}"
 
 
 def _has_gpu() -> bool:

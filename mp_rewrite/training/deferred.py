@@ -127,6 +127,7 @@ def _swap_in(step: _Pending, table):
     from ..core.body import rewrite_body
     from ..core.functions import graph_to_function
     from . import cost_hook, function_hook
+    from .runnable import check_runnable
     took = (f"measured in {time.perf_counter() - step.started:.1f} s over {step.calls} calls" if not
             getattr(step.measure, "leader_decides", False) else f"the leader decided after {step.calls} calls")
     if table.keep == "lists" and step.measure.traced is not None:
@@ -139,7 +140,7 @@ def _swap_in(step: _Pending, table):
             result = rewrite_body(step.body.graph_def, cost_hook.measured(step.options, table), step.body.retvals,
                                   step.body.preserved(), step.signatures, preserve_stateful=True, label=step.name)
             new = graph_to_function(result.graph_def, step.traced, step.signatures)
-            function_hook.check_runnable(new, result, step.signatures)
+            check_runnable(new, result, step.signatures)
         if not function_hook.replace_rewrite(step.name, result, new):
             return None
         _register_callers_again(step.name)
