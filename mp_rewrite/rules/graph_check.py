@@ -88,6 +88,20 @@ def graph_fault(graph_def, fetches=(), shapes=None) -> Fault | None:
         a Fault: an input or fetch that names no node, or what TensorFlow's importer says of the graph.
     """
     import tensorflow as tf
+    orphan = orphaned_input(graph_def, fetches)
+    if orphan is not None:
+        return orphan
+    try:
+        imported(graph_def, shapes or {})
+    except (ValueError, TypeError, tf.errors.OpError) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return Fault(f"TensorFlow does not import it ({message})", frozenset(_NAMED.findall(message)))
+    return None
+
+
+def orphaned_input(graph_def, fetches=()) -> Fault | None:
+    """The first output or input of `graph_def` that names no node (graph_fault's check of the structure alone,
+    which needs no TensorFlow), or None."""
     names = {node.name for node in graph_def.node}
     for fetch in fetches:
         if node_name(fetch) not in names:
@@ -97,9 +111,4 @@ def graph_fault(graph_def, fetches=(), shapes=None) -> Fault | None:
             if node_name(tensor) not in names:
                 return Fault(f"node '{node.name}' reads '{tensor}', which no node produces",
                              frozenset({node.name, node_name(tensor)}))
-    try:
-        imported(graph_def, shapes or {})
-    except (ValueError, TypeError, tf.errors.OpError) as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return Fault(f"TensorFlow does not import it ({message})", frozenset(_NAMED.findall(message)))
     return None

@@ -72,11 +72,12 @@ def fused_batch_norms(body, name: str):
     """(body, [fused layer scopes]): Keras 3's training BatchNormalizations in the body fused into FusedBatchNormV3
     and its gradient (rules.batchnorm_training)."""
     from ..rules import fuse_training_batch_norms
+    from ..rules.graph_check import orphaned_input
     graph_def, fused = fuse_training_batch_norms(body.graph_def, keep=(*body.retvals, *body.control_outputs))
-    broken = dangling_input(graph_def) if fused else ""
+    broken = orphaned_input(graph_def) if fused else None
     if broken:  # e.g. a dead Shape node of a step traced with an unknown batch size, left reading a removed node
-        logger.warning("mp_rewrite: %s: fusing its BatchNormalization layers left %s; the step is rewritten "
-                       "without the fusion", name, broken)
+        logger.warning("mp_rewrite: %s: fusing its BatchNormalization layers failed the check (%s); the step is "
+                       "rewritten without the fusion", name, broken.reason)
         return body, []
     if fused:
         logger.info("mp_rewrite: %s: %d BatchNormalization layers fused (forward and gradient)", name, len(fused))
@@ -87,8 +88,9 @@ def canonicalized(body, shapes: dict, name: str):
     """(body, [rules.Record]): the training rules (rules.canonicalize) on a step's body, told the shapes of its
     arguments (`shapes`, the variables' included), keeping its outputs, its control outputs and every forward node a
     gradient reads (gradient_reads); the records say what applied and what declined, and why. The body as it was
-    (and no record) when the rules failed or left a node reading one that is gone."""
+    (and no record) when the rules failed; a rule whose rewrite failed the check is left out (its record says why)."""
     from ..rules import canonicalize
+    from ..rules.record import LEFT_OUT
     keep = (*body.retvals, *body.control_outputs, *sorted(gradient_reads(body.graph_def)))
     try:
         graph_def, records = canonicalize(body.graph_def, keep, training_rules(), fold_batch_norms=False,
@@ -101,12 +103,10 @@ def canonicalized(body, shapes: dict, name: str):
     for record in records:
         if record.applied:
             counts[record.rule] = counts.get(record.rule, 0) + 1
+        elif record.status == LEFT_OUT:  # its rewrite failed rules.graph_check: the step went on without it
+            logger.warning("mp_rewrite: %s: rule '%s' %s", name, record.rule, record.reason)
     if not counts:
         return body, records
-    broken = dangling_input(graph_def)
-    if broken:
-        logger.warning("mp_rewrite: %s: the graph rules left %s; the step is rewritten without them", name, broken)
-        return body, []
     logger.info("mp_rewrite: %s: graph rules applied: %s", name,
                 ", ".join(f"{rule} ×{count}" for rule, count in counts.items()))
     return dataclasses.replace(body, graph_def=graph_def), records
@@ -195,11 +195,3 @@ def unchanged_nodes(traced, graph_def) -> set:
     return {name for name, same in state.items() if same}
 
 
-def dangling_input(graph_def) -> str:
-    """"" when every input of every node names a node of the graph, else the first that does not (one phrase)."""
-    names = {node.name for node in graph_def.node}
-    for node in graph_def.node:
-        for text in node.input:
-            if text.lstrip("^").split(":")[0] not in names:
-                return f"node '{node.name}' reading '{text}', which is gone"
-    return ""
