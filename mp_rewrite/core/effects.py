@@ -57,9 +57,9 @@ class EffectTable:
         return kind
 
     @functools.cached_property
-    def op_names(self) -> tuple:
-        """Every op named, as bytes (what a serialized graph holding one contains)."""
-        return tuple(sorted(op.encode() for kind in self.kinds for op in kind.ops))
+    def ops(self) -> frozenset:
+        """Every op named."""
+        return frozenset(op for kind in self.kinds for op in kind.ops)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,13 +102,6 @@ def effect_table() -> EffectTable:
     return EffectTable(kinds)
 
 
-def mentions_effects(message) -> bool:
-    """Whether a proto (GraphDef, FunctionDef, MetaGraphDef) holds any op name of the table: a quick test, true for
-    every TF2 SavedModel (its saver saves checkpoints), that spares reading the nodes of one that holds none."""
-    data = message.SerializeToString()
-    return any(name in data for name in effect_table().op_names)
-
-
 def find_effects(meta_graph, keys=None) -> tuple:
     """The effects of a MetaGraph: in what each signature (those of `keys`, else every user signature) runs -- its
     main-graph nodes and every function they call, nested calls, loop and branch bodies included -- and in what
@@ -118,8 +111,6 @@ def find_effects(meta_graph, keys=None) -> tuple:
     Returns:
         A tuple of Effects, in the order found.
     """
-    if not mentions_effects(meta_graph.graph_def):
-        return ()
     roots = {key: signature_nodes(meta_graph, [key], outputs_only=True)
              for key in sorted(meta_graph.signature_def)
              if not key.startswith(INTERNAL_PREFIX) and (not keys or key in keys)}
@@ -139,8 +130,6 @@ def find_effects(meta_graph, keys=None) -> tuple:
 def graph_effects(graph_def, fetches, where: str) -> tuple:
     """The effects of a bare GraphDef (a frozen signature, `where` its key): what running `fetches` (tensor or node
     names) runs."""
-    if not mentions_effects(graph_def):
-        return ()
     walk, found = _Walk(graph_def), []
     names = [f.lstrip("^").split(":")[0] for f in fetches]
     walk.functions(where, walk.main_graph(where, _upstream_nodes(graph_def, names), found), found)
@@ -153,9 +142,9 @@ def effects_awaited(graph_def, fetches):
     stateful op of a body, but a graph run for its fetches -- and Grappler's pruning -- drops the others (a SaveV2
     that automatic control dependencies leave out of a function's control outputs), and the frozen model would
     no longer do what the source did. Never modifies `graph_def`."""
-    if not mentions_effects(graph_def):
-        return graph_def
     table = effect_table()
+    if not any(node.op in table.ops for node in graph_def.node):
+        return graph_def
     names = list(dict.fromkeys(f.lstrip("^").split(":")[0] for f in fetches))
     needed = {node.name for node in _upstream_nodes(graph_def, names)}
     missing = [node.name for node in graph_def.node if node.name not in needed and table.kind_of(node)]
@@ -175,12 +164,11 @@ class _Walk:
     def __init__(self, graph_def):
         self.table = effect_table()
         self.bodies = {f.signature.name: f for f in graph_def.library.function}
-        self.plain = {name for name, f in self.bodies.items() if not mentions_effects(f)}
 
     def main_graph(self, where: str, nodes, found: list) -> list:
         """Record the effects among main-graph `nodes`; return the functions they call."""
         for node in nodes:
-            kind = self.table.kind_of(node)
+            kind = self.table.kind_of(node) if node.op in self.table.ops else None
             if kind is not None:
                 found.append(Effect(where, "", node.name, node.op, kind.says))
         return [name for node in nodes for name in called(node, self.bodies)]
@@ -194,7 +182,7 @@ class _Walk:
                 continue
             seen.add(name)
             for node in self.bodies[name].node_def:
-                kind = None if name in self.plain else self.table.kind_of(node)
+                kind = self.table.kind_of(node) if node.op in self.table.ops else None
                 if kind is not None:
                     found.append(Effect(where, name, node.name, node.op, kind.says))
                 stack += called(node, self.bodies)
