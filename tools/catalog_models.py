@@ -33,6 +33,13 @@ CONFIG = {
     "max_sequence_length": 64, "num_frames": 2,
 }
 
+_SMOLLM = {"attention_bias": False, "attention_dropout": 0.0, "rope_layer_enabled_list": [True, True],
+           "layer_types": ["attention", "attention"], "mlp_bias": False, "layer_norm_epsilon": 1e-6,
+           "max_position_embeddings": 64, "rope_theta": 10000.0, "partial_rotary_factor": 1.0}
+_T5GEMMA = {f"{side}_{key}": value for side in ("encoder", "decoder") for key, value in (
+    ("hidden_dim", 64), ("intermediate_dim", 128), ("num_layers", 1), ("num_attention_heads", 2),
+    ("num_key_value_heads", 1), ("head_dim", 32), ("layer_types", ["full_attention"]))}
+
 # Per class: what the names above do not fit (lists per stage, CNN widths), or what its defaults make too big.
 OVERRIDES = {
     "AlbertBackbone": {"embedding_dim": 64},
@@ -47,6 +54,11 @@ OVERRIDES = {
                        "stackwise_strides": 2, "stackwise_num_filters": [32, 64], "block_type": "bottleneck_block"},
     "ViTDetBackbone": {"global_attention_layer_indices": [1], "image_shape": (64, 64, 3), "window_size": 4},
     "CLIPVisionEncoder": {"image_shape": (64, 64, 3)},
+    "PaliGemmaBackbone": {"vit_patch_size": 8, "vit_num_heads": 2, "vit_hidden_dim": 64, "vit_num_layers": 1},
+    "SmolLMBackbone": _SMOLLM,
+    "SmolLM3Backbone": _SMOLLM,
+    "T5GemmaBackbone": _T5GEMMA,
+    "T5Gemma2Backbone": _T5GEMMA,
     "MiTBackbone": {"layerwise_depths": [1, 1], "num_layers": 2, "layerwise_num_heads": [1, 2],
                     "layerwise_sr_ratios": [2, 1], "max_drop_path_rate": 0.0, "layerwise_patch_sizes": [7, 3],
                     "layerwise_strides": [4, 2], "hidden_dims": [16, 32]},

@@ -154,18 +154,18 @@ def main(argv=None) -> int:
         parser.error(f"no catalog model matches {args.models!r}")
     started = time.strftime("%Y-%m-%d %H:%M")
     print(f"sweeping {len(entries)} models x {len(modes)} modes on {machine()}", flush=True)
+    command = "python tools/sweep_catalog.py " + " ".join(argv if argv is not None else sys.argv[1:])
     rows = []
     for index, entry in enumerate(entries, 1):
         print(f"[{index}/{len(entries)}] {entry['name']} ({entry['kind']})"
               + (f": not built, {entry['skip']}" if entry["skip"] else ""), flush=True)
         rows.append(sweep_model(entry, modes, Path(args.workdir), args.timeout, not args.no_time))
-    command = "python tools/sweep_catalog.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = page(rows, modes, command.strip(), started)
+        text = page(rows, modes, command.strip(), started)
+        if args.page:  # after every model: a sweep cut short still has its page
+            Path(args.page).write_text(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
     print(text)
-    if args.page:
-        Path(args.page).write_text(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
     return 1 if any(r["modes"].get(m, {}).get("status") == "failed" for r in rows for m in modes) else 0
 
 
