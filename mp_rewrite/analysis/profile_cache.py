@@ -71,7 +71,8 @@ def from_text(text: str):
                            for label, casts in data["casts"].items()},
                           {label: {(a, b): ms for a, b, ms in fusions} for label, fusions in data["fusions"].items()},
                           data["low_units"], data["note"], data["keep"],
-                          RunTimes.from_data(data["runs"]) if data.get("runs") else None)
+                          RunTimes.from_data(data["runs"]) if data.get("runs") else None,
+                          data.get("decision", ""))  # a file written before the decision was kept: none
         return table, data["fp32_ms"], data["lists_ms"]
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -93,7 +94,8 @@ def save(key: str, table: CostTable, fp32_ms: float, lists_ms: float) -> None:
 def as_text(table: CostTable, fp32_ms: float, lists_ms: float) -> str:
     """The measured costs as the cache file holds them (JSON; `from_text` reads it back)."""
     data = {"format": FORMAT, "version": VERSION, "precision": table.precision, "low_units": table.low_units,
-            "note": table.note, "keep": table.keep, "fp32_ms": fp32_ms, "lists_ms": lists_ms,
+            "note": table.note, "keep": table.keep, "decision": table.decision, "fp32_ms": fp32_ms,
+            "lists_ms": lists_ms,
             "nodes": {label: {name: list(ms) for name, ms in nodes.items()} for label, nodes in table.nodes.items()},
             "casts": {label: [[name, port, *ms] for (name, port), ms in casts.items()]
                       for label, casts in table.casts.items()},

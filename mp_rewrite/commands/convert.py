@@ -291,7 +291,7 @@ def print_result(result) -> None:
     console = stdout_console()
     table = Table(title=f"{result.source} -> {result.output} ({result.precision}, device {result.device})",
                   title_justify="left")
-    for column in ("function", "nodes", "converted", "casts", "matmul/conv FLOPs", f"in {result.precision}"):
+    for column in ("function", "nodes", "converted", "casts inserted", "matmul/conv FLOPs", f"in {result.precision}"):
         table.add_column(column, justify="left" if column == "function" else "right")
     rows = _rows(result)
     for name, r, share in rows[:TOP_ROWS]:
@@ -314,12 +314,22 @@ def print_result(result) -> None:
     converted, casts = result.written or (result.converted_nodes, result.casts)
     console.print(f"wrote {result.output}: {_count(converted, 'node')} converted to "
                   f"{result.precision} in the main graph and {_count(functions, 'function')}, "
-                  f"{_count(casts, 'cast')} inserted, in {result.seconds:.1f} s", soft_wrap=True)
+                  f"{_casts_said(result, rows, casts)}, in {result.seconds:.1f} s", soft_wrap=True)
     console.print("(nodes now computing in low precision, and casts in both directions: the numbers "
                   "mp-rewrite inspect and demo report for the same rewrite)", soft_wrap=True)
     if result.ran:
         console.print(f"the written copy ran {_count(len(result.ran), 'signature')} once before it was moved into "
                       f"place ({', '.join(result.ran)})", soft_wrap=True)
+
+
+def _casts_said(result, rows, casts: int) -> str:
+    """The casts the written copy holds, and where the table's (the rewrite's records, once per graph that
+    signatures share) differ, how: freezing folds a Cast of a weight into a constant of the precision."""
+    inserted = sum(len(r.casts) for r in {id(r): r for _, r, _ in rows}.values())
+    if not result.written or inserted in (0, casts) or len(rows) > TOP_ROWS:
+        return f"{_count(casts, 'cast')} inserted"
+    folded = " (the rest folded into " + result.precision + " constants)" if result.frozen and inserted > casts else ""
+    return f"{_count(casts, 'cast')} in the written copy of the {inserted} the rewrite inserted{folded}"
 
 
 def _fusion_lines(result) -> list[str]:

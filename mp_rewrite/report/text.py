@@ -45,6 +45,8 @@ def blocks(summary: Summary, top: int = 12) -> list:
     head = f"mixed precision rewrite to {summary.precision} (device {summary.device})"
     head += f": main graph {main_nodes} nodes" if "" in summary.graphs else ""
     head += f", {len(functions)} function(s) rewritten" if functions else ""
+    if functions and "" in summary.graphs:  # Grappler's line counts every graph's nodes: say the two add up
+        head += f" ({sum(n for n, _ in summary.graphs.values())} nodes in all)"
     out = [head, summary.grappler_line, "",
            f"float32 type attributes converted: {summary.attrs_converted} of {summary.attrs_float32} "
            f"({percent(summary.attrs_converted, summary.attrs_float32)})",
