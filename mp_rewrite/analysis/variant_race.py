@@ -4,10 +4,12 @@ analysis.graph_runs runs TensorFlow).
 analysis.graph_profile builds a cost table from node times in context and a cut from it; a prediction is then
 checked against the run. `race_variants` (called by graph_profile with the runners of each variant) races float32,
 Grappler's lists, the cut and, where the graph rules changed the model, the model as given, and `best_across`
-decides: the baseline is the model as given; a variant much slower than it at any raced batch is out; of the rest,
-the least geometric mean of the time over the baseline's wins, the cut unless another gains more than the timing
-resolves. Without a batch size from the user the race runs at RACE_BATCHES and the line says what each batch
-showed.
+decides: the baseline is the model as given; a variant much slower than it at any raced batch, beyond the noise, is
+out; of the rest, the least geometric mean of the time over the baseline's is fastest, and the low precision (the
+cut, else the lists) is kept wherever it ties with the fastest -- within the resolution, or inside the noise of the
+alternated runs (analysis.race_times: each ratio read round by round, with the sign test's interval), and the line
+says "tie". Without a batch size from the user the race runs at RACE_BATCHES and the line says what each batch
+showed; `decision` says what was written and why in a user's words (the first line a conversion prints).
 """
 
 from __future__ import annotations
