@@ -219,9 +219,10 @@ def effect_line(effects) -> str:
     parts = {}
     for effect in effects:
         parts.setdefault(effect.where, {}).setdefault(effect.says, set()).add(effect.op)
+    order = {kind.says: i for i, kind in enumerate(effect_table().kinds)}  # the table's order, whatever was found first
     return "; ".join(
-        f"{where or 'loading the model'} " + ", ".join(f"{says} ({', '.join(sorted(ops))})"
-                                                      for says, ops in kinds.items())
+        f"{where or 'loading the model'} " + ", ".join(f"{says} ({', '.join(sorted(kinds[says]))})"
+                                                      for says in sorted(kinds, key=order.get))
         for where, kinds in parts.items())
 
 

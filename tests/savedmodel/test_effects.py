@@ -60,6 +60,21 @@ class Saver(tf.Module):
         return {"y": tf.nn.relu(tf.matmul(x, self.w))}
 
 
+class Writer(tf.Module):
+    """A signature that writes a file and a checkpoint of its input, and captures no resource but its weight."""
+
+    def __init__(self, side: Path):
+        self.side = str(side)
+        self.w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[5, 6]) * 0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+    def serve(self, x):
+        tf.io.write_file(self.side + "/written.txt", tf.strings.as_string(tf.reduce_sum(x)))
+        saved = tf.raw_ops.SaveV2(prefix=self.side + "/ckpt", tensor_names=["x"], shape_and_slices=[""], tensors=[x])
+        with tf.control_dependencies([saved]):
+            return {"y": tf.nn.relu(tf.matmul(x, self.w))}
+
+
 class Plain(tf.Module):
     def __init__(self):
         self.w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[3, 4]) * 0.1)
@@ -162,13 +177,17 @@ def test_a_print_to_stderr_is_not_an_effect_but_one_to_a_file_is():
 # --------------------------------------------------------------------------------------------- every mode
 
 
-@pytest.mark.parametrize("mode", [[], ["--freeze"], ["--assign", "lists"]], ids=["in-place", "freeze", "lists"])
+# The CLI's default on a CPU measures costs (--assign cost; tests/conftest.py makes the lists every test's default).
+@pytest.mark.parametrize("mode", [["--assign", "cost"], ["--freeze", "--assign", "cost"], ["--assign", "lists"]],
+                         ids=["in-place", "freeze", "lists"])
 def test_convert_leaves_the_world_as_it_was_and_the_written_model_keeps_the_effects(model, tmp_path, capsys, mode):
     output = tmp_path / "out"
     said = _untouched(model, ["convert", str(model[0]), str(output), "--precision", "bfloat16", *mode], capsys)
     assert f"{LINE}: not run during conversion" in said.replace("\n", " ")
     assert "the written copy ran 1 signature" in said  # the run check ran, on a copy
-    if "lists" not in mode:  # the costs were measured, on a copy
+    if "--freeze" in mode:  # the frozen graph reads the summary writer (a captured resource): priced from the table
+        assert "not measured in the graph: it reads tables or kept variables" in said
+    elif "cost" in mode:  # the costs were measured, on a copy
         assert "measured on a copy in which the ops with effects do nothing" in said
     _performs_effects(output, model[1])
 
@@ -224,6 +243,21 @@ def test_a_signature_saving_its_variables_converts_in_place_and_freeze_refuses_i
     err = capsys.readouterr().err.strip()
     assert "(DisableCopyOnRead)" in err and "cannot be frozen" in err and "\n" not in err
     assert _tree(*model) == before and not (tmp_path / "frozen").exists()
+
+
+def test_a_frozen_graph_is_measured_without_its_effects(tmp_path, capsys):
+    side, path = tmp_path / "side", tmp_path / "writer"
+    side.mkdir()
+    module = Writer(side)
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    output = tmp_path / "out"
+    said = _untouched((path, side), ["convert", str(path), str(output), "--precision", "bfloat16", "--freeze",
+                                     "--assign", "cost"], capsys)
+    assert "measured on a copy in which the ops with effects do nothing (serving_default writes files (WriteFile), " \
+           "saves checkpoints (SaveV2))" in said
+    loaded = tf.saved_model.load(str(output))
+    loaded.signatures["serving_default"](x=tf.ones([1, 64]))
+    assert {"written.txt", "ckpt.index"} <= {p.name for p in side.iterdir()}
 
 
 # --------------------------------------------------------------------------------------------- no effects
