@@ -72,11 +72,13 @@ class TuneResult:
     def summary(self) -> str:
         """One line per candidate, then the choice."""
         base = self.milliseconds.get(ORIGINAL) or self.milliseconds.get("float32")
+        against = "the model as given" if self.milliseconds.get(ORIGINAL) else "float32"
+        width = max(map(len, self.milliseconds), default=12)
         lines = []
         for name, ms in self.milliseconds.items():
-            speed = f", {base / ms:.2f}x float32" if base else ""
+            speed = f", {base / ms:.2f}x {against}'s speed" if base else ""
             verdict = "" if self.passed[name] else ", fails verification"
-            lines.append(f"  {name:<12} {ms:8.2f} ms per call{speed}{verdict}")
+            lines.append(f"  {name:<{width}} {ms:8.2f} ms per call{speed}{verdict}")
         return "tuning on this machine (median CPU time per call):\n" + "\n".join(lines) + \
             f"\nchose '{self.chosen}' " + (f"({self.tie})" if self.tie else "(the fastest candidate that verifies)") + \
             (f"\n  verifying the candidates:{self.unvarying.removeprefix(' ')}" if self.unvarying else "")

@@ -92,3 +92,11 @@ def test_tune_chooses_the_precision_asked_for_where_it_ties_with_the_fastest():
     assert choose(order, order, apart) == ("float32", "")
     # A candidate that failed verification is never chosen, tie or not.
     assert choose(["cost", "float32"], order, level)[0] == "float32"
+
+
+def test_tune_names_what_its_speeds_are_against_and_aligns_them():
+    from mp_rewrite.savedmodel.tune import ORIGINAL, TuneResult
+    ms = {"cost": 16.47, "float32": 18.51, ORIGINAL: 37.43}
+    lines = TuneResult("cost", ms, dict.fromkeys(ms, True), None).summary().splitlines()
+    assert lines[1] == "  cost                16.47 ms per call, 2.27x the model as given's speed", lines
+    assert lines[3] == "  float32-unfrozen    37.43 ms per call, 1.00x the model as given's speed", lines
