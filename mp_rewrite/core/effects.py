@@ -159,18 +159,16 @@ def effects_awaited(graph_def, fetches):
 
 
 class _Walk:
-    """Effects found in a graph's main nodes and library functions (each function read once per `where`)."""
+    """Effects found in a graph's main nodes and library functions (each function's nodes read once)."""
 
     def __init__(self, graph_def):
         self.table = effect_table()
         self.bodies = {f.signature.name: f for f in graph_def.library.function}
+        self.read = {}  # function name -> ([(node, op, says)], the functions it calls)
 
     def main_graph(self, where: str, nodes, found: list) -> list:
         """Record the effects among main-graph `nodes`; return the functions they call."""
-        for node in nodes:
-            kind = self.table.kind_of(node) if node.op in self.table.ops else None
-            if kind is not None:
-                found.append(Effect(where, "", node.name, node.op, kind.says))
+        found += [Effect(where, "", name, op, says) for name, op, says in self._effects(nodes)]
         return [name for node in nodes for name in called(node, self.bodies)]
 
     def functions(self, where: str, names, found: list) -> None:
@@ -181,11 +179,17 @@ class _Walk:
             if name in seen or name not in self.bodies:
                 continue
             seen.add(name)
-            for node in self.bodies[name].node_def:
-                kind = self.table.kind_of(node) if node.op in self.table.ops else None
-                if kind is not None:
-                    found.append(Effect(where, name, node.name, node.op, kind.says))
-                stack += called(node, self.bodies)
+            if name not in self.read:
+                nodes = self.bodies[name].node_def
+                self.read[name] = (self._effects(nodes), [f for node in nodes for f in called(node, self.bodies)])
+            effects, calls = self.read[name]
+            found += [Effect(where, name, node, op, says) for node, op, says in effects]
+            stack += calls
+
+    def _effects(self, nodes) -> list:
+        """(node name, op, what it does) of the nodes with an effect."""
+        kinds = [(node, self.table.kind_of(node)) for node in nodes if node.op in self.table.ops]
+        return [(node.name, node.op, kind.says) for node, kind in kinds if kind is not None]
 
 
 def called(node, bodies) -> list:
