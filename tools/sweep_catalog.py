@@ -73,6 +73,7 @@ def sweep_model(entry: dict, modes: list, workdir: Path, timeout: float, timing:
     if code != 0:
         lines = [line for line in output.splitlines() if line.strip()]
         row["built"] = "not built: " + (lines[-1] if lines else f"exit {code}")[:200]
+        print(f"  {entry['name']}: {row['built']}", flush=True)
         return row
     row["built"] = "built"
     cli = str(Path(sys.executable).parent / "mp-rewrite")
