@@ -131,13 +131,13 @@ def _unequal(whole, split, specs, branches: int, exact: bool) -> str:
 
 
 def _chosen(whole, made: dict, specs):
-    """Race the whole call and each split, interleaved, at TIMED_BATCHES; keep a split only where it wins all."""
+    """Race the whole call and each split, interleaved, at TIMED_BATCHES; keep what split_verdict says."""
     import tensorflow as tf
     # TF reads TF_NUM_INTRAOP_THREADS at start without reporting it through tf.config.
     threads = tf.config.threading.get_intra_op_parallelism_threads() or int(
         os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0)
     setting = "one intra-op thread" if threads == 1 else f"{threads or 'the default'} intra-op threads"
-    times, wins = {}, {n: True for n in made}
+    times = {}
     for batch in TIMED_BATCHES:
         feeds = _feeds(specs, batch)
         runners = {1: whole, **made}
@@ -150,17 +150,27 @@ def _chosen(whole, made: dict, specs):
                 for _ in range(CALLS):
                     function(*feeds)
                 samples[n].append((time.perf_counter() - start) / CALLS * 1e3)
-        for n in runners:
-            times[batch, n] = statistics.median(samples[n])
-        for n in made:
-            wins[n] = wins[n] and times[batch, n] < FASTER * times[batch, 1]
+        times.update({(batch, n): statistics.median(samples[n]) for n in runners})
+    choice = split_verdict(times, setting)
+    return (made[choice.branches] if choice.branches > 1 else whole), choice
+
+
+def split_verdict(times: dict, setting: str) -> SplitChoice:
+    """The split to keep from measured times: a number of branches faster than the whole call (1) by more than the
+    noise (FASTER) at every batch timed, the fastest in sum of those; else 1 (a tie keeps the graph whole).
+
+    Args:
+        times: {(batch, branches): median ms per call}, with branches 1 for the whole call at every batch.
+        setting: the threads the times were measured with, for the line.
+    """
+    batches = sorted({b for b, _ in times})
+    splits = sorted({n for _, n in times if n > 1})
     measured = "; ".join(f"batch {b}: " + ", ".join(f"{'whole' if n == 1 else f'{n} branches'} {times[b, n]:.1f} ms"
-                                                     for n in (1, *made)) for b in TIMED_BATCHES)
-    winners = [n for n in made if wins[n]]
+                                                     for n in (1, *splits)) for b in batches)
+    winners = [n for n in splits if all(times[b, n] < FASTER * times[b, 1] for b in batches)]
     if not winners:
-        return whole, SplitChoice(1, f"not split: no split measured faster here with {setting} ({measured}); "
-                                     "to choose for one intra-op thread, convert with TF_NUM_INTRAOP_THREADS=1",
-                                  times)
-    best = min(winners, key=lambda n: sum(times[b, n] for b in TIMED_BATCHES))
-    return made[best], SplitChoice(best, f"split in {best} branches: faster at every batch timed with {setting} "
-                                         f"({measured}); {SERVE}", times)
+        return SplitChoice(1, f"not split: no split measured faster here with {setting} ({measured}); to choose for "
+                              "one intra-op thread, convert with TF_NUM_INTRAOP_THREADS=1", times)
+    best = min(winners, key=lambda n: sum(times[b, n] for b in batches))
+    return SplitChoice(best, f"split in {best} branches: faster at every batch timed with {setting} ({measured}); "
+                             f"{SERVE}", times)

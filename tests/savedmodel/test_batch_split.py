@@ -17,7 +17,7 @@ from mp_rewrite.analysis.batch_rows import batch_rows  # noqa: E402
 from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
 from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
 from mp_rewrite.errors import OptionError  # noqa: E402
-from mp_rewrite.savedmodel.batch_split import SHAPE_BATCH, split_signature  # noqa: E402
+from mp_rewrite.savedmodel.batch_split import SHAPE_BATCH, split_signature, split_verdict  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
 from mp_rewrite.testing import example_models  # noqa: E402
@@ -138,3 +138,13 @@ def test_a_split_without_freeze_is_refused_before_anything_is_done(tmp_path):
         convert_saved_model(tmp_path / "missing", tmp_path / "out", "bfloat16", split=2)
     with pytest.raises(OptionError, match="unknown --split"):
         convert_saved_model(tmp_path / "missing", tmp_path / "out", "bfloat16", freeze=True, split="1")
+
+
+def test_auto_keeps_a_split_only_where_it_is_faster_at_every_batch_beyond_the_noise():
+    faster = {(8, 1): 20.0, (8, 2): 13.0, (32, 1): 80.0, (32, 2): 50.0}
+    assert split_verdict(faster, "one intra-op thread").branches == 2
+    slower_once = {**faster, (8, 2): 21.0}  # never slower at any batch timed
+    assert split_verdict(slower_once, "the default intra-op threads").branches == 1
+    tie = {**faster, (8, 2): 19.8}  # 1% faster: inside the noise, the graph stays whole
+    choice = split_verdict(tie, "the default intra-op threads")
+    assert choice.branches == 1 and "TF_NUM_INTRAOP_THREADS=1" in choice.why and "19.8 ms" in choice.why
