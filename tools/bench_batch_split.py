@@ -2,12 +2,16 @@
 
     python tools/bench_batch_split.py NAME=WHOLE_MODEL,SPLIT_MODEL [...] [--batches 8,32] [--rounds 3]
 
-For each pair of SavedModels (the same model converted with `--freeze` and with `--freeze --split N`), every
-(model, setting, batch) is timed in its own process by tools/bench_serving_settings.py's child (10 warm calls,
-then the median of 6 blocks of 0.5 s, wall and CPU), and the whole sequence is repeated `--rounds` times,
-alternated (ABAB), so a change in the machine's load hits every cell alike. The table shows the median over rounds,
-wall / CPU ms per call, and each cell's wall ratio against the whole model under TF's defaults. The CPU, its
-bfloat16 features and the load before and after are printed.
+For each pair of SavedModels (the same model converted with `--freeze` and with `--freeze --split N`), each
+(model, batch, setting) runs in its own process (TF reads its threads once, at start); inside it the whole model,
+the split model and -- for reference, what a server with concurrent requests gets -- two concurrent calls of the
+whole model on half the batch each (two Python threads) are timed interleaved: 10 warm calls each, then 8 rounds
+of one 0.25 s block per variant, the median block kept, wall and CPU time of the process. The whole sequence of
+processes is repeated `--rounds` times, alternated, and the table shows the medians over rounds, wall / CPU ms
+per served batch, and each cell's wall speed-up over the whole model under TF's default threads. The CPU, its
+bfloat16 features and the load before and after are printed. Settings: "TF defaults" (intra-op threads = cores)
+and "1 intra-op thread" (tf.config.threading.set_intra_op_parallelism_threads(1), as TF_NUM_INTRAOP_THREADS=1 or
+TF Serving's --tensorflow_intra_op_parallelism=1 set it).
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
+import threading
+import time
 
 from bench_saved_model_report import machine
 
-CHILD = str(Path(__file__).resolve().parent / "bench_serving_settings.py")
 SETTINGS = {"default": "TF defaults", "intra1": "1 intra-op thread"}
+VARIANTS = ("whole", "split", "two_calls")
+WARM_CALLS, BLOCKS, BLOCK_SECONDS = 10, 8, 0.25
 
 
 def main() -> int:
@@ -31,51 +37,95 @@ def main() -> int:
     parser.add_argument("pairs", nargs="+", help="NAME=WHOLE,SPLIT")
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.child:
+        whole, split = args.pairs[0].split(",")
+        print(json.dumps(_timed(whole, split, args.child, batches[0])))
+        return 0
     pairs = {}
     for pair in args.pairs:
         name, _, paths = pair.partition("=")
         whole, _, split = paths.partition(",")
         if not (name and whole and split):
             parser.error(f"give each model as NAME=WHOLE,SPLIT, not {pair!r}")
-        pairs[name] = {"whole": whole, "split": split}
-    batches = [int(b) for b in args.batches.split(",")]
+        pairs[name] = f"{whole},{split}"
     facts = machine()
     print(f"Machine: {facts['cpu']}, {facts['cores']} cores, {', '.join(facts['features']) or 'no bfloat16 units'}; "
-          f"TensorFlow {facts['tensorflow']}; load average before: {' '.join(map(str, os.getloadavg()))}")
+          f"TensorFlow {facts['tensorflow']}; load average before: {_load()}")
     runs = {}
     for _ in range(args.rounds):
         for name, models in pairs.items():
             for batch in batches:
                 for setting in SETTINGS:
-                    for variant, model in models.items():
-                        runs.setdefault((name, batch, setting, variant), []).append(_child(model, setting, batch))
+                    runs.setdefault((name, batch, setting), []).append(_child(models, setting, batch))
     _print(pairs, batches, runs, args.rounds)
-    print(f"load average after: {' '.join(map(str, os.getloadavg()))}")
+    print(f"load average after: {_load()}")
     return 0
 
 
-def _child(model: str, setting: str, batch: int) -> dict:
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _child(models: str, setting: str, batch: int) -> dict:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([sys.executable, CHILD, model, "--child", setting, "--batch", str(batch)], env=env,
+    proc = subprocess.run([sys.executable, __file__, models, "--child", setting, "--batches", str(batch)], env=env,
                           capture_output=True, text=True)
     if proc.returncode:
-        raise SystemExit(f"{model} ({setting}, batch {batch}): {proc.stderr.strip().splitlines()[-1]}")
+        raise SystemExit(f"{models} ({setting}, batch {batch}): {proc.stderr.strip().splitlines()[-1]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _timed(whole_path: str, split_path: str, setting: str, batch: int) -> dict:
+    """{variant: {"wall": ms, "cpu": ms}} per served batch in this process's setting, the variants interleaved."""
+    import tensorflow as tf
+    if setting == "intra1":
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+    from mp_rewrite.savedmodel.inputs import signature_inputs
+    whole = tf.saved_model.load(whole_path).signatures["serving_default"]
+    split = tf.saved_model.load(split_path).signatures["serving_default"]
+    arrays, _ = signature_inputs("serving_default", whole.structured_input_signature[1], {}, batch, seed=0)
+    feeds = {name: tf.constant(value) for name, value in arrays.items()}
+    halves = [{name: value[part] for name, value in feeds.items()}
+              for part in (slice(0, batch // 2), slice(batch // 2, batch))]
+
+    def two_calls():
+        other = threading.Thread(target=lambda: whole(**halves[1]))
+        other.start()
+        whole(**halves[0])
+        other.join()
+    serve = {"whole": lambda: whole(**feeds), "split": lambda: split(**feeds), "two_calls": two_calls}
+    for call in serve.values():
+        for _ in range(WARM_CALLS):
+            call()
+    blocks = {variant: [] for variant in serve}
+    for _ in range(BLOCKS):
+        for variant, call in serve.items():
+            wall, cpu, calls = time.perf_counter(), time.process_time(), 0
+            while time.perf_counter() - wall < BLOCK_SECONDS:
+                call()
+                calls += 1
+            blocks[variant].append(((time.perf_counter() - wall) / calls * 1e3,
+                                    (time.process_time() - cpu) / calls * 1e3))
+    return {variant: {"wall": statistics.median(w for w, _ in values), "cpu": statistics.median(c for _, c in values)}
+            for variant, values in blocks.items()}
+
+
 def _print(pairs: dict, batches: list, runs: dict, rounds: int) -> None:
-    print(f"\nwall / CPU ms per call, median of {rounds} alternated processes; (x) = wall speed-up over the whole "
-          "model with TF's default threads")
-    columns = [(setting, variant) for setting in SETTINGS for variant in ("whole", "split")]
-    print("| model | batch | " + " | ".join(f"{'split' if v == 'split' else '--freeze'}, {SETTINGS[s]}"
-                                          for s, v in columns) + " |")
+    print(f"\nwall / CPU ms per served batch, median of {rounds} alternated processes (variants interleaved in "
+          "each); (x) = wall speed-up over --freeze with TF's default threads")
+    columns = [("default", "whole"), ("default", "split"), ("intra1", "whole"), ("intra1", "split"),
+               ("intra1", "two_calls")]
+    names = {"whole": "--freeze", "split": "split", "two_calls": "two concurrent half calls"}
+    print("| model | batch | " + " | ".join(f"{names[v]}, {SETTINGS[s]}" for s, v in columns) + " |")
     print("|---|---|" + "---|" * len(columns))
     for name in pairs:
         for batch in batches:
             cells, base = [], None
             for setting, variant in columns:
-                values = runs[name, batch, setting, variant]
+                values = [run[variant] for run in runs[name, batch, setting]]
                 wall, cpu = (statistics.median(v[key] for v in values) for key in ("wall", "cpu"))
                 base = wall if base is None else base
                 cells.append(f"{wall:.1f} / {cpu:.1f} ({base / wall:.2f}x)")
