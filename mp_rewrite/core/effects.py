@@ -168,7 +168,7 @@ class _Walk:
 
     def main_graph(self, where: str, nodes, found: list) -> list:
         """Record the effects among main-graph `nodes`; return the functions they call."""
-        found += [Effect(where, "", name, op, says) for name, op, says in self._effects(nodes)]
+        found += [Effect(where, "", name, op, says) for name, op, says in sorted(self._effects(nodes))]
         return [name for node in nodes for name in called(node, self.bodies)]
 
     def functions(self, where: str, names, found: list) -> None:

@@ -13,12 +13,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.core.framework import node_def_pb2  # noqa: E402
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, types_pb2  # noqa: E402
 from tensorflow.python.framework import op_def_registry  # noqa: E402
 
 from mp_rewrite.commands import cli  # noqa: E402
-from mp_rewrite.core.effects import effect_line, effect_table, find_effects  # noqa: E402
-from mp_rewrite.core.stand_ins import STOOD_IN, meta_graph_without_effects, saved_model_without_effects  # noqa: E402
+from mp_rewrite.core.effects import effect_line, effect_table, find_effects, graph_effects  # noqa: E402
+from mp_rewrite.core.stand_ins import (STOOD_IN, graph_without_effects, meta_graph_without_effects,  # noqa: E402
+                                       saved_model_without_effects)
 from mp_rewrite.model.files import read_saved_model  # noqa: E402
 
 LINE = ("serving_default writes files (WriteFile), saves checkpoints (SaveV2), writes summaries (FlushSummaryWriter, "
@@ -172,6 +173,43 @@ def test_a_print_to_stderr_is_not_an_effect_but_one_to_a_file_is():
     assert kind("file:///tmp/log.txt").says == "prints to a file"
     assert kind("stderr") is None and kind("log(info)") is None
     assert effect_table().kind_of(node_def_pb2.NodeDef(name="r", op="ReadVariableOp")) is None
+
+
+def _graph(*nodes) -> graph_pb2.GraphDef:
+    """A GraphDef of (name, op, inputs, {attr: AttrValue}) tuples."""
+    graph_def = graph_pb2.GraphDef()
+    for name, op, inputs, attrs in nodes:
+        node = graph_def.node.add(name=name, op=op, input=inputs)
+        for key, value in attrs.items():
+            node.attr[key].CopyFrom(value)
+    return graph_def
+
+
+def test_stand_ins_keep_names_control_edges_and_pass_through_what_they_passed_through():
+    float32 = attr_value_pb2.AttrValue(type=types_pb2.DT_FLOAT)
+    graph_def = _graph(("x", "Placeholder", [], {"dtype": float32}),
+                       ("name", "Placeholder", [], {"dtype": attr_value_pb2.AttrValue(type=types_pb2.DT_STRING)}),
+                       ("write", "WriteFile", ["name", "name", "^x"], {}),
+                       ("debug", "DebugIdentityV2", ["x"], {"T": float32}),
+                       ("y", "Identity", ["debug", "^write"], {"T": float32}))
+    effects = graph_effects(graph_def, ["y"], "f")
+    assert [(e.node, e.op) for e in effects] == [("debug", "DebugIdentityV2"), ("write", "WriteFile")]
+    copy, stand_ins = graph_without_effects(graph_def, effects, ["y:0"])
+    assert stand_ins.stands and graph_def.node[2].op == "WriteFile"  # the given graph is never modified
+    nodes = {node.name: node for node in copy.node}
+    assert (nodes["write"].op, list(nodes["write"].input)) == ("Timestamp", ["^x"])
+    assert (nodes["debug"].op, list(nodes["debug"].input), nodes["debug"].attr["T"]) == ("Identity", ["x"], float32)
+    assert graph_effects(copy, ["y"], "f") == ()
+    tf.graph_util.import_graph_def(copy, name="")  # TensorFlow takes it as it is
+
+
+def test_an_effect_whose_output_is_read_cannot_be_stood_in_for():
+    graph_def = _graph(("d", "Placeholder", [], {"dtype": attr_value_pb2.AttrValue(type=types_pb2.DT_VARIANT)}),
+                       ("path", "Placeholder", [], {"dtype": attr_value_pb2.AttrValue(type=types_pb2.DT_STRING)}),
+                       ("save", "SaveDatasetV2", ["d", "path"], {}),
+                       ("y", "Identity", ["save"], {}))
+    stand_ins = graph_without_effects(graph_def, graph_effects(graph_def, ["y"], "f"), ["y:0"])[1]
+    assert not stand_ins.stands and stand_ins.blocked == ("SaveDatasetV2 'save' (its output is read)",)
 
 
 # --------------------------------------------------------------------------------------------- every mode
