@@ -272,8 +272,8 @@ def effects_note(stand_ins, run: bool) -> list[str]:
                 "model; the costs came from the op table and the written copy was not loaded or run before it was "
                 "moved into place (--run-effects runs the model as it is)"]
     return [f"{line}: not run during conversion: what it ran to measure and check the model (the costs, the run "
-            "check) was a copy in which these ops do nothing; the written model keeps them (--run-effects runs "
-            "them)"]
+            "check, --verify, --guard, --tune) was a copy in which these ops do nothing; the written model keeps them "
+            "(--run-effects runs them)"]
 
 
 def _opaque_notes(modules) -> list[str]:

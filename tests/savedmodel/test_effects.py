@@ -283,7 +283,7 @@ def test_a_signature_saving_its_variables_converts_in_place_and_freeze_refuses_i
     assert _tree(*model) == before and not (tmp_path / "frozen").exists()
 
 
-def test_a_frozen_graph_is_measured_without_its_effects(tmp_path, capsys):
+def test_a_frozen_graph_is_measured_and_guarded_without_its_effects(tmp_path, capsys):
     side, path = tmp_path / "side", tmp_path / "writer"
     side.mkdir()
     module = Writer(side)
@@ -293,6 +293,9 @@ def test_a_frozen_graph_is_measured_without_its_effects(tmp_path, capsys):
                                      "--assign", "cost"], capsys)
     assert "measured on a copy in which the ops with effects do nothing (serving_default writes files (WriteFile), " \
            "saves checkpoints (SaveV2))" in said
+    said = _untouched((path, side), ["convert", str(path), str(tmp_path / "guarded"), "--precision", "bfloat16",
+                                     "--guard", "--assign", "lists"], capsys)
+    assert "accuracy guard" in said and "tolerance met" in said  # it ran the frozen signature, without its effects
     loaded = tf.saved_model.load(str(output))
     loaded.signatures["serving_default"](x=tf.ones([1, 64]))
     assert {"written.txt", "ckpt.index"} <= {p.name for p in side.iterdir()}
