@@ -319,10 +319,12 @@ def traced_times(runners, runs: int, progress=None):
     return [{name: float(np.median(ms)) for name, ms in s.items()} for s in samples], walls
 
 
-def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS, most: int | None = None) -> RaceTimes:
+def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS, most: int | None = None,
+         settled=RaceTimes.settled) -> RaceTimes:
     """Wall ms of each runner's untraced runs, round by round: `runs` alternated rounds after `warmup`, then more,
-    one round at a time up to `most` (default race_times.MORE_ROUNDS x runs), while some ratio of two runners is
-    not yet known to within race_times.SETTLED (a busy machine makes the race longer, not its answer different). A
+    one round at a time up to `most` (default race_times.MORE_ROUNDS x runs), until `settled(times)` (default:
+    every ratio of two runners known to within race_times.SETTLED; a busy machine makes the race longer, not its
+    answer different). A
     runner that raises is out of the race: its time is infinite (so any other wins), and a line on the `mp_rewrite`
     logger says why in TensorFlow's words, naming it by `names`. If every runner fails, VariantError (the first's).
 
@@ -349,7 +351,7 @@ def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS, most: int | N
             _run_variant(runner, i)
             walls[i].append((time.perf_counter() - begin) * 1e3)
         times = RaceTimes(tuple(tuple(w) for w in walls))
-        if done >= most or (done >= runs and times.settled()):
+        if done >= most or (done >= runs and settled(times)):
             return times
 
 

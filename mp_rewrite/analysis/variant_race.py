@@ -67,7 +67,8 @@ def race_variants(table, cut, racing, batches: dict, batch, where: str, source: 
             for runner in runners:
                 runner.feed(feeds)
         try:
-            ms[size] = race(runners, *_race_runs(size, batch), names=[_named(v) for v in names])
+            ms[size] = race(runners, *_race_runs(size, batch), names=[_named(v) for v in names],
+                            settled=lambda times: clear_of_the_limit(times, names))
         except VariantError:  # none runs at this size (a shape fixed in the graph): best_across leaves it out
             ms[size] = RaceTimes.of_medians([np.inf] * len(runners))
     keep, said = best_across(ms, names, where)
@@ -111,6 +112,16 @@ def decision(ms: dict, names, keep: str, precision: str) -> str:
     hint = f" -- --batch-size {max(faster)[1]} converts for that batch" if faster and faster[0][1] is not None else ""
     return (f"wrote float32: {what} measured " + ", ".join(x for x in (slow, fast) if x) + " on this CPU" + hint
             + (", --assign lists forces TF's lists" if hint else " -- --assign lists forces TF's lists"))
+
+
+def clear_of_the_limit(times: RaceTimes, names) -> bool:
+    """Whether one batch's race has said, for every variant, on which side of the SLOWER limit its time over the
+    baseline's lies (its interval not across 1 + SLOWER): what best_across cannot settle by a tie. The race goes on
+    (graph_runs.race, up to its most rounds) while it has not; a tie with the fastest needs no more rounds, it goes to
+    the precision asked for."""
+    base = names.index("source") if "source" in names else 0
+    ratios = [times.ratio(i, base) for i in range(len(names)) if i != base]
+    return all(not r.low <= 1 + SLOWER < r.high for r in ratios if np.isfinite(r.mid))
 
 
 def demotes(cut) -> bool:

@@ -101,3 +101,11 @@ def test_tune_names_what_its_speeds_are_against_and_aligns_them():
     lines = TuneResult("cost", ms, dict.fromkeys(ms, True), None).summary().splitlines()
     assert lines[1] == "  cost                16.47 ms per call, 2.27x the model as given's speed", lines
     assert lines[3] == "  float32-unfrozen    37.43 ms per call, 1.00x the model as given's speed", lines
+
+
+def test_the_precision_race_goes_on_only_while_a_variant_straddles_the_limit():
+    from mp_rewrite.analysis.variant_race import clear_of_the_limit
+    names = ("float32", "lists")
+    assert clear_of_the_limit(RaceTimes(((10,) * 9, (11.6, 11.8, 12, 11.7, 11.5, 11.9, 11.6, 12.1, 11.7))), names)
+    assert clear_of_the_limit(RaceTimes(((10,) * 9, (6, 7, 6.5, 8, 6, 7, 6.2, 6.8, 7.5))), names)  # wide, but clear
+    assert not clear_of_the_limit(RaceTimes(((10,) * 9, (10.4, 11.8, 10.9, 11.7, 10.5, 11.2, 11.6, 10.6, 11))), names)
