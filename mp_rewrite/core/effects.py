@@ -114,9 +114,9 @@ def find_effects(meta_graph, keys=None) -> tuple:
     roots = {key: signature_nodes(meta_graph, [key], outputs_only=True)
              for key in sorted(meta_graph.signature_def)
              if not key.startswith(INTERNAL_PREFIX) and (not keys or key in keys)}
-    roots[LOADING] = [n.split(":")[0].lstrip("^") for name in LOAD_COLLECTIONS
-                      for n in meta_graph.collection_def[name].node_list.value] \
-        if any(name in meta_graph.collection_def for name in LOAD_COLLECTIONS) else []
+    # `in` first: reading a missing key of a proto map would add it to the MetaGraph (and to what is written).
+    roots[LOADING] = [n.split(":")[0].lstrip("^") for name in LOAD_COLLECTIONS if name in meta_graph.collection_def
+                      for n in meta_graph.collection_def[name].node_list.value]
     walk = _Walk(meta_graph.graph_def)
     found = []
     for where, names in roots.items():

@@ -155,7 +155,9 @@ def test_every_op_of_the_table_is_registered_and_stateful():
 
 def test_the_effects_are_found_in_the_signature_and_in_loading(model):
     meta_graph = read_saved_model(model[0]).meta_graphs[0]
+    given = meta_graph.SerializeToString()
     effects = find_effects(meta_graph)
+    assert meta_graph.SerializeToString() == given  # only read
     assert effect_line(effects) == LINE
     # The saver's own SaveV2 and MergeV2Checkpoints (the __traced_save function) are not counted.
     assert not any("traced_save" in effect.function for effect in effects)
@@ -210,6 +212,28 @@ def test_an_effect_whose_output_is_read_cannot_be_stood_in_for():
                        ("y", "Identity", ["save"], {}))
     stand_ins = graph_without_effects(graph_def, graph_effects(graph_def, ["y"], "f"), ["y:0"])[1]
     assert not stand_ins.stands and stand_ins.blocked == ("SaveDatasetV2 'save' (its output is read)",)
+
+
+def test_a_tf1_main_op_that_writes_is_not_run_where_the_model_is_loaded_to_be_run(tmp_path):
+    from mp_rewrite.model.runtime import load_saved_model
+    marker = tmp_path / "loaded.txt"
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        y = tf.identity(x * 2.0, name="y")
+        builder = tf.compat.v1.saved_model.Builder(str(tmp_path / "tf1"))
+        signature = tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": y})
+        builder.add_meta_graph_and_variables(session, ["serve"], {"serving_default": signature},
+                                             main_op=tf.io.write_file(str(marker), "loaded"))
+        builder.save()
+    meta_graph = read_saved_model(tmp_path / "tf1").meta_graphs[0]
+    given = meta_graph.SerializeToString()
+    assert effect_line(find_effects(meta_graph)) == "loading the model writes files (WriteFile)"
+    assert meta_graph.SerializeToString() == given  # only read: no collection added
+    loaded = load_saved_model(tmp_path / "tf1", tags=["serve"])
+    assert float(loaded.signatures["serving_default"](x=tf.ones([1, 4]))["y"].numpy().sum()) == 8.0
+    assert not marker.exists()
+    tf.saved_model.load(str(tmp_path / "tf1"), tags=["serve"])  # as it is: the main op writes
+    assert marker.read_text() == "loaded"
 
 
 # --------------------------------------------------------------------------------------------- every mode
