@@ -251,7 +251,17 @@ def test_convert_leaves_the_world_as_it_was_and_the_written_model_keeps_the_effe
         assert "not measured in the graph: it reads tables or kept variables" in said
     elif "cost" in mode:  # the costs were measured, on a copy
         assert "measured on a copy in which the ops with effects do nothing" in said
+    if "--freeze" not in mode:  # in place: every op with an effect written exactly as the source holds it
+        assert _effect_nodes(output) == _effect_nodes(model[0])
     _performs_effects(output, model[1])
+
+
+def _effect_nodes(path) -> dict:
+    """{(function, node): serialized NodeDef} of the effects of the SavedModel at `path`."""
+    meta_graph = read_saved_model(path).meta_graphs[0]
+    bodies = {f.signature.name: {n.name: n for n in f.node_def} for f in meta_graph.graph_def.library.function}
+    return {(e.function, e.node): bodies[e.function][e.node].SerializeToString(deterministic=True)
+            for e in find_effects(meta_graph)}
 
 
 def test_verify_and_convert_verify_leave_the_world_as_it_was(model, tmp_path, capsys):
