@@ -4,8 +4,9 @@ measure and check the model. The written model keeps every op as it was; only th
 Each op with an effect keeps its name (control edges to it, a function's control outputs still hold) and becomes a
 stateful op that does nothing outside (QUIET) and waits for what the op waited for, or, for an op that passes its
 first input through (DebugIdentityV2), an Identity of that input: outputs of the same dtype and shape. Each carries
-the op it stands for (STOOD_IN), so that a model TensorFlow saved from a copy can be given its ops back. An op whose outputs are read and that passes nothing
-through has no stand-in; the copy then cannot stand for the model (`StandIns.blocked`) and is not run.
+the op it stands for (STOOD_IN), so that a model TensorFlow saved from a copy can be given its ops back. An op
+whose outputs are read and that passes nothing through has no stand-in; the copy then cannot stand for the model
+(`StandIns.blocked`) and is not run.
 """
 
 from __future__ import annotations
