@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import weakref
 
 from ..errors import ModelError
 from .files import read_saved_model
@@ -42,19 +43,42 @@ def load_saved_model(path, which: str = "original", tags=None, shown_as=None, *,
             runnable_directory.
     """
     import tensorflow as tf
-    with runnable_directory(path, saved_model, loading_only=to_write) as directory:
-        try:
-            return tf.saved_model.load(directory, tags=tags)
-        except Exception as e:  # TF raises OSError, ValueError, OpError, RuntimeError, ... for unloadable models
-            raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{shown_as or path}': {first_line(e)}; "
-                             "export the model again") from None
+    directory = runnable_copy(path, saved_model, loading_only=to_write)
+    try:
+        loaded = tf.saved_model.load(directory or str(path), tags=tags)
+    except Exception as e:  # TF raises OSError, ValueError, OpError, RuntimeError, ... for unloadable models
+        _remove(directory)
+        raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{shown_as or path}': {first_line(e)}; "
+                         "export the model again") from None
+    if directory:  # kept while the model lives: its restored assets (a table's vocabulary) name files of the copy
+        weakref.finalize(loaded, _remove, directory)
+    return loaded
 
 
 @contextlib.contextmanager
 def runnable_directory(path, saved_model=None, loading_only: bool = False):
-    """Yield a SavedModel directory that runs as `path` does but performs none of its effects: `path` itself when
-    it has none or the effects policy runs them, else a temporary copy whose ops with effects are stand-ins
-    (removed afterwards: load it inside the block). The policy's observer is told, once, what stood in.
+    """Yield a SavedModel directory that runs as `path` does but performs none of its effects: runnable_copy's
+    copy, removed afterwards (load it inside the block), or `path` itself where no copy is needed.
+
+    Raises:
+        as runnable_copy.
+    """
+    directory = runnable_copy(path, saved_model, loading_only)
+    try:
+        yield directory or str(path)
+    finally:
+        _remove(directory)
+
+
+def _remove(directory) -> None:
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)  # removes the links, never what they point to
+
+
+def runnable_copy(path, saved_model=None, loading_only: bool = False) -> str | None:
+    """A temporary SavedModel directory that runs as `path` does but performs none of its effects: a copy whose ops
+    with effects are stand-ins (the caller removes it); None where `path` has none or the effects policy runs them.
+    The policy's observer is told, once, what stood in.
 
     Args:
         saved_model: the SavedModel proto at `path`, if already read.
@@ -68,12 +92,10 @@ def runnable_directory(path, saved_model=None, loading_only: bool = False):
     from ..core.stand_ins import saved_model_without_effects
     policy = effects_policy()
     if policy.run:
-        yield str(path)
-        return
+        return None
     copy, stand_ins = saved_model_without_effects(saved_model or read_saved_model(path), loading_only)
     if not stand_ins.effects:
-        yield str(path)
-        return
+        return None
     line = effect_line(stand_ins.effects)
     if not stand_ins.stands:
         raise EffectsNotRun(f"{line}: not run, and no copy without them stands for the model "
@@ -87,6 +109,8 @@ def runnable_directory(path, saved_model=None, loading_only: bool = False):
         for name in LINKED:
             if os.path.exists(os.path.join(path, name)):
                 os.symlink(os.path.realpath(os.path.join(path, name)), os.path.join(directory, name))
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)  # removes the links, never what they point to
+    except OSError as e:
+        _remove(directory)
+        raise ModelError(f"cannot make a copy of '{path}' without its effects to run ({e}); free space in the "
+                         "temporary directory, or give --run-effects to run the model as it is") from None
+    return directory
