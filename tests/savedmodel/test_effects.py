@@ -335,6 +335,38 @@ def test_a_frozen_graph_is_measured_and_guarded_without_its_effects(tmp_path, ca
     assert {"written.txt", "ckpt.index"} <= {p.name for p in side.iterdir()}
 
 
+class Vocabulary(tf.Module):
+    """A summary writer created on load and a table read from an asset (freezing copies it from where it loaded)."""
+
+    def __init__(self, side: Path, vocabulary: Path):
+        initializer = tf.lookup.TextFileInitializer(str(vocabulary), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+                                                    tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER)
+        self.table = tf.lookup.StaticHashTable(initializer, -1)
+        self.writer = tf.summary.create_file_writer(str(side / "logs"), experimental_trackable=True)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="words")])
+    def serve(self, words):
+        with self.writer.as_default():
+            tf.summary.write("words", tf.size(words), step=1)
+        return {"ids": self.table.lookup(words)}
+
+
+def test_a_model_with_assets_freezes_from_a_copy_without_its_loading_effects(tmp_path, capsys):
+    side, path, vocabulary = tmp_path / "side", tmp_path / "vocabulary", tmp_path / "words.txt"
+    side.mkdir()
+    vocabulary.write_text("a\nb\nc\n")
+    module = Vocabulary(side, vocabulary)
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    _empty(side)
+    output = tmp_path / "out"
+    said = _untouched((path, side), ["convert", str(path), str(output), "--precision", "bfloat16", "--freeze",
+                                     "--assign", "lists"], capsys)
+    assert "loading the model writes summaries (CreateSummaryFileWriter): not run" in said.replace("\n", " ")
+    loaded = tf.saved_model.load(str(output))
+    assert loaded.signatures["serving_default"](words=tf.constant(["b", "z"]))["ids"].numpy().tolist() == [1, -1]
+    assert list((side / "logs").iterdir())  # the written model creates its writer on load, as the source did
+
+
 # --------------------------------------------------------------------------------------------- no effects
 
 
