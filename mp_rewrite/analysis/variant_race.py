@@ -105,7 +105,13 @@ def decision(ms: dict, names, keep: str, precision: str) -> str:
     if kept in low:
         figures = "; ".join(said(p, h) for p, h in ((faster, f"faster than {against}"),
                                                      (slower, f"{against}'s time")) if p)
-        return f"wrote {precision}: {figures}, measured here"
+        score = {v: geometric_mean(t.ratio(i, base) for t in times.values()) for i, v in enumerate(names)}
+        fastest = min(score, key=lambda v: score[v].mid)
+        faster_one = (f"{against} itself measured faster" if fastest == names[base] else
+                      f"{_named(fastest)} measured {score[fastest].mid:.2f}x {against}'s time across the batches")
+        tie = (f" ({faster_one}: a tie inside the noise, so the precision asked for)"
+               if score[fastest].mid < score[kept].mid and fastest != kept else "")
+        return f"wrote {precision}: {figures}, measured here{tie}"
     what = f"{precision} ({_named(shown)})"
     slow = said(slower, "slower") if slower else ""
     fast = said(faster, "faster") if faster else ""

@@ -48,3 +48,12 @@ def test_the_decision_is_cached_with_the_costs():
     from mp_rewrite.core.assignment import CostTable
     table = CostTable("bfloat16", decision="wrote bfloat16: 1.67x faster than float32, measured here")
     assert from_text(as_text(table, 10.0, 6.0))[0].decision == table.decision
+
+
+def test_a_tie_with_a_faster_float32_is_said_in_the_decision():
+    from mp_rewrite.analysis.race_times import RaceTimes
+    ms = {8: RaceTimes(((10, 11, 9.5, 10.2, 12, 10, 9.8, 10.1, 10.4), (10.6, 10.2, 10.9, 11.0, 10.0, 12, 9.9, 10.8,
+                                                                      10.6)))}
+    line = decision(ms, ("float32", "lists"), "", "bfloat16")
+    assert line == ("wrote bfloat16: 1.06x float32's time at batch 8, measured here (float32 itself measured faster: "
+                    "a tie inside the noise, so the precision asked for)"), line
