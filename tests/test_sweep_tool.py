@@ -23,6 +23,8 @@ from sweep_catalog import classify  # noqa: E402
     (2, "mp-rewrite: error: the converted model does not load ... This is a bug in mp_rewrite: please report it\n",
      "failed", "This is a bug"),
     (1, "Traceback (most recent call last):\n  File x\nKeyError: 'a/Shape_2'\n", "failed", "traceback: KeyError"),
+    (1, "verification FAILED (2 of 2 outputs): 2 outputs of 2 signatures compared\n", "verify failed",
+     "verification FAILED (2 of 2"),
     (None, "", "failed", "timed out"),
     (-9, "", "failed", "exit -9"),
 ])
@@ -52,5 +54,6 @@ def test_a_tf1_export_converts_in_every_mode(tmp_path):
     assert {mode: run["status"] for mode, run in row["modes"].items()} == {
         "default": "ok", "freeze": "ok", "lists": "ok"}, row
     text = page.read_text()
-    assert "1 of 1 models built; conversions: 3 ok, 0 refused, 0 failed" in text and "| TF1 dense block |" in text
+    assert "1 of 1 models built; conversions: 3 ok, 0 written but outside --verify's tolerance, 0 refused, 0 failed" \
+        in text and "| TF1 dense block |" in text
     assert not (tmp_path / "work" / "TF1_dense_block").exists()  # the built model and its copies are removed

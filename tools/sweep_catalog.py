@@ -4,8 +4,9 @@
 
 For each model: build and export it (a process of its own), then `mp-rewrite convert SRC OUT --precision bfloat16
 --verify` as it is (the default: in place, cost assignment, rules), with `--freeze`, and with `--assign lists`; each
-run is ok (exit 0), refused (a one-line error that says what to do, non-zero exit) or failed (a Python traceback,
-an error that calls itself a bug, a time-out). Where the default converted, the written copy's time per call over
+run is ok (exit 0), verify failed (written and run, but --verify found errors past the low precision's tolerance:
+exit 1), refused (a one-line error that says what to do, non-zero exit) or failed (a Python traceback, an error
+that calls itself a bug, a time-out). Where the default converted, the written copy's time per call over
 the source's at batch 8 (wall, alternated blocks in one process). A line per step as it goes; then a table, and a
 page (Markdown, with the machine, its load and this command) for the README to link.
 """
@@ -42,6 +43,9 @@ def classify(code: int | None, output: str) -> tuple[str, str]:
     if code == 0:
         left = [line for line in lines if " left out of " in line]
         return "ok", f"{len(left)} rule(s) left out: {left[0]}" if left else ""
+    verdict = [line for line in lines if line.startswith("verification FAILED")]
+    if code == 1 and verdict:  # written, runs, and --verify found the low precision's errors past the tolerance
+        return "verify failed", verdict[-1]
     if error and "bug" in error[-1]:
         return "failed", error[-1]
     if error:
@@ -112,10 +116,11 @@ def machine() -> str:
 def page(rows: list, modes: list, command: str, started: str) -> str:
     """The Markdown page: the command, the machine, the counts and the table."""
     counts = {s: sum(r["modes"].get(m, {}).get("status") == s for r in rows for m in modes)
-              for s in ("ok", "refused", "failed")}
+              for s in ("ok", "verify failed", "refused", "failed")}
     lines = [f"# The catalog sweep ({started})", "", f"Command: `{command}`", "", f"Machine: {machine()}", "",
              f"{sum(r.get('built') == 'built' for r in rows)} of {len(rows)} models built; conversions: "
-             f"{counts['ok']} ok, {counts['refused']} refused, {counts['failed']} failed.", "",
+             f"{counts['ok']} ok, {counts['verify failed']} written but outside --verify's tolerance, "
+             f"{counts['refused']} refused, {counts['failed']} failed.", "",
              "| model | kind | " + " | ".join(modes) + " | default / source, batch 8 (wall) |",
              "|---|---|" + "---|" * len(modes) + "---|"]
     for row in rows:
