@@ -12,7 +12,10 @@ from mp_rewrite.commands.verify import StepLines, stdout_console
 
 def test_steps_are_lines_when_the_output_is_not_a_terminal():
     out = io.StringIO()
-    lines = StepLines("tuning", stream=out, every=0.05)
+    silent = io.StringIO()
+    StepLines("tuning", stream=silent)(4, 4, "writing 'cost'")  # done within `after` (10 s): nothing said
+    assert silent.getvalue() == ""
+    lines = StepLines("tuning", stream=out, every=0.05, after=0)
     lines(0, 4, "converting 'cost' (candidate 1 of 2)")
     lines(1, 4, "converting 'float32' (candidate 2 of 2), about 3 s left")  # within `every`: left out
     time.sleep(0.06)

@@ -130,18 +130,22 @@ def progress_bar(description: str, finishing: str | None = None):
 
 
 class StepLines:
-    """A progress callback (done, total, name) for output that is not a terminal: one plain line on stderr per step
-    ("verifying: 1/4 serve (original)"), but at most one a second (a stage of many small steps, such as rewriting
-    hundreds of functions, says where it is now and then), the first and the last always."""
+    """A progress callback (done, total, name) for output that is not a terminal: once the work has gone on for
+    `after` seconds (short work stays silent, and a CLI error stays the one line on stderr), one plain line per step
+    ("tuning: 7/23 verifying 'grappler' (candidate 2 of 6), about 3 min left"), at most one every `every` seconds
+    (a stage of many small steps, such as rewriting hundreds of functions, says where it is now and then), the last
+    always."""
 
-    def __init__(self, description: str, finishing: str | None = None, stream=None, every: float = 1.0):
+    def __init__(self, description: str, finishing: str | None = None, stream=None, every: float = 1.0,
+                 after: float = 10.0):
         self.description, self.finishing, self.stream, self.every = description, finishing, stream, every
+        self.began, self.after = time.monotonic(), after
         self.last = -math.inf  # when the last line was written
 
     def __call__(self, done, total, name) -> None:
         label = self.finishing if self.finishing and total and done >= total else self.description
         now = time.monotonic()
-        if now - self.last < self.every and not (total and done >= total):
+        if now - self.began < self.after or (now - self.last < self.every and not (total and done >= total)):
             return
         self.last = now
         count = f"{done}/{total} " if total else ""
@@ -150,11 +154,10 @@ class StepLines:
 
 @contextlib.contextmanager
 def stderr_status(description: str):
-    """A spinner with `description` on stderr while the block runs (long work shows progress); a line saying it
-    begins when stderr is not a terminal."""
+    """A spinner with `description` on stderr while the block runs (long work shows progress); silent when stderr
+    is not a terminal (progress_bar's lines say where long work is)."""
     console = Console(stderr=True)
     if not console.is_terminal:
-        print(f"{description} ...", file=sys.stderr, flush=True)
         yield
         return
     with console.status(description):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -80,9 +81,9 @@ def test_convert_verify_and_saved_model_cli(source, tmp_path):
     out = tmp_path / "scorer_bf16"
     proc = _run("convert", str(source), str(out), "--precision", "bfloat16", "--verify")
     assert proc.returncode == 0, proc.stderr
-    # No progress bar and no TF chatter when piped: a plain line per step (a CI log sees long work go on).
-    assert all(line.startswith(("rewriting functions: ", "verifying: ")) for line in proc.stderr.splitlines()), \
-        proc.stderr
+    # No progress bar and no TF chatter when piped: at most a plain line per step of long work (a CI log sees it
+    # go on; this conversion is short enough to say none on an idle machine).
+    assert all(re.match(r"[a-zA-Z ,]+: \d+/\d+ \S", line) for line in proc.stderr.splitlines()), proc.stderr
     assert "__inference___call___" in proc.stdout and "100.0%" in proc.stdout
     assert "matmul/conv FLOPs in bfloat16: 100.0%" in proc.stdout
     assert "verification passed: 1 output of 1 signature" in proc.stdout and "FAIL" not in proc.stdout
