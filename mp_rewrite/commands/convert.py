@@ -121,6 +121,7 @@ def run(args) -> int:
 
 
 def _run(args, given: str) -> int:
+    from ..savedmodel.batch_split import split_lines
     keep = list(args.keep_fp32) + list(_guard_overrides(args.keep_fp32_file))
     assign = assign_from_args(args)
     options = options_from_args(args, keep, **assign)  # checked once, before anything slow
@@ -137,8 +138,9 @@ def _run(args, given: str) -> int:
     for graph, labels in shared.values():
         say_assignment(graph, ", ".join(labels))
     print_result(dataclasses.replace(result, source=given))
+    said = set(split_lines(result.graphs)) if args.split != "off" else set()  # what --split chose is no warning
     for note in result.notes:
-        stdout_console().print(f"[bold yellow]warning:[/] {note}", soft_wrap=True)
+        stdout_console().print(f"{'split: ' if note in said else '[bold yellow]warning:[/] '}{note}", soft_wrap=True)
     if guarded is not None and not guarded.result.met:
         stdout_console().print("the accuracy guard could not meet the tolerance; see the kept nodes above", soft_wrap=True)
         return 1

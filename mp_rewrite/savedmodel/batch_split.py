@@ -77,6 +77,16 @@ def split_signature(graph_def, frozen, captured, split, exact: bool):
     return _chosen(whole, made, specs)
 
 
+def split_lines(graphs: dict) -> list[str]:
+    """One line per frozen graph whose split was asked for ("auto" or N): what it became and why. Signatures of
+    one function share one graph ({label: RewriteResult with a `split` SplitChoice}) and are named together."""
+    shared = {}
+    for label, result in graphs.items():
+        shared.setdefault(id(result), (result, []))[1].append(label)
+    return [f"{', '.join(labels)}: {result.split.why}" for result, labels in shared.values()
+            if getattr(result, "split", None) is not None and result.split.why != "off"]
+
+
 def _function(imported, specs, keys, shapes, carried, branches: int):
     """A tf.function calling `imported` whole (branches 1) or once per slice of the `carried` inputs' batch."""
     import tensorflow as tf

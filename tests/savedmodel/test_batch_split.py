@@ -148,3 +148,16 @@ def test_auto_keeps_a_split_only_where_it_is_faster_at_every_batch_beyond_the_no
     tie = {**faster, (8, 2): 19.8}  # 1% faster: inside the noise, the graph stays whole
     choice = split_verdict(tie, "the default intra-op threads")
     assert choice.branches == 1 and "TF_NUM_INTRAOP_THREADS=1" in choice.why and "19.8 ms" in choice.why
+
+
+def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_it_without_freeze(tmp_path, capsys):
+    from mp_rewrite.commands import cli
+    source = tmp_path / "mlp"
+    example_models.mlp().export(str(source), verbose=False)
+    out = tmp_path / "split"
+    assert cli.main(["convert", str(source), str(out), "--precision", "bfloat16", "--freeze", "--split", "2"]) == 0
+    said = capsys.readouterr().out
+    assert "split: signature serve (frozen), signature serving_default (frozen): split in 2 branches" in said
+    assert "--tensorflow_intra_op_parallelism=1" in said
+    assert cli.main(["convert", str(source), str(tmp_path / "no"), "--split", "2"]) != 0
+    assert "--split 2 needs --freeze" in capsys.readouterr().err
