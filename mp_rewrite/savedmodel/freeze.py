@@ -35,7 +35,7 @@ from ..model.runtime import load_saved_model
 from ..model.signatures import require_signatures
 from ..model.tags import load_tags, single_meta_graph
 from ..rules import canonicalize, check_weights_low, fold_constant_casts
-from .batch_split import split_signature
+from .batch_split import split_lines, split_signature
 from .frozen_function import compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
 from .keras_metadata import METADATA_FILE
@@ -97,11 +97,7 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
         gc.collect()
     note = (f"frozen inference model, {why}: every signature is kept; dropped: {'; '.join(DROPPED)}. Load it with "
             f"tf.saved_model.load('{output}'{f', tags={tags}' if tags and tags != ['serve'] else ''})")
-    shared = {}  # signatures of one function share one frozen graph and its split: said once
-    for label, r in graphs.items():
-        shared.setdefault(id(r), (r, []))[1].append(label)
-    splits = [f"{', '.join(labels)}: {r.split.why}" for r, labels in shared.values() if r.split.why != "off"]
-    return Rewritten(new, pathlib.Path(directory), graphs, {}, names, frozen_keys, notes=[note, *splits],
+    return Rewritten(new, pathlib.Path(directory), graphs, {}, names, frozen_keys, notes=[note, *split_lines(graphs)],
                      staging=directory)
 
 
