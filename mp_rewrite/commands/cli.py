@@ -47,8 +47,10 @@ def import_tensorflow_quietly(verbose: bool = False) -> None:
     """Import TensorFlow with file descriptor 2 silenced: its C++ start-up lines ("oneDNN custom operations are
     on", absl's pre-init warning) ignore TF_CPP_MIN_LOG_LEVEL and bury a CLI's own output. An import error is
     still raised, after stderr is restored. With `verbose`, TensorFlow logs as it would on its own."""
-    # The `tensorflow` wheel leaves oneDNN off (it is built with CUDA); TF's bfloat16 pass and fast bfloat16 CPU
-    # kernels need it. TF_ENABLE_ONEDNN_OPTS=0 in the environment still turns it off.
+    # TF's bfloat16 pass and fast bfloat16 CPU kernels need oneDNN. TF 2.21's `tensorflow` wheel turns it on by
+    # itself on this x86 machine (it logs "oneDNN custom operations are on" without the variable; checked with
+    # _pywrap_util_port.IsMklEnabled()); older wheels and other CPUs may not, so it is set here all the same.
+    # TF_ENABLE_ONEDNN_OPTS=0 in the environment still turns it off.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     if verbose:
         import tensorflow  # noqa: F401
