@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from mp_rewrite.commands import cli
 
 
@@ -16,9 +18,21 @@ def _inspect(model, tmp_path, fmt: str) -> str:
     return out.read_text()
 
 
-def test_text_json_and_html_say_the_same_counts(small_cnn, tmp_path, capsys):
-    text, page = _inspect(small_cnn, tmp_path, "text"), _inspect(small_cnn, tmp_path, "html")
-    summary = json.loads(_inspect(small_cnn, tmp_path, "json"))["summary"]
+@pytest.fixture(scope="module")
+def small_transformer(tmp_path_factory):
+    """A Transformer encoder block and a classifier head, exported (only read)."""
+    from mp_rewrite.testing import example_models
+    path = tmp_path_factory.mktemp("transformer") / "encoder"
+    example_models.transformer_encoder(seq_len=8, d_model=32, heads=2, ff=64).export(str(path),
+                                                                                               verbose=False)
+    return path
+
+
+@pytest.mark.parametrize("model", ["small_cnn", "small_transformer"])
+def test_text_json_and_html_say_the_same_counts(model, request, tmp_path, capsys):
+    model = request.getfixturevalue(model)
+    text, page = _inspect(model, tmp_path, "text"), _inspect(model, tmp_path, "html")
+    summary = json.loads(_inspect(model, tmp_path, "json"))["summary"]
     converted, total = map(int, re.search(r"Converted (\d+)/(\d+) nodes", text).groups())
     assert converted > 0 and summary["grappler_line"] == re.search(r"Converted [^\n]*", text).group(0)
     assert summary["grappler_line"] in page
