@@ -38,7 +38,10 @@ def layer_picture(result, function: str | None = None, max_nodes: int = 150, tab
         how = "the graph that holds the network" + (" (the function the signatures call)" if table.name else "")
     graph = build_layer_graph(table, max_nodes, {t.name: t for t in tables})
     layers = sum(1 for layer in graph.layers.values() if layer.kind in ("layer", "op"))
-    title = f"{table.label}: {layers} layers, {len(graph.box_of)} ops ({result.precision})"
+    # The page's search line counts every box, inputs and outputs too: the title says both, so they agree.
+    ends = len(graph.layers) - layers
+    boxes = f" ({len(graph.layers)} boxes with the {ends} inputs and outputs)" if ends else ""
+    title = f"{table.label}: {layers} layers{boxes}, {len(graph.box_of)} ops ({result.precision})"
     hidden = ", ".join(f"{n} {HIDDEN_WORDS.get(role, role)}" for role, n in graph.hidden.most_common() if role)
     notes = [f"Drawn: {table.label}, {how}. Each box is a layer (name scope), colored by the precision its ops "
              "compute in (striped when mixed).", f"Not drawn as boxes: {hidden}."]

@@ -54,3 +54,15 @@ def test_convert_says_how_the_written_casts_differ_from_the_inserted(small_cnn, 
     else:
         assert int(written.group(3)) == table[0] and "folded into bfloat16 constants" in out, out
     assert "casts inserted" in out  # the table's column says what it counts
+
+
+def test_the_pictures_title_counts_the_boxes_the_page_counts():
+    """The title said '151 layers' where the page's search line said '153 boxes' (its inputs and outputs)."""
+    from mp_rewrite import rewrite_graph_def
+    from mp_rewrite.report.whole_model import layer_picture
+    from mp_rewrite.testing import example_models, examples
+    g = examples.inference_graph(example_models.mlp(), batch=2)
+    graph, title, _ = layer_picture(rewrite_graph_def(g.graph_def, "bfloat16", g.fetches))
+    layers = sum(1 for layer in graph.layers.values() if layer.kind in ("layer", "op"))
+    assert len(graph.layers) > layers  # the model's input and output are boxes of the page too
+    assert f"{layers} layers ({len(graph.layers)} boxes with the " in title, title
