@@ -325,6 +325,7 @@ RULES = {
     "Squeeze": squeeze, "GatherV2": gather, "Gather": gather,
     "Split": split, "SplitV": split, "Unpack": split,
     "LookupTableFindV2": lookup, "LookupTableFind": lookup,
+    "IdentityN": lambda node, data, states, context: list(states),  # output i is input i (Keras' swish)
 }
 # Ops that read state without changing it or making it: `same` when their inputs are (weights, captured tables).
 READS = frozenset({"Const", "Placeholder", "VarHandleOp", "ReadVariableOp", "NoOp", "HashTableV2",

@@ -161,3 +161,10 @@ def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_it_without_free
     assert "--tensorflow_intra_op_parallelism=1" in said
     assert cli.main(["convert", str(source), str(tmp_path / "no"), "--split", "2"]) != 0
     assert "--split 2 needs --freeze" in capsys.readouterr().err
+
+
+def test_identity_n_passes_each_input_to_its_output():
+    found = _analysed(lambda x: tf.identity_n([tf.nn.relu(x), tf.ones([6])])[0] * 2.0, ROWS)
+    assert found.splittable, found.reason
+    found = _analysed(lambda x: tf.identity_n([x, tf.reduce_sum(x, 0)])[1] + x, ROWS)
+    assert not found.splittable and "axis 0, the batch" in found.reason
