@@ -79,8 +79,9 @@ class TuneResult:
             speed = f", {base / ms:.2f}x {against}'s speed" if base else ""
             verdict = "" if self.passed[name] else ", fails verification"
             lines.append(f"  {name:<{width}} {ms:8.2f} ms per call{speed}{verdict}")
-        return "tuning on this machine (median CPU time per call):\n" + "\n".join(lines) + \
-            f"\nchose '{self.chosen}' " + (f"({self.tie})" if self.tie else "(the fastest candidate that verifies)") + \
+        # What was written and why comes first (issue 39); the table it was read from follows.
+        chose = f"chose '{self.chosen}' " + (f"({self.tie})" if self.tie else "(the fastest candidate that verifies)")
+        return chose + "\ntuning on this machine (median CPU time per call):\n" + "\n".join(lines) + \
             (f"\n  verifying the candidates:{self.unvarying.removeprefix(' ')}" if self.unvarying else "")
 
 
