@@ -28,7 +28,6 @@ from .inputs import signature_inputs
 from .split_option import SERVE
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
-CHECK_BATCHES = (SHAPE_BATCH,)  # plus N - 1 (unsplit) where N > 1
 TIMED_BATCHES, ROUNDS, CALLS = (8, 32), 5, 4
 FASTER = 0.97  # a split within 3% of the whole call is a tie: the graph stays whole
 
@@ -123,9 +122,10 @@ def _feeds(specs, batch: int, seed: int = 0) -> list:
 
 
 def _unequal(whole, split, specs, branches: int, exact: bool) -> str:
-    """"" if the split function's outputs equal the whole one's at an odd batch and at branches - 1; else why."""
+    """"" if the split function's outputs equal the whole one's at an odd batch split unevenly (7, or 2N + 1 for
+    more branches) and at N - 1 (run whole); else why."""
     import numpy as np
-    for batch in (*CHECK_BATCHES, max(1, branches - 1)):
+    for batch in (max(SHAPE_BATCH, 2 * branches + 1), max(1, branches - 1)):
         feeds = _feeds(specs, batch, seed=batch)
         want, got = whole(*feeds), split(*feeds)
         for key in want:

@@ -27,7 +27,7 @@ def _analysed(function, *specs):
     """batch_rows over a tf.function's graph, traced at `specs`, with shapes inferred as the split infers them."""
     concrete = tf.function(function).get_concrete_function(*specs)
     graph_def = concrete.graph.as_graph_def()
-    inputs = {t.name: tuple(t.shape.as_list()) for t in concrete.inputs}
+    inputs = {t.name: tuple(t.shape.as_list()) for t in concrete.inputs[:len(specs)]}  # captures are weights
     outputs = [t.name for t in concrete.outputs]
     return batch_rows(graph_def, inputs, outputs, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
 
@@ -168,3 +168,16 @@ def test_identity_n_passes_each_input_to_its_output():
     assert found.splittable, found.reason
     found = _analysed(lambda x: tf.identity_n([x, tf.reduce_sum(x, 0)])[1] + x, ROWS)
     assert not found.splittable and "axis 0, the batch" in found.reason
+
+
+def test_batch_matmul_over_the_batch_is_accepted_and_batch_statistics_are_refused():
+    spec = tf.TensorSpec([None, 4, 6], tf.float32)
+    found = _analysed(lambda x: tf.nn.softmax(tf.matmul(x, x, transpose_b=True)) @ x, spec)
+    assert found.splittable, found.reason
+    image = tf.TensorSpec([None, 4, 4, 3], tf.float32)
+    ones, zeros = tf.ones([3]), tf.zeros([3])
+    found = _analysed(lambda x: tf.compat.v1.nn.fused_batch_norm(x, ones, zeros, is_training=True)[0], image)
+    assert not found.splittable and "the batch's own statistics" in found.reason
+    found = _analysed(lambda x: tf.compat.v1.nn.fused_batch_norm(x, ones, zeros, ones, ones, is_training=False)[0],
+                      image)
+    assert found.splittable, found.reason
