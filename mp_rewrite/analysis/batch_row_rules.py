@@ -15,6 +15,7 @@ from .batch_row_states import (LAST_AXIS, ROWS, SAME, SAME_STATE, SHAPE, SIZE, R
 
 
 def unary(node, data, states, context):
+    """An elementwise op of one tensor: its state (the batch size only through Identity and Cast)."""
     if any(s != SAME_STATE for s in states[1:]):
         raise Refused(where(node, "a parameter of an elementwise op carries the batch"))
     first = states[0]
@@ -24,6 +25,7 @@ def unary(node, data, states, context):
 
 
 def broadcasting(node, data, states, context):
+    """An elementwise op with broadcasting: rows, if no `same` operand can broadcast over axis 0."""
     if any(s.kind in (SIZE, SHAPE) for s in states):
         return [_size_arithmetic(node, data, states, context)]
     k = rows_k(node, states)
@@ -53,6 +55,7 @@ def _size_arithmetic(node, data, states, context) -> State:
 
 
 def row_wise(node, data, states, context):
+    """Per image, per row or per sample (convolutions, pools, inference normalizations, softmax): rows."""
     if states[0].kind != ROWS:
         raise Refused(where(node, f"a parameter carries the batch, not its input ({states[0]})"))
     k = states[0].k
@@ -70,6 +73,7 @@ def row_wise(node, data, states, context):
 
 
 def matmul(node, data, states, context):
+    """MatMul of rows by a `same` matrix, not transposed: rows."""
     if states[1] != SAME_STATE or states[0].kind != ROWS:
         raise Refused(where(node, f"multiplies by a matrix that carries the batch ({states[1]}): rows would mix"))
     if node.attr["transpose_a"].b:
@@ -78,6 +82,7 @@ def matmul(node, data, states, context):
 
 
 def batch_matmul(node, data, states, context):
+    """BatchMatMul whose batch operands keep axis 0 (the other broadcasts below it): rows."""
     x, y = states[:2]
     ranks = [context.rank(t, node) for t in data[:2]]
     if x.kind == ROWS and y.kind == ROWS and x.k == y.k and ranks[0] == ranks[1] >= 3:
@@ -94,6 +99,7 @@ def batch_matmul(node, data, states, context):
 
 
 def einsum(node, data, states, context):
+    """Einsum whose batch letter leads every batch operand and the output, and no weight: rows."""
     equation = node.attr["equation"].s.decode().replace(" ", "")
     given, _, out = equation.partition("->")
     terms = given.split(",")
@@ -108,6 +114,7 @@ def einsum(node, data, states, context):
 
 
 def reduction(node, data, states, context):
+    """A reduction over axes other than 0 (or tf.tensordot's product of a shape): rows (or a size)."""
     if states[0].kind == SHAPE and node.op == "Prod" and states[1] == SAME_STATE:
         return [_shape_product(node, data, states[0], context)]
     if states[0].kind != ROWS or any(s != SAME_STATE for s in states[1:]):
@@ -126,6 +133,7 @@ def _shape_product(node, data, shape: State, context) -> State:
 
 
 def shape_of(node, data, states, context):
+    """Shape of rows: shape(k), with its other values where they are known."""
     out = []
     for tensor, state in zip(data, states):
         if state.kind != ROWS:
@@ -137,6 +145,7 @@ def shape_of(node, data, states, context):
 
 
 def strided_slice(node, data, states, context):
+    """A slice of a shape (its batch size, or the rest), or of rows that keeps all of axis 0."""
     if any(s != SAME_STATE for s in states[1:]):
         raise Refused(where(node, "its slice bounds depend on the batch"))
     x = states[0]
@@ -171,6 +180,7 @@ def _keeps_axis_0(node, begin, strides, masks, rank: int) -> bool:
 
 
 def pack(node, data, states, context):
+    """Pack of the batch size and constants (a shape), or of rows on an axis other than 0."""
     axis = node.attr["axis"].i
     if states[0].kind == SIZE and all(s == SAME_STATE for s in states[1:]) and axis == 0:
         values = [const_ints(context.nodes.get(parse_input(t)[0])) for t in data[1:]]
@@ -183,6 +193,7 @@ def pack(node, data, states, context):
 
 
 def concat(node, data, states, context):
+    """ConcatV2 of a shape and constants (a shape), or of rows on an axis other than 0."""
     values, axis_states = states[:-1], states[-1]
     axis = context.value(data[-1], node)
     if values[0].kind == SHAPE and all(s == SAME_STATE for s in values[1:]) and axis in ([0], [-1]):
@@ -197,6 +208,7 @@ def concat(node, data, states, context):
 
 
 def reshape(node, data, states, context):
+    """Reshape of rows to a batch-sized shape, or to [-1, ...] where a row holds one sample's whole rows."""
     x, target = states
     if x.kind == ROWS and target.kind == SHAPE:
         return [State(ROWS, target.k)]
@@ -214,6 +226,7 @@ def reshape(node, data, states, context):
 
 
 def fill(node, data, states, context):
+    """Fill (or BroadcastTo) to a shape whose first value is the batch size: rows."""
     shape, value = states[:2] if node.op == "Fill" else states[::-1]
     if shape.kind != SHAPE or value.kind not in (SAME, ROWS) or (value.kind == ROWS and value.k != shape.k):
         raise Refused(where(node, f"fills a shape {shape} with {value}"))
@@ -232,6 +245,7 @@ def _constant_axis_rule(index: int, check):
 
 
 def squeeze(node, data, states, context):
+    """Squeeze of named axes other than 0."""
     dims = list(node.attr["squeeze_dims"].list.i)
     if not dims:  # every size-1 axis goes: the batch too, for a slice of one sample
         raise Refused(where(node, "squeezes every axis of size 1, the batch's too when a slice holds one sample"))
@@ -240,6 +254,7 @@ def squeeze(node, data, states, context):
 
 
 def gather(node, data, states, context):
+    """A lookup per index (rows of indices), or a gather along an axis other than 0."""
     params, indices = states[:2]
     axis = context.value(data[2], node)[0] if node.op == "GatherV2" else 0
     if params.kind == SHAPE and indices == SAME_STATE and axis == 0:
@@ -268,6 +283,7 @@ def _gathered_shape(node, data, shape: State, context) -> State:
 
 
 def split(node, data, states, context):
+    """Split, SplitV or Unpack along an axis other than 0: rows."""
     index, axis_index = (1, 0) if node.op == "Split" else (0, 2)
     if states[index].kind != ROWS or any(s != SAME_STATE for i, s in enumerate(states) if i != index):
         raise Refused(where(node, "its split sizes or axis carry the batch"))
@@ -277,12 +293,14 @@ def split(node, data, states, context):
 
 
 def lookup(node, data, states, context):
+    """A table lookup of rows of keys: rows."""
     if states[0] != SAME_STATE or states[2] != SAME_STATE or states[1].kind != ROWS:
         raise Refused(where(node, "looks up a table with the batch in its table or default"))
     return [states[1]]
 
 
 def slice_rows(node, data, states, context):
+    """Slice that keeps all of axis 0 (begin 0, size -1)."""
     rule = _constant_axis_rule(1, lambda begin, rank: begin[:1] == [0])
     if context.value(data[2], node)[:1] != [-1]:
         raise Refused(where(node, "slices axis 0, the batch (its size is not -1)"))
