@@ -97,7 +97,7 @@ def guard(graph_def, fetches, feeds, precision: str = "float16", rtol: float | N
     checker = Checker(rewrite, runner, outputs, refs, rtol, atol, max_executions)
     checker.results[frozenset()] = plain
     before = checker.error(frozenset(), "plain", force=True)
-    analysis = Analysis(findings, unvarying=_unvarying(outputs, refs, feeds))
+    analysis = Analysis(findings, unvarying=_unvarying(outputs, refs, feeds, rtol, atol))
     if before.passed:
         return _finish(checker, frozenset(), [], analysis, before, start, user_keep)
     base = frozenset(f.node for f in findings)
@@ -185,11 +185,11 @@ def _screen(graph_def, plain: RewriteResult, ref: GraphInfo, outputs, runner: Ru
     return values[:len(outputs)], range_findings(targets, values[len(outputs):], precision, underflow_share)
 
 
-def _unvarying(outputs, refs, feeds) -> dict:
+def _unvarying(outputs, refs, feeds, rtol: float, atol: float) -> dict:
     """{output tensor: how its float32 value shows it does not depend on the feeds} (analysis.compare.unvarying)."""
     from ..analysis.compare import rows_differ, unvarying
     differ = rows_differ(feeds)
-    found = {name: unvarying(value, differ) for name, value in zip(outputs, refs)}
+    found = {name: unvarying(value, differ, rtol, atol) for name, value in zip(outputs, refs)}
     return {name: how for name, how in found.items() if how}
 
 

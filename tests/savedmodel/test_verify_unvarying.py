@@ -25,6 +25,17 @@ def test_rows_alike_are_unvarying_only_where_the_inputs_rows_differ():
     assert unvarying(same_rows, inputs_differ=False) == ""  # the same input in every row: nothing learned
 
 
+def test_rows_within_the_tolerance_of_the_first_are_unvarying():
+    """MobileNetV2 of random weights without its softmax: logits that differ by 5e-11 across inputs; a model that
+    ignored its inputs would pass the comparison."""
+    logits = np.float32(0.3) + np.random.default_rng(2).normal(0, 1e-6, (2, 1000)).astype(np.float32)
+    assert unvarying(logits, inputs_differ=True, rtol=5e-2, atol=5e-2) == \
+        "every row of the batch within the tolerance of the first"
+    assert unvarying(logits, inputs_differ=True) == ""  # no tolerance given: only exact equality counts
+    apart = np.stack([np.linspace(0, 1, 10), np.linspace(1, 0, 10)])
+    assert unvarying(apart, inputs_differ=True, rtol=5e-2, atol=5e-2) == ""
+
+
 def test_a_varying_output_and_a_single_value_are_not_flagged():
     assert unvarying(np.random.default_rng(0).normal(size=(2, 10)), inputs_differ=True) == ""
     assert unvarying(np.float32(3.0)) == ""
