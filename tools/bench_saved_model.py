@@ -40,8 +40,11 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # the `tensorflow` wheel leaves oneDNN off (see tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "ours", "ours_any", "ours_lists", "ours_freeze", "ours_cost", "ours_tuned", "tf_amp",
-            "keras_mixed", "ours_mm")
+VARIANTS = ("fp32", "ours", "ours_any", "ours_lists", "ours_freeze", "ours_split", "ours_cost", "ours_tuned",
+            "tf_amp", "keras_mixed", "ours_mm")
+# Serving settings a TF process chooses at start (issue 40): each but "default" runs the TF variants again in a worker
+# of its own, their names suffixed "@setting" (OpenVINO keeps its own threads).
+SERVING = {"default": {}, "intra1": {"TF_NUM_INTRAOP_THREADS": "1"}}
 PEERS = ("inc", "openvino")  # each only if its Python is given
 TUNE_BATCH = 8
 # An extra variant, not Grappler's lists: only the allow ops (matmul/conv) in bf16, every elementwise op float32.
@@ -129,7 +132,8 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
     from mp_rewrite.savedmodel.convert import convert_saved_model
     paths = {"fp32": workdir / name / "fp32", "ours_lists": workdir / name / "ours_bf16",
              "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16",
-             "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned"}
+             "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned",
+             "ours_split": workdir / name / "ours_freeze_split2_bf16"}
     paths["tf_amp"] = paths["fp32"]
     if openvino_python:
         paths["openvino"] = paths["fp32"]  # OpenVINO converts the float32 SavedModel itself, in its worker
@@ -156,6 +160,8 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         start = time.perf_counter()
         convert_saved_model(paths["fp32"], paths["ours_freeze"], "bfloat16", freeze=True, overwrite=True)
         freeze_times.append(time.perf_counter() - start)
+    if "ours_split" in wanted:  # --freeze --split 2: the batch in two concurrent branches (serve with 1 thread)
+        convert_saved_model(paths["fp32"], paths["ours_split"], "bfloat16", freeze=True, split=2, overwrite=True)
     predictions, default_seconds, cost_seconds, tune_seconds, chosen = {}, None, None, None, "-"
     if {"ours", "ours_cost"} & set(wanted):
         cost_paths, predictions, default_seconds, cost_seconds = convert_by_cost(paths["fp32"], workdir / name,
@@ -307,7 +313,7 @@ def worker(batch: int, specs: list) -> None:
     import tensorflow as tf
 
     from mp_rewrite.savedmodel.inputs import signature_inputs
-    if any(variant == "tf_amp" for variant, _, _ in specs):  # process-global: the tf_amp worker holds it alone
+    if any(variant.split("@")[0] == "tf_amp" for variant, _, _ in specs):  # process-global: its worker holds it alone
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     loaded = {}
     for variant, path, outputs_file in specs:
@@ -350,14 +356,15 @@ def inputs_file(outputs_file) -> str:
 class Worker:
     """A subprocess holding one or more variants (`command`: another program speaking the same protocol for one)."""
 
-    def __init__(self, variants: list, paths: list, batch: int, outputs_files: list, log: Path, command=None):
+    def __init__(self, variants: list, paths: list, batch: int, outputs_files: list, log: Path, command=None,
+                 env=None):
         self.variants = variants
         self.log = open(log, "a")
         self.named = command is None  # our worker takes "run N VARIANT"; another program, "run N"
         command = command or [sys.executable, __file__, "--worker", str(batch),
                               *(str(x) for spec in zip(variants, paths, outputs_files) for x in spec)]
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, cwd=ROOT)
+                                     stderr=self.log, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
 
     def ready(self) -> dict:
         """Wait until every variant is loaded and warm; return {variant: its report}."""
@@ -410,16 +417,25 @@ def _matched_outputs(outputs, reference) -> list:
 
 
 def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, block_seconds: float,
-            openvino_python: str | None = None) -> dict:
-    """Median latency (ms) of every variant for one model and batch size, timed in interleaved blocks."""
+            openvino_python: str | None = None, settings=("default",)) -> dict:
+    """Median latency (ms) of every variant for one model and batch size, timed in interleaved blocks; each serving
+    setting but "default" adds the TF variants again as "VARIANT@setting", in a worker of its own."""
     import numpy as np
     variants = [v for v in VARIANTS + PEERS if v in paths]
+    served = {f"{v}@{s}": (v, s) for s in settings if s != "default" for v in variants if v not in PEERS}
     log = workdir / "workers.log"
     outputs_of = {v: workdir / f"{name}_b{batch}_{v}.npz" for v in variants}
     # Every TF variant but TF AMP in one process (see the module doc's Method).
     shared = [v for v in variants if v not in ("tf_amp", "openvino")]
     groups = [shared] + [[v] for v in variants if v == "tf_amp"]
     processes = [Worker(g, [paths[v] for v in g], batch, [outputs_of[v] for v in g], log) for g in groups]
+    for setting in dict.fromkeys(s for _, s in served.values()):
+        for group in groups:
+            named = [f"{v}@{setting}" for v in group]
+            outputs_of.update({n: workdir / f"{name}_b{batch}_{n}.npz" for n in named})
+            processes.append(Worker(named, [paths[v] for v in group], batch, [outputs_of[n] for n in named], log,
+                                    env=SERVING[setting]))
+    variants += list(served)
     workers = {v: process for process in processes for v in process.variants}
     try:
         infos = {v: info for process in processes for v, info in process.ready().items()}
@@ -470,6 +486,9 @@ def main(argv=None) -> int:
     parser.add_argument("--openvino-python", help="the Python of an environment with `openvino` (see "
                         "tools/openvino_run.py); without it OpenVINO is not compared")
     parser.add_argument("--json", help="also write the measured rows and conversion facts to this JSON file")
+    parser.add_argument("--serving", default="default", help=f"comma-separated serving settings, of "
+                        f"{', '.join(SERVING)}: each but default times the TF variants again in a process of its own "
+                        "(intra1: TF_NUM_INTRAOP_THREADS=1, as TF Serving's --tensorflow_intra_op_parallelism=1)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, of {', '.join(VARIANTS)} (float32 always; peers by their --*-python)")
     args = parser.parse_args(argv)
@@ -484,6 +503,10 @@ def main(argv=None) -> int:
     if set(wanted) - set(VARIANTS):
         parser.error(f"unknown variant(s) {', '.join(sorted(set(wanted) - set(VARIANTS)))}; choose from "
                      f"{', '.join(VARIANTS)}")
+    settings = args.serving.split(",")
+    if set(settings) - set(SERVING):
+        parser.error(f"unknown serving setting(s) {', '.join(sorted(set(settings) - set(SERVING)))}; choose from "
+                     f"{', '.join(SERVING)}")
     prepared = {name: prepare(name, workdir, args.inc_python, args.openvino_python, wanted) for name in names}
     facts = {name: f for name, (_, f) in prepared.items()}
     cli_seconds = {}
@@ -498,7 +521,8 @@ def main(argv=None) -> int:
             if batch != TUNE_BATCH and {"ours", "ours_cost"} & set(wanted):  # measured at the batch they serve
                 cost_paths, facts[name]["predicted"][batch] = convert_by_cost(paths["fp32"], workdir / name, batch)[:2]
                 paths.update({v: path for v, path in cost_paths.items() if v in wanted})
-            rows.append(measure(name, batch, paths, workdir, args.rounds, args.block_seconds, args.openvino_python))
+            rows.append(measure(name, batch, paths, workdir, args.rounds, args.block_seconds, args.openvino_python,
+                                settings))
             print("\n".join(table(rows[-1:])[2:]), flush=True)
     note = chart(rows, Path(args.out))
     command = "python3 tools/bench_saved_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
