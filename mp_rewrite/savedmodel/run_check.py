@@ -125,7 +125,10 @@ def _whose_fault(source, source_model, tags, key: str, recipe: InputRecipe, prec
     except ModelError as e:
         same = str(e).replace("the source model", "the converted model", 1) == failure
         how = "the same way" if same else f"too ({e})"
-        return f"the source '{source}' fails {how}: fix or export the source again, or convert with --no-run-check"
+        if recipe.given:
+            return f"the source '{source}' fails {how}: fix or export the source again, or convert with --no-run-check"
+        return (f"the source '{source}' fails {how} on these made-up inputs: give inputs it runs on (--inputs "
+                "FILE.npz, --input-shapes NAME=AxB, --seq-len N), or convert with --no-run-check")
     finally:
         remove_tree(staging)
     if "could not create a primitive descriptor" in failure:  # oneDNN has no such kernel for this CPU

@@ -75,6 +75,7 @@ def test_a_source_that_fails_to_run_is_the_users_to_fix(tmp_path, capsys):
         assert cli.main(["convert", str(src), str(tmp_path / "out"), "--precision", "bfloat16", *strategy]) == 2
         line = one_line_error(capsys.readouterr().err, "failed to run signature 'serving_default'")
         assert f"the source '{src}' fails " in line and "--no-run-check" in line and "mp_rewrite bug" not in line
+        assert "on these made-up inputs: give inputs it runs on (--inputs FILE.npz" in line  # they fail it here
         assert entries(tmp_path) == ["broken"]
     assert cli.main(["convert", str(src), str(tmp_path / "out"), "--precision", "bfloat16", "--no-run-check"]) == 0
     assert "the written copy ran" not in capsys.readouterr().out
@@ -155,7 +156,9 @@ def float32_writer(monkeypatch):
 
 def test_the_summary_counts_what_the_written_copy_holds(source, tmp_path, capsys, float32_writer):
     assert cli.main(["convert", str(source), str(tmp_path / "out"), "--precision", "bfloat16"]) == 0
-    assert "0 nodes converted to bfloat16 in the main graph and 4 functions, 0 casts inserted" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "0 nodes converted to bfloat16 in the main graph and 4 functions, 0 casts in the written copy of the 8 " \
+        "the rewrite inserted" in said
     result = convert_saved_model(source, tmp_path / "again", "bfloat16")
     assert result.written == (0, 0) and (result.converted_nodes, result.casts) == (8, 8)  # the records say otherwise
 

@@ -83,6 +83,9 @@ def test_the_verdict_cannot_be_fooled():
     softmax = np.exp(ref) / np.exp(ref).sum(axis=1, keepdims=True)
     flat = compare_arrays(softmax, np.full_like(softmax, 1 / 256), rtol=1e-2, atol=1e-2)
     assert not flat.passed and "collapsed" in flat.problem  # a uniform softmax is within atol of any softmax
+    # a random-weight EfficientNetB0's softmax, 0.1 +- 1e-4, is constant in bfloat16: rounding, not a collapse
+    near = 0.1 + 1e-4 * ref[:, :10]
+    assert compare_arrays(near, np.full_like(near, 0.1), rtol=5e-2, atol=5e-2).passed
 
 
 @pytest.mark.parametrize("name", ["bert", "tf_keras_lstm"])
