@@ -18,6 +18,7 @@ import fnmatch
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -75,8 +76,9 @@ def sweep_model(entry: dict, modes: list, workdir: Path, timeout: float, timing:
     code, output, seconds = _run([sys.executable, str(HERE / "catalog_models.py"), "build", entry["name"],
                                   str(source)], timeout)
     if code != 0:
-        lines = [line for line in output.splitlines() if line.strip()]
-        row["built"] = "not built: " + (lines[-1] if lines else f"exit {code}")[:200]
+        lines = [line.strip() for line in output.splitlines() if line.strip()]
+        errors = [line for line in lines if re.match(r"(\w+\.)*\w+(Error|Exception|Exit)\b", line)]
+        row["built"] = "not built: " + ((errors or lines)[-1] if lines else f"exit {code}")[:200]
         print(f"  {entry['name']}: {row['built']}", flush=True)
         return row
     row["built"] = "built"
