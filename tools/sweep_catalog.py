@@ -17,7 +17,6 @@ import argparse
 import fnmatch
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -100,19 +99,14 @@ def sweep_model(entry: dict, modes: list, workdir: Path, timeout: float, timing:
 
 
 def machine() -> str:
-    """The CPU, its bfloat16 features and the load, in one line."""
-    model, flags = platform.processor(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    features = [f for f in ("avx512_bf16", "amx_bf16") if f in flags] or ["no bfloat16 units"]
-    return f"{model} ({', '.join(features)}), {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}"
+    """The CPU, its bfloat16 features, TensorFlow's and keras-hub's versions and the load, in one line
+    (bench_saved_model_report.machine's facts)."""
+    from bench_saved_model_report import machine as facts
+    import keras_hub
+    found = facts()
+    return (f"{found['cpu']} ({', '.join(found['features']) or 'no bfloat16 units'}), {found['cores']} cores, "
+            f"TensorFlow {found['tensorflow']}, Keras {found['keras']}, keras-hub {keras_hub.__version__}, "
+            f"load {os.getloadavg()[0]:.2f}")
 
 
 def page(rows: list, modes: list, command: str, started: str) -> str:
