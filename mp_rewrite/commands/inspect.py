@@ -94,6 +94,7 @@ def rewrite_with_costs(args):
     from .verify import stderr_status
     model = load_model(args.model, args.tag_set, say)
     say_opaque(model, args.precision)
+    say_split(model)
     options = options_from_args(args, **assign_from_args(args))
     records = {}
     if model.meta_graph is not None:  # what convert rewrites in place: with the cost assignment, after the rules
@@ -132,6 +133,15 @@ def say_opaque(model, precision: str) -> None:
     modules = opaque_modules(model)
     if modules:
         say(f"{opaque_line(modules, precision)}; their work was not reached, and no count below includes it")
+
+
+def say_split(model) -> None:
+    """One note when the model's signatures split their batch into concurrent branches (convert --split): how to
+    serve it."""
+    from ..savedmodel.split_option import SERVE, split_branches
+    branches = split_branches(f.signature.name for f in model.graph_def.library.function)
+    if branches:
+        say(f"its signatures split each batch into {branches} concurrent branches (convert --split): {SERVE}")
 
 
 def _text_items(result, tables, model, top: int):

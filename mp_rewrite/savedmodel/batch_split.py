@@ -25,7 +25,7 @@ from ..analysis.batch_rows import batch_rows
 from ..analysis.shapes import node_shapes
 from .frozen_function import imported_function
 from .inputs import signature_inputs
-from .split_option import SERVE
+from .split_option import SERVE, SPLIT_FUNCTION
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
 TIMED_BATCHES, ROUNDS, CALLS = (8, 32), 5, 4
@@ -100,7 +100,6 @@ def _function(imported, specs, keys, shapes, carried, branches: int):
         results = [imported(*[p[i] for p in pieces]) for i in range(branches)]
         return [tf.concat([r[j] for r in results], 0) for j in range(len(keys))]
 
-    @tf.function(input_signature=specs, autograph=False)
     def run(*args):
         if branches == 1:
             outputs = whole(args)
@@ -112,7 +111,9 @@ def _function(imported, specs, keys, shapes, carried, branches: int):
             results[key].set_shape(shape)  # a shape Grappler computed from folded weights, kept when they are not
         return results
 
-    return run
+    if branches > 1:  # a name `inspect` finds in the written model
+        run.__name__ = SPLIT_FUNCTION.format(branches)
+    return tf.function(run, input_signature=specs, autograph=False)
 
 
 def _feeds(specs, batch: int, seed: int = 0) -> list:

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from ..errors import OptionError
 
+import re
+
 SPLIT_FORMS = ("auto", "off")
+# The name of a split signature's function (its FunctionDef: "__inference_split_batch_in_2_123"): what `inspect`
+# finds in a written model.
+SPLIT_FUNCTION = "split_batch_in_{}"
+_SPLIT_DEF = re.compile(r"__inference_split_batch_in_(\d+)_\d+$")
 SERVE = ("serve it with one intra-op thread: TF_NUM_INTRAOP_THREADS=1, "
          "tf.config.threading.set_intra_op_parallelism_threads(1), or TF Serving's "
          "--tensorflow_intra_op_parallelism=1")
@@ -23,3 +29,10 @@ def parse_split(value) -> str | int:
     if text.isdigit() and int(text) >= 2:
         return int(text)
     raise OptionError(f"unknown --split {value!r}: use auto, off, or a number of branches (2 or more)")
+
+
+def split_branches(function_names) -> int | None:
+    """The number of branches a model's split signatures run (the largest), from its function names; None if none
+    is split."""
+    found = [int(m.group(1)) for m in map(_SPLIT_DEF.match, function_names) if m]
+    return max(found) if found else None

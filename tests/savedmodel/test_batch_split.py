@@ -159,6 +159,8 @@ def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_it_without_free
     said = capsys.readouterr().out
     assert "split: signature serve (frozen), signature serving_default (frozen): split in 2 branches" in said
     assert "--tensorflow_intra_op_parallelism=1" in said
+    assert cli.main(["inspect", str(out), "--precision", "bfloat16"]) == 0
+    assert "split each batch into 2 concurrent branches" in capsys.readouterr().err
     assert cli.main(["convert", str(source), str(tmp_path / "no"), "--split", "2"]) != 0
     assert "--split 2 needs --freeze" in capsys.readouterr().err
 
@@ -181,3 +183,9 @@ def test_batch_matmul_over_the_batch_is_accepted_and_batch_statistics_are_refuse
     found = _analysed(lambda x: tf.compat.v1.nn.fused_batch_norm(x, ones, zeros, ones, ones, is_training=False)[0],
                       image)
     assert found.splittable, found.reason
+
+
+def test_a_split_model_is_known_by_its_function_names():
+    from mp_rewrite.savedmodel.split_option import split_branches
+    assert split_branches(["__inference_run_12", "__inference_split_batch_in_3_45"]) == 3
+    assert split_branches(["__inference_run_12", "__inference_split_batch_in_3_45_grad"]) is None
