@@ -90,6 +90,9 @@ def batch_rows(graph_def, inputs: dict, outputs, shapes: dict | None = None, bat
 def _visit(node, context: Context, signatures: Signatures) -> list:
     """The states of the node's outputs (the last one repeats), or raise Refused."""
     data = [t for t in node.input if not t.startswith("^")]
+    unseen = [t for t in data if parse_input(t)[0] not in context.states]
+    if unseen:  # only a loop's back edge reaches a node before its inputs
+        raise Refused(where(node, f"reads {unseen[0]} around a loop (TF1 control flow), which is not analysed"))
     states = [context.state(t) for t in data]
     if all(s == SAME_STATE for s in states):
         if node.op not in READS and _stateful(node.op, signatures):
@@ -123,16 +126,18 @@ def _stateful(op: str, signatures: Signatures) -> bool:
 
 
 def _topological(nodes: dict, roots) -> list:
-    """The nodes the roots need (through data and control inputs), each after its inputs."""
-    order, done, stack = [], set(), [(r, False) for r in roots if r in nodes]
+    """The nodes the roots need (through data and control inputs), each after its inputs (a TF1 loop's back edge,
+    NextIteration -> Merge, is not followed twice: the walk refuses the loop)."""
+    order, done, entered, stack = [], set(), set(), [(r, False) for r in roots if r in nodes]
     while stack:
         name, expanded = stack.pop()
-        if name in done:
+        if name in done or (not expanded and name in entered):
             continue
         if expanded:
             done.add(name)
             order.append(name)
             continue
+        entered.add(name)
         stack.append((name, True))
         for tensor in nodes[name].input:
             parent = parse_input(tensor.lstrip("^"))[0]

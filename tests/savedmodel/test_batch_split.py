@@ -189,3 +189,18 @@ def test_a_split_model_is_known_by_its_function_names():
     from mp_rewrite.savedmodel.split_option import split_branches
     assert split_branches(["__inference_run_12", "__inference_split_batch_in_3_45"]) == 3
     assert split_branches(["__inference_run_12", "__inference_split_batch_in_3_45_grad"]) is None
+
+
+def test_a_tf1_loop_is_refused_not_walked_forever():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 6], name="x")
+        tf.compat.v1.disable_control_flow_v2()
+        try:
+            _, y = tf.compat.v1.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v * 2.0), [0, x])
+        finally:
+            tf.compat.v1.enable_control_flow_v2()
+    graph_def = graph.as_graph_def()
+    found = batch_rows(graph_def, {"x:0": (None, 6)}, [y.name], node_shapes(graph_def, batch=SHAPE_BATCH),
+                       SHAPE_BATCH)
+    assert not found.splittable and ("loop" in found.reason or "not known to keep the samples" in found.reason)
