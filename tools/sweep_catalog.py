@@ -92,8 +92,8 @@ def sweep_model(entry: dict, modes: list, workdir: Path, timeout: float, timing:
         if mode == "default" and status == "ok" and timing:
             code, output, _ = _run([sys.executable, str(HERE / "catalog_models.py"), "time", str(source), str(out)],
                                    timeout)
-            last = output.strip().splitlines()[-1] if output.strip() else ""
-            row["speed"] = json.loads(last) if code == 0 and last.startswith("{") else None
+            found = [line for line in output.splitlines() if line.startswith("{")]  # TF logs to stderr after it
+            row["speed"] = json.loads(found[-1]) if code == 0 and found else None
     shutil.rmtree(source.parent, ignore_errors=True)
     return row
 
