@@ -46,13 +46,14 @@ def test_the_catalog_lists_every_keras_hub_backbone_and_says_why_one_is_not_buil
 @pytest.mark.slow
 def test_a_tf1_export_converts_in_every_mode(tmp_path):
     page, rows = tmp_path / "sweep.md", tmp_path / "rows.json"
-    done = subprocess.run([sys.executable, str(TOOLS / "sweep_catalog.py"), "--models", "TF1*", "--no-time",
+    done = subprocess.run([sys.executable, str(TOOLS / "sweep_catalog.py"), "--models", "TF1*",
                            "--workdir", str(tmp_path / "work"), "--page", str(page), "--json", str(rows)],
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     [row] = json.loads(rows.read_text())
     assert {mode: run["status"] for mode, run in row["modes"].items()} == {
         "default": "ok", "freeze": "ok", "lists": "ok"}, row
+    assert row["speed"]["source_ms"] > 0 and row["speed"]["copy_ms"] > 0  # the default's copy timed beside its source
     text = page.read_text()
     assert "1 of 1 models built; conversions: 3 ok, 0 written but outside --verify's tolerance, 0 refused, 0 failed" \
         in text and "| TF1 dense block |" in text
