@@ -26,13 +26,31 @@ def test_a_low_precision_output_says_how_much_faster_it_measured():
                     "batch 1, measured here")
 
 
+def test_a_cut_that_keeps_every_candidate_float32_is_not_said_to_write_bfloat16(capsys):
+    """The cut won the race, but it keeps all its candidates float32: the line says what runs (float32 with the
+    graph rules), with the race's figures."""
+    import types
+    from mp_rewrite.commands.list_options import say_assignment
+    from mp_rewrite.core.assignment import Assignment
+    line = decision({1: [1.0, 1.0, 0.96], 8: [10.0, 10.0, 9.3]}, ("float32", "lists", "cut"), "", "bfloat16")
+    assert line.startswith("wrote bfloat16: ")
+    for demoted, first in ((("a", "b"), "wrote float32 with the graph rules (the cut, which ran fastest, keeps all 2 "
+                                        "candidates float32): 1.04x faster than float32 at batch 1"),
+                           (("a",), "wrote bfloat16: 1.04x faster")):
+        result = types.SimpleNamespace(functions={}, assignment=Assignment(
+            ("a", "b"), demoted, 1.0, 1.2, 1.0, 0.9, decision=line))
+        say_assignment(result)
+        assert capsys.readouterr().out.splitlines()[0].startswith(first)
+
+
 @pytest.mark.skipif(not this_machine("bfloat16").low_units, reason="the race runs where the CPU computes bfloat16")
 def test_convert_says_the_decision_first(small_cnn, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("MP_REWRITE_ASSIGN", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert cli.main(["convert", str(small_cnn), str(tmp_path / "out"), "--precision", "bfloat16", "--freeze"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith(("wrote bfloat16: ", "wrote float32: ")) and "batch 1" in first, first
+    assert first.startswith(("wrote bfloat16: ", "wrote float32: ", "wrote float32 with the graph rules")) and \
+        "batch 1" in first, first
 
 
 def test_verify_says_when_both_sides_ran_float32(small_cnn, tmp_path, capsys):
