@@ -30,6 +30,7 @@ from .split_option import SERVE, SPLIT_FUNCTION
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
 TIMED_BATCHES, ROUNDS, CALLS = (8, 32), 5, 4
 FASTER = 0.97  # a split within 3% of the whole call is a tie: the graph stays whole
+ONE_THREAD = "one intra-op thread"  # the setting a split model is served in (split_option.SERVE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +148,7 @@ def _chosen(whole, made: dict, specs):
     # TF reads TF_NUM_INTRAOP_THREADS at start without reporting it through tf.config.
     threads = tf.config.threading.get_intra_op_parallelism_threads() or int(
         os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0)
-    setting = "one intra-op thread" if threads == 1 else f"{threads or 'the default'} intra-op threads"
+    setting = ONE_THREAD if threads == 1 else f"{threads or 'the default'} intra-op threads"
     times = {}
     for batch in TIMED_BATCHES:
         feeds = _feeds(specs, batch)
@@ -180,8 +181,9 @@ def split_verdict(times: dict, setting: str) -> SplitChoice:
                                                      for n in (1, *splits)) for b in batches)
     winners = [n for n in splits if all(times[b, n] < FASTER * times[b, 1] for b in batches)]
     if not winners:
-        return SplitChoice(1, f"not split: no split measured faster here with {setting} ({measured}); to choose for "
-                              "one intra-op thread, convert with TF_NUM_INTRAOP_THREADS=1", times)
+        hint = "" if setting == ONE_THREAD else \
+            "; to choose for one intra-op thread, convert with TF_NUM_INTRAOP_THREADS=1"
+        return SplitChoice(1, f"not split: no split measured faster here with {setting} ({measured}){hint}", times)
     best = min(winners, key=lambda n: sum(times[b, n] for b in batches))
     return SplitChoice(best, f"split in {best} branches: faster at every batch timed with {setting} ({measured}); "
                              f"{SERVE}", times)

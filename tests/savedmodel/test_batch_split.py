@@ -148,6 +148,8 @@ def test_auto_keeps_a_split_only_where_it_is_faster_at_every_batch_beyond_the_no
     tie = {**faster, (8, 2): 19.8}  # 1% faster: inside the noise, the graph stays whole
     choice = split_verdict(tie, "the default intra-op threads")
     assert choice.branches == 1 and "TF_NUM_INTRAOP_THREADS=1" in choice.why and "19.8 ms" in choice.why
+    choice = split_verdict(tie, "one intra-op thread")  # measured in the serving setting: nothing more to try
+    assert choice.branches == 1 and "TF_NUM_INTRAOP_THREADS" not in choice.why
 
 
 def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_it_without_freeze(tmp_path, capsys):
