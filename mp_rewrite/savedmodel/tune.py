@@ -18,8 +18,8 @@ Every candidate runs every signature on the same inputs, interleaved over severa
 call, so other processes on the machine disturb every candidate alike), and is checked against the original with
 `verify`'s tolerances. The fastest candidate that passes is written to the output, with the timings in
 ``assets/mp_rewrite_tuning.json`` -- or, where one earlier in the list above (more in the precision asked for)
-ties with it inside the noise (`choose`: faster in some round), that one, and the line says "a tie". Tune on the machine the model will be served on: the result is a property of
-that machine's kernels.
+ties with it inside the noise (`choose`: faster in some round), that one, and the line says "a tie". Tune on the
+machine the model will be served on: the result is a property of that machine's kernels.
 """
 
 from __future__ import annotations
