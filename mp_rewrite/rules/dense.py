@@ -209,8 +209,6 @@ def rewrite_dense_activation(graph: EditableGraph, match: Match) -> str:
     new = graph.fresh_name(f"{old}/before_{reshape.op.lower()}")
     for node in region:
         graph.set_inputs(node, [_renamed(t, reshape.name, bias.name, old, new) for t in graph.data_inputs(node)])
-        if "_output_shapes" in node.attr:  # the activation now runs on the contraction's rows, not the Reshape's
-            del node.attr["_output_shapes"]
     del graph.nodes[old]
     exit_node.name = new
     graph.nodes[new] = exit_node

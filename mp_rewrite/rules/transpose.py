@@ -34,14 +34,9 @@ def rewrite_matmul_transpose(graph: EditableGraph, match: Match) -> str:
     a, b = graph.data_inputs(matmul)
     adj_x, adj_y = (key in matmul.attr and matmul.attr[key].b for key in ("adj_x", "adj_y"))
     transpose.op = matmul.op
-    shapes = transpose.attr["_output_shapes"] if "_output_shapes" in transpose.attr else None
-    shapes = type(shapes)(list=shapes.list) if shapes is not None else None  # the output is still the Transpose's
     transpose.attr.clear()
     for key in matmul.attr:
-        if key != "_output_shapes":  # the matmul's are the shapes before the transpose
-            transpose.attr[key].CopyFrom(matmul.attr[key])
-    if shapes is not None:
-        transpose.attr["_output_shapes"].CopyFrom(shapes)
+        transpose.attr[key].CopyFrom(matmul.attr[key])
     transpose.attr["adj_x"].b, transpose.attr["adj_y"].b = not adj_y, not adj_x
     if matmul.op == "BatchMatMulV3":  # its operands' dtypes travel with them
         transpose.attr["Ta"].type, transpose.attr["Tb"].type = matmul.attr["Tb"].type, matmul.attr["Ta"].type
