@@ -66,15 +66,20 @@ def split_signature(graph_def, frozen, captured, split, exact: bool):
     if not found.splittable:
         return whole, SplitChoice(1, f"not split: {found.reason}")
     carried = tuple(name in found.batch_inputs for _, name in frozen.inputs)
-    candidates = [split] if split != "auto" else sorted({2, min(8, os.cpu_count() or 2)})
-    made = {n: _function(imported, specs, list(frozen.outputs), frozen.shapes, carried, n) for n in candidates}
+    made = {n: _function(imported, specs, list(frozen.outputs), frozen.shapes, carried, n)
+            for n in split_candidates(split)}
     for n, function in made.items():
-        unequal = _unequal(whole, function, specs, n, exact)
+        unequal = unequal_outputs(whole, function, specs, n, exact)
         if unequal:
             return whole, SplitChoice(1, f"not split: {unequal}")
     if split != "auto":
         return made[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
-    return _chosen(whole, made, specs)
+    return chosen_split(whole, made, specs)
+
+
+def split_candidates(split) -> list[int]:
+    """The numbers of branches to try: N as asked, or for "auto" 2 and the number of cores (at most 8)."""
+    return [split] if split != "auto" else sorted({2, min(8, os.cpu_count() or 2)})
 
 
 def split_lines(graphs: dict) -> list[str]:
@@ -123,8 +128,9 @@ def _feeds(specs, batch: int, seed: int = 0) -> list:
     return [tf.constant(arrays[spec.name]) for spec in specs]
 
 
-def _unequal(whole, split, specs, branches: int, exact: bool) -> str:
-    """"" if the split function's outputs equal the whole one's at an odd batch split unevenly (7, or 2N + 1 for
+def unequal_outputs(whole, split, specs, branches: int, exact: bool) -> str:
+    """"" if the split function's outputs (`split(*tensors)` -> {key: tensor}, as `whole`, on inputs made from the
+    TensorSpecs `specs`) equal the whole one's at an odd batch split unevenly (7, or 2N + 1 for
     more branches) and at N - 1 (run whole); else why."""
     import numpy as np
     for batch in (max(SHAPE_BATCH, 2 * branches + 1), max(1, branches - 1)):
@@ -142,8 +148,9 @@ def _unequal(whole, split, specs, branches: int, exact: bool) -> str:
     return ""
 
 
-def _chosen(whole, made: dict, specs):
-    """Race the whole call and each split, interleaved, at TIMED_BATCHES; keep what split_verdict says."""
+def chosen_split(whole, made: dict, specs):
+    """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES; keep what
+    split_verdict says: (the function kept, its SplitChoice)."""
     import tensorflow as tf
     # TF reads TF_NUM_INTRAOP_THREADS at start without reporting it through tf.config.
     threads = tf.config.threading.get_intra_op_parallelism_threads() or int(
