@@ -35,6 +35,7 @@ from ..model.runtime import load_saved_model
 from ..model.signatures import require_signatures
 from ..model.tags import load_tags, single_meta_graph
 from ..rules import canonicalize, check_weights_low, fold_constant_casts
+from .batch_dispatch import dispatched
 from .batch_split import split_lines, split_signature
 from .frozen_function import compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
@@ -207,6 +208,7 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
                                                                    *(n for n, _ in frozen.captured), *frozen.variables]}
     covered = set()
     options = _keep_fused(options, records, {node.name for node in folded.node}, covered)
+    machine = options  # the machine's costs (--batch-size, --seq-len), before this graph's replace them
     options = frozen_costs(options, folded, frozen, fetches, fed, source=given)
     if getattr(options.costs, "keep", "") == SOURCE:  # the graph as folded, without the rules, ran fastest
         folded, records, covered = given, [], set()
@@ -224,6 +226,10 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     resources.extend(owner for _, owner in captured if all(owner is not r for r in resources))
     result.graph_def = compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)
     function, result.split = split_signature(result.graph_def, frozen, captured, split, exact=not result.retyped)
+    # Where float32 and the low precision each won at some batch: both, dispatched on the batch (batch_dispatch.py).
+    function, result = dispatched(function, result, folded, frozen, captured, options, machine, weights, split)
+    kept = result.dispatch.segments if result.dispatch is not None and result.dispatch.kept else ()
     identity = (result.graph_def.SerializeToString(deterministic=True), repr(frozen.inputs),
-                repr(sorted(frozen.outputs.items())), result.split.branches, *(id(owner) for _, owner in captured))
+                repr(sorted(frozen.outputs.items())), result.split.branches, kept,
+                *(id(owner) for _, owner in captured))
     return function, result, identity

@@ -83,12 +83,19 @@ def as_function(graph_def, inputs, outputs: dict, captured=(), shapes=None):
 
     @tf.function(input_signature=specs, autograph=False)
     def run(*args):
-        results = dict(zip(fetch_keys, imported(*args)))
-        for key, shape in (shapes or {}).items():
-            results[key].set_shape(shape)  # a shape Grappler computed from folded weights, kept when they are not
-        return results
+        return shaped_outputs(fetch_keys, imported(*args), shapes)
 
     return run
+
+
+def shaped_outputs(keys, tensors, shapes=None) -> dict:
+    """{output key: tensor}, each with the static shape the signature promises (`shapes`, where given): a shape
+    Grappler computed from folded weights, kept where a call of the imported graph (or a tf.cond over several)
+    does not carry it."""
+    results = dict(zip(keys, tensors))
+    for key, shape in (shapes or {}).items():
+        results[key].set_shape(shape)
+    return results
 
 
 def imported_function(graph_def, inputs, outputs: dict, captured=()):

@@ -188,6 +188,14 @@ def signature_inputs(signature: str, specs: dict, given: dict, batch_size: int, 
     return arrays, sources
 
 
+def made_tensors(specs, batch: int, seed: int = 0, dim: int = DEFAULT_DIM, label: str = "made up") -> list:
+    """Made-up eager tensors for a function's input TensorSpecs, in order, an unknown batch of `batch` and other
+    unknown dimensions of `dim` (what a conversion times and compares a frozen signature's functions on)."""
+    import tensorflow as tf
+    arrays, _ = signature_inputs(label, {spec.name: spec for spec in specs}, {}, batch, seed, dim=dim)
+    return [tf.constant(arrays[spec.name]) for spec in specs]
+
+
 def _dims(spec, wanted, batch_size: int, dim: int, where: str, name: str) -> list[int]:
     if spec.shape.rank is None:
         raise ModelError(f"{where} has an unknown rank; give its value with --inputs FILE.npz (key '{name}')")
