@@ -2,7 +2,8 @@
 
     python tools/bench_batch_split.py NAME=WHOLE_MODEL,SPLIT_MODEL [...] [--batches 8,32] [--rounds 3]
 
-For each pair of SavedModels (the same model converted with `--freeze` and with `--freeze --split N`), each
+For each pair of SavedModels (the same model converted with `--freeze` and with `--freeze --split N`, or in place
+with and without `--split N`: `--whole-label 'in place'`), each
 (model, batch, setting) runs in its own process (TF reads its threads once, at start); inside it the whole model,
 the split model and -- for reference, what a server with concurrent requests gets -- two concurrent calls of the
 whole model on half the batch each (two Python threads) are timed interleaved: 10 warm calls each, then 8 rounds
@@ -37,6 +38,8 @@ def main() -> int:
     parser.add_argument("pairs", nargs="+", help="NAME=WHOLE,SPLIT")
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--whole-label", default="--freeze",
+                        help="what the whole model is called in the table (e.g. 'in place' for an in-place pair)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -60,7 +63,7 @@ def main() -> int:
             for batch in batches:
                 for setting in SETTINGS:
                     runs.setdefault((name, batch, setting), []).append(_child(models, setting, batch))
-    _print(pairs, batches, runs, args.rounds)
+    _print(pairs, batches, runs, args.rounds, args.whole_label)
     print(f"load average after: {_load()}")
     return 0
 
@@ -113,12 +116,12 @@ def _timed(whole_path: str, split_path: str, setting: str, batch: int) -> dict:
             for variant, values in blocks.items()}
 
 
-def _print(pairs: dict, batches: list, runs: dict, rounds: int) -> None:
+def _print(pairs: dict, batches: list, runs: dict, rounds: int, whole: str = "--freeze") -> None:
     print(f"\nwall / CPU ms per served batch, median of {rounds} alternated processes (variants interleaved in "
-          "each); (x) = wall speed-up over --freeze with TF's default threads")
+          f"each); (x) = wall speed-up over {whole} with TF's default threads")
     columns = [("default", "whole"), ("default", "split"), ("intra1", "whole"), ("intra1", "split"),
                ("intra1", "two_calls")]
-    names = {"whole": "--freeze", "split": "split", "two_calls": "two concurrent half calls"}
+    names = {"whole": whole, "split": "split", "two_calls": "two concurrent half calls"}
     print("| model | batch | " + " | ".join(f"{names[v]}, {SETTINGS[s]}" for s, v in columns) + " |")
     print("|---|---|" + "---|" * len(columns))
     for name in pairs:

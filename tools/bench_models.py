@@ -1,6 +1,7 @@
 """The models tools/bench_saved_model.py times, and the conversions it times them in: each model built and
 exported (random weights, BatchNorm statistics and biases made non-trivial), then converted into every variant
-the benchmark compares (in place with the lists, --freeze, --freeze --split 2, the cost assignment in place and
+the benchmark compares (in place with the lists, with and without --split 2, --freeze, --freeze --split 2, the
+cost assignment in place and
 frozen, --tune, matmul/conv only, Intel Neural Compressor's in its own Python).
 """
 
@@ -17,8 +18,8 @@ from pathlib import Path
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "ours", "ours_any", "ours_lists", "ours_freeze", "ours_split", "ours_cost", "ours_tuned",
-            "tf_amp", "keras_mixed", "ours_mm")
+VARIANTS = ("fp32", "ours", "ours_any", "ours_lists", "ours_lists_split", "ours_freeze", "ours_split", "ours_cost",
+            "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")
 PEERS = ("inc", "openvino")  # each only if its Python is given
 TUNE_BATCH = 8
 # An extra variant, not Grappler's lists: only the allow ops (matmul/conv) in bf16, every elementwise op float32.
@@ -104,7 +105,8 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
     paths = {"fp32": workdir / name / "fp32", "ours_lists": workdir / name / "ours_bf16",
              "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16",
              "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned",
-             "ours_split": workdir / name / "ours_freeze_split2_bf16"}
+             "ours_split": workdir / name / "ours_freeze_split2_bf16",
+             "ours_lists_split": workdir / name / "ours_split2_bf16"}
     paths["tf_amp"] = paths["fp32"]
     if openvino_python:
         paths["openvino"] = paths["fp32"]  # OpenVINO converts the float32 SavedModel itself, in its worker
@@ -133,6 +135,8 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         freeze_times.append(time.perf_counter() - start)
     if "ours_split" in wanted:  # --freeze --split 2: the batch in two concurrent branches (serve with 1 thread)
         convert_saved_model(paths["fp32"], paths["ours_split"], "bfloat16", freeze=True, split=2, overwrite=True)
+    if "ours_lists_split" in wanted:  # in place, --split 2: the signatures call their bodies per slice
+        convert_saved_model(paths["fp32"], paths["ours_lists_split"], "bfloat16", split=2, overwrite=True)
     predictions, default_seconds, cost_seconds, tune_seconds, chosen = {}, None, None, None, "-"
     if {"ours", "ours_cost"} & set(wanted):
         cost_paths, predictions, default_seconds, cost_seconds = convert_by_cost(paths["fp32"], workdir / name,

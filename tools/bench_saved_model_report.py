@@ -13,7 +13,8 @@ LABELS = {"fp32": "float32", "ours": "mp-rewrite default (cost)",
           "ours_tuned": "mp-rewrite --freeze --tune",
           "tf_amp": "TF AMP (oneDNN bf16)", "keras_mixed": "Keras mixed_bfloat16",
           "ours_mm": "mp-rewrite bf16, matmul/conv only", "inc": "Intel Neural Compressor bf16",
-          "openvino": "OpenVINO (CPU plugin)", "ours_split": "mp-rewrite --freeze --split 2"}
+          "openvino": "OpenVINO (CPU plugin)", "ours_split": "mp-rewrite --freeze --split 2",
+          "ours_lists_split": "mp-rewrite bf16 --assign lists --split 2 (in place)"}
 # The TF variants timed again in a serving setting (bench_saved_model.py --serving), after every default one.
 LABELS.update({f"{v}@intra1": f"{label}, 1 intra-op thread" for v, label in list(LABELS.items()) if v != "openvino"})
 

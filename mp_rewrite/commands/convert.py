@@ -51,11 +51,13 @@ def register(sub) -> None:
                    "the output, in low precision where only read so: models of any size) or auto (default: "
                    "constants unless they pass protobuf's 2 GB limit on one graph)")
     p.add_argument("--split", default="off", metavar="auto|N|off",
-                   help="with --freeze: run each signature's batch in N concurrent branches (slices of the batch, "
-                   "outputs concatenated), where every op is proven to keep samples apart and the split equals the "
-                   "whole call on random inputs; auto keeps it only if it measures faster here (with this process's "
-                   "TF threads: run convert with TF_NUM_INTRAOP_THREADS=1 to choose for one intra-op thread). Serve "
-                   "a split model with one intra-op thread. Default off")
+                   help="run each signature's batch in N concurrent branches (slices of the batch, outputs "
+                   "concatenated; in place the signature calls its rewritten function per slice, with --freeze the "
+                   "frozen graph), where every op is proven to keep samples apart and the split equals the whole "
+                   "call on random inputs; auto keeps it only if it measures faster here (with this process's TF "
+                   "threads: run convert with TF_NUM_INTRAOP_THREADS=1 to choose for one intra-op thread); with "
+                   "--tune the winner's split is raced beside it. Serve a split model with one intra-op thread. "
+                   "Default off")
     p.add_argument("--keras-metadata", default="keep", choices=("keep", "drop"),
                    help="a tf_keras model's keras_metadata.pb: keep (default; tf_keras.models.load_model then runs "
                    "float32 layers, a warning says how to load the converted functions) or drop (load_model refuses "
@@ -93,17 +95,12 @@ def register(sub) -> None:
 
 def precheck(args) -> None:
     """Before TensorFlow starts: the source is a SavedModel (or a Keras file) and the output may be written."""
-    from ..errors import OptionError
     from ..model.files import KERAS_SUFFIXES
     from ..savedmodel.model_dir import check_output
     from ..savedmodel.split_option import parse_split
     if not args.source.lower().endswith(KERAS_SUFFIXES):
         check_output(args.source, args.output, args.overwrite)
     args.split = parse_split(args.split)
-    if args.split != "off" and not args.freeze:
-        raise OptionError(f"--split {args.split} needs --freeze: only frozen signatures are split into branches")
-    if args.split != "off" and args.tune:
-        raise OptionError("--split is not raced by --tune yet: convert with --freeze --split auto instead")
     if args.verify or args.guard or args.tune or args.run_check:
         check_verify_options(args)  # a bad option must not be found after the output is written
     if args.guard and args.guard_overrides:
@@ -121,7 +118,6 @@ def run(args) -> int:
 
 
 def _run(args, given: str) -> int:
-    from ..savedmodel.batch_split import split_lines
     keep = list(args.keep_fp32) + list(_guard_overrides(args.keep_fp32_file))
     assign = assign_from_args(args)
     options = options_from_args(args, keep, **assign)  # checked once, before anything slow
@@ -138,7 +134,7 @@ def _run(args, given: str) -> int:
     for graph, labels in shared.values():
         say_assignment(graph, ", ".join(labels))
     print_result(dataclasses.replace(result, source=given))
-    said = set(split_lines(result.graphs)) if args.split != "off" else set()  # what --split chose is no warning
+    said = set(result.split)  # what --split chose is no warning
     for note in result.notes:
         stdout_console().print(f"{'split: ' if note in said else '[bold yellow]warning:[/] '}{note}", soft_wrap=True)
     if guarded is not None and not guarded.result.met:
@@ -219,7 +215,7 @@ def _tune(args, options):
                                  overwrite=args.overwrite, inputs=args.inputs, seed=args.seed,
                                  batch_size=made_up_batch(args), tag_set=args.tag_set,
                                  signatures=args.signature or None, weights=args.weights, progress=progress,
-                                 allow_opaque_xla=args.allow_opaque_xla)
+                                 allow_opaque_xla=args.allow_opaque_xla, split=args.split)
     stdout_console().print(tuned.summary(), soft_wrap=True)
     return tuned.conversion
 

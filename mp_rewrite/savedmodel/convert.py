@@ -34,6 +34,8 @@ from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 from .result import ConversionResult, low_precision_counts
 from .run_check import RunCheck, RunFailure
+from .batch_split import split_lines
+from .split_in_place import computes_float32, split_in_place
 from .split_option import parse_split
 from .source_check import check_source, check_written, check_written_attrs, node_names
 
@@ -72,9 +74,11 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
         freeze_weights: with freeze, "constants" (weights folded into the graph), "variables" (weights kept as
             variables of the output, in low precision where only read so: models of any size) or "auto" (constants
             unless they pass protobuf's 2 GB limit).
-        split: with freeze, "off" (default), "auto" or a number of branches N >= 2: each signature's batch runs in
-            N concurrent branches where that is proven to equal the whole call (batch_split.py); "auto" keeps it
-            only where it measured faster here. A note per signature says what was chosen and how to serve it.
+        split: "off" (default), "auto" or a number of branches N >= 2: each signature's batch runs in N concurrent
+            branches where that is proven to equal the whole call (with freeze, the frozen graph is called per slice:
+            batch_split.py; in place, the signature's wrapper calls its rewritten body per slice, every function
+            body unchanged: split_in_place.py); "auto" keeps it only where it measured faster here. A note per
+            signature says what was chosen and how to serve it (also in the result's `split`).
         keras_metadata: "keep" or "drop" a tf_keras model's keras_metadata.pb (see keras_metadata.py).
         overwrite: replace an existing output (a SavedModel or an empty directory), once the new one is complete.
         flops: estimate the share of matmul/conv FLOPs in low precision (result.flops).
@@ -108,7 +112,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                             force_low=force_low, level=level, emulate=emulate, lists_file=lists_file, allow=allow,
                             infer=infer, deny=deny, clear=clear, remove=remove, assign=assign, costs=costs)
     check_modes(weights, freeze, keras_metadata)
-    split = check_split(split, freeze)
+    split = parse_split(split)
     tags = parse_tag_set(tag_set)
     run = effects_policy().run if run_effects is None else run_effects
     with saved_model_of(source, on_note) as source_path, running_effects(run, effects_policy().on_note):
@@ -130,6 +134,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                     else:
                         rewritten = rewrite_in_place(source_dir, saved_model, here, keys, tags, progress,
                                                      keras_metadata=keras_metadata, output=output)
+                        rewritten = split_in_place(rewritten, split, tags, computes_float32(rewritten.graphs))
                 try:
                     _say_vanished(here, rewritten.node_names, on_note)
                     check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run
@@ -161,7 +166,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                             notes=fallback + rewritten.notes + runs.notes + _opaque_notes(opaque) +
                             effects_note(effects, run),
                             ran=tuple(runs.ran) if run_check else None,
-                            written=tuple(max(0, w - o) for w, o in zip(counted[0], own)), opaque=tuple(opaque))
+                            written=tuple(max(0, w - o) for w, o in zip(counted[0], own)), opaque=tuple(opaque),
+                            split=rewritten.split or tuple(split_lines(rewritten.graphs)))
 
 
 def _rules_applied(rewritten) -> bool:
@@ -182,18 +188,6 @@ def check_modes(weights: str, freeze: bool, keras_metadata: str) -> None:
         raise OptionError("--weights low needs --freeze: variables stay float32 in a SavedModel that keeps them; "
                           "with --freeze, weights consumed only in low precision are stored in low precision")
     check_mode(keras_metadata)
-
-
-def check_split(split, freeze: bool):
-    """The batch split option, parsed ("off", "auto" or N).
-
-    Raises:
-        OptionError: an unknown value, or a split without freeze (only the frozen strategy splits).
-    """
-    split = parse_split(split)
-    if split != "off" and not freeze:
-        raise OptionError(f"--split {split} needs --freeze: only frozen signatures are split into branches")
-    return split
 
 
 def check_conversion(source, output, tag_set=None, signatures=None, freeze: bool = False, overwrite: bool = False,

@@ -21,6 +21,7 @@ class Rewritten:
         drop: top-level file names of `files` not to copy.
         notes: what the user must know about the output.
         staging: a temporary directory of the strategy's, removed once written (None: nothing to remove).
+        split: the in-place split's lines (split_in_place.py), also in `notes`.
     """
 
     saved_model: object
@@ -32,6 +33,7 @@ class Rewritten:
     drop: tuple = ()
     notes: list = dataclasses.field(default_factory=list)
     staging: str | None = None
+    split: tuple = ()
 
 
 @dataclasses.dataclass
@@ -57,6 +59,8 @@ class ConversionResult:
             the source's own (low_precision_counts); what the summary line reports.
         opaque: the XlaCallModule ops written unchanged (model/xla_modules.py; with allow_opaque_xla), whose work
             no FLOP figure counts.
+        split: what `split` made of each signature, one line each (also in `notes`; the CLI prints them as
+            "split: ..." lines).
     """
 
     source: str
@@ -75,6 +79,7 @@ class ConversionResult:
     ran: tuple | None = None
     written: tuple | None = None
     opaque: tuple = ()
+    split: tuple = ()
 
     @property
     def functions(self) -> dict:

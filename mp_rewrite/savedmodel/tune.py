@@ -20,6 +20,10 @@ call, so other processes on the machine disturb every candidate alike), and is c
 ``assets/mp_rewrite_tuning.json`` -- or, where one earlier in the list above (more in the precision asked for)
 ties with it inside the noise (`choose`: faster in some round), that one, and the line says "a tie". Tune on the
 machine the model will be served on: the result is a property of that machine's kernels.
+
+With `split` ("auto" or N), the chosen candidate's split into N concurrent branches is raced beside it, in wall time,
+and written only where it is faster beyond the noise (tune_split.py); the record's "split" entry says what it
+measured and chose.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class TuneResult:
         unvarying: verify's note where outputs do not depend on the inputs fed (the check of every candidate
             then proves nothing there), else "".
         tie: where the fastest candidate was not chosen, why ("a tie with 'float32' (...)"), else "".
+        split: with --split, the number of branches the chosen candidate was written with (1: whole), else 0.
     """
 
     chosen: str
@@ -68,6 +73,7 @@ class TuneResult:
     conversion: object
     unvarying: str = ""
     tie: str = ""
+    split: int = 0
 
     def summary(self) -> str:
         """One line per candidate, then the choice."""
@@ -81,6 +87,8 @@ class TuneResult:
             lines.append(f"  {name:<{width}} {ms:8.2f} ms per call{speed}{verdict}")
         # What was written and why comes first (issue 39); the table it was read from follows.
         chose = f"chose '{self.chosen}' " + (f"({self.tie})" if self.tie else "(the fastest candidate that verifies)")
+        chose += f", split in {self.split} branches (see the split line)" if self.split > 1 else \
+            ", not split (see the split line)" if self.split == 1 else ""
         return chose + "\ntuning on this machine (median CPU time per call):\n" + "\n".join(lines) + \
             (f"\n  verifying the candidates:{self.unvarying.removeprefix(' ')}" if self.unvarying else "")
 
@@ -99,7 +107,7 @@ def _candidate_lists(name: str, base):
 def tune_saved_model(source, output, precision: str = "bfloat16", *, options=None, freeze: bool = False,
                      overwrite: bool = False, lists=None, rounds: int = 5, calls: int = 3, inputs=None, seed: int = 0,
                      batch_size: int = DEFAULT_BATCH, tag_set=None, signatures=None, weights: str = "keep",
-                     progress=None, allow_opaque_xla: bool = False, **rewrite_options):
+                     progress=None, allow_opaque_xla: bool = False, split="off", **rewrite_options):
     """Convert each candidate, time and verify it here, and write the fastest that verifies to `output`.
 
     Args:
@@ -111,6 +119,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
         progress: optional callable (done, total, step), as each step begins: converting, verifying and loading
             each candidate ("verifying 'grappler' (candidate 2 of 5), about 40 s left"), each timing round, then
             writing the chosen one (done == total).
+        split: "off", "auto" or N: the chosen candidate's split raced beside it, in wall time, a tie keeping it
+            whole (tune_split.py); what was chosen is in the tuning record, the result's `split` and its notes.
         **rewrite_options: the other make_options arguments (device, keep_fp32, force_low, ...).
 
     Returns:
@@ -161,12 +171,23 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
                                                                                      "verifies"))
         unvarying = reports[chosen].unvarying_note() if reports[chosen].unvarying else ""
         result = TuneResult(chosen, milliseconds, passed, converted[chosen], unvarying, tie)
-        winner = Path(work) / chosen
+        winner, raced = Path(work) / chosen, None
+        if split != "off":
+            from .tune_split import race_split
+
+            def race(paths, clock):
+                checked = {n: passed[chosen] if n == chosen else _verification(
+                    source, p, precision, inputs, seed, batch_size, tag_set).passed for n, p in paths.items()}
+                return _time_candidates(source, paths, inputs, seed, batch_size, tags, rounds, calls, precision,
+                                        TuneSteps(progress, len(paths), rounds), clock=clock), checked
+            raced = race_split(chosen, Path(work), converted[chosen], split, race)
+            winner, result.split = raced.directory, raced.branches
         (winner / "assets").mkdir(exist_ok=True)
         (winner / "assets" / TUNING_FILE).write_text(json.dumps(
             {"chosen": chosen, "tie": tie, "precision": precision, "freeze": freeze,
              "median_cpu_ms_per_call": milliseconds,
-             "verified": passed, "machine": _machine()}, indent=1) + "\n")
+             "verified": passed, "machine": _machine(), **({"split": raced.record} if raced else {})},
+            indent=1) + "\n")
         target = absolute_output(output)
         with output_lock(target):
             check_output(source, output, overwrite)
@@ -175,6 +196,9 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     # The chosen candidate was converted into a temporary directory; its notes name the output instead.
     result.conversion.notes = [n.replace(str(Path(work) / chosen), str(output)) for n in result.conversion.notes]
     result.conversion.notes += [f"--tune: candidate '{name}' is out of the race: {why}" for name, why in out.items()]
+    if raced is not None:
+        result.conversion.notes.append(raced.line)
+        result.conversion.split = (raced.line,)
     return result
 
 
@@ -228,9 +252,9 @@ def _verification(original, converted, precision, inputs, seed, batch_size, tag_
 
 
 def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, tags, rounds: int, calls: int,
-                     precision: str, steps: TuneSteps):
-    """A RaceTimes (in `paths`' order) of CPU ms of one call of every signature, per candidate, per round, timed in
-    rotated interleaved rounds, on the
+                     precision: str, steps: TuneSteps, clock=time.process_time):
+    """A RaceTimes (in `paths`' order) of CPU ms (or of `clock`'s: time.perf_counter for wall time) of one call of
+    every signature, per candidate, per round, timed in rotated interleaved rounds, on the
     inputs verify makes (ids inside the tables they index, learned on the original). Each load and round is a step
     told to `steps`."""
     import tensorflow as tf
@@ -254,12 +278,12 @@ def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, ta
     for r in range(rounds):
         steps.begin("timing", f"timing round {r + 1} of {rounds} (every candidate, interleaved)")
         for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.process_time()
+            start = clock()
             for _ in range(calls):
                 for function, arrays in runs[name]:
                     for value in function(**arrays).values():
                         value.numpy()
-            samples[name].append((time.process_time() - start) * 1000 / calls)
+            samples[name].append((clock() - start) * 1000 / calls)
     return RaceTimes(tuple(tuple(samples[name]) for name in paths))
 
 

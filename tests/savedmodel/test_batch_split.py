@@ -133,9 +133,9 @@ def test_convert_freeze_split_says_what_it_chose_and_how_to_serve_it(tmp_path):
     assert next(iter(out.values())).shape == (5, 10)
 
 
-def test_a_split_without_freeze_is_refused_before_anything_is_done(tmp_path):
-    with pytest.raises(OptionError, match="needs --freeze"):
-        convert_saved_model(tmp_path / "missing", tmp_path / "out", "bfloat16", split=2)
+def test_an_unknown_split_is_refused_before_anything_is_done(tmp_path):
+    with pytest.raises(OptionError, match="unknown --split"):
+        convert_saved_model(tmp_path / "missing", tmp_path / "out", "bfloat16", split="1")
     with pytest.raises(OptionError, match="unknown --split"):
         convert_saved_model(tmp_path / "missing", tmp_path / "out", "bfloat16", freeze=True, split="1")
 
@@ -152,7 +152,7 @@ def test_auto_keeps_a_split_only_where_it_is_faster_at_every_batch_beyond_the_no
     assert choice.branches == 1 and "TF_NUM_INTRAOP_THREADS" not in choice.why
 
 
-def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_it_without_freeze(tmp_path, capsys):
+def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_an_unknown_one(tmp_path, capsys):
     from mp_rewrite.commands import cli
     source = tmp_path / "mlp"
     example_models.mlp().export(str(source), verbose=False)
@@ -163,8 +163,8 @@ def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_it_without_free
     assert "--tensorflow_intra_op_parallelism=1" in said
     assert cli.main(["inspect", str(out), "--precision", "bfloat16"]) == 0
     assert "split each batch into 2 concurrent branches" in capsys.readouterr().err
-    assert cli.main(["convert", str(source), str(tmp_path / "no"), "--split", "2"]) != 0
-    assert "--split 2 needs --freeze" in capsys.readouterr().err
+    assert cli.main(["convert", str(source), str(tmp_path / "no"), "--split", "one"]) != 0
+    assert "unknown --split 'one'" in capsys.readouterr().err
 
 
 def test_identity_n_passes_each_input_to_its_output():

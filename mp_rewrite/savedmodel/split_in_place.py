@@ -1,0 +1,202 @@
+"""`convert --split auto|N` in place, and the split of a written model (`--tune --split`): each TF2 signature's wrapper
+function calls its body once per slice of the batch (split_wrapper.py), where that is proven and checked as the
+frozen split is (batch_split.py):
+
+1. proven: the batch-rows analysis (analysis/batch_rows.py) runs on the frozen, folded graph of the same signature
+   of the converted model (frozen here only to be analysed; the written model keeps its functions and variables);
+2. checked: the converted model and its split copy (both loaded, as written) are called on the same random inputs,
+   at an odd batch split unevenly and at a batch smaller than N (run whole): equal bit for bit where the model
+   computes in float32, within round-off where it computes in low precision;
+3. for "auto", timed: the whole and the split signature interleaved at batch 8 and 32 in this process, kept only if
+   faster beyond the noise at both (batch_split.split_verdict).
+
+A refusal or a failed check leaves the signature whole, with the reason in the line. Every function the pass
+rewrote is written as it was (the split only wraps the signature): `--assign lists` stays Grappler's, node for node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+from ..analysis.batch_rows import batch_rows
+from ..analysis.grappler import FOLDING, optimize_graph
+from ..analysis.shapes import node_shapes
+from ..errors import ModelError
+from ..model.files import read_saved_model
+from ..model.runtime import LINKED, first_line, load_saved_model
+from ..model.signatures import signature_keys
+from ..model.tags import load_tags, select_meta_graphs
+from .batch_split import SHAPE_BATCH, SplitChoice, chosen_split, split_candidates, unequal_outputs
+from .frozen_function import remove_tree
+from .freeze import weights_form
+from .frozen_signature import freeze_signature
+from .model_dir import serialize, write_model_dir
+from .split_option import SERVE
+from .split_wrapper import output_shapes, signature_wrapper, split_wrapper
+
+
+def split_in_place(rewritten, split, tag_set=None, exact: bool = False):
+    """The in-place strategy's Rewritten with its signatures split (split_signatures), the lines in its notes and
+    in `split`."""
+    if split == "off":
+        return rewritten
+    saved_model, lines = split_signatures(rewritten.files, rewritten.saved_model, rewritten.keys, split, tag_set,
+                                          exact)
+    return dataclasses.replace(rewritten, saved_model=saved_model, notes=[*rewritten.notes, *lines],
+                               split=tuple(lines))
+
+
+def split_written(directory, target, split, exact: bool, tag_set=None) -> tuple[bool, list[str]]:
+    """Split the signatures of the SavedModel at `directory` (a converted model) into a new one at `target`.
+
+    Returns:
+        (whether any signature was split -- else nothing is written --, the lines saying what each became).
+    """
+    saved_model = read_saved_model(directory)
+    new, lines = split_signatures(Path(directory), saved_model, None, split, tag_set, exact)
+    if new is saved_model:
+        return False, lines
+    write_model_dir(Path(directory), Path(target), new)
+    return True, lines
+
+
+def computes_float32(graphs: dict) -> bool:
+    """Whether no node of a conversion's graphs ({label: RewriteResult}) or of their functions was retyped: a split
+    must then equal the whole call bit for bit."""
+    return not any(body.retyped for graph in graphs.values()
+                   for body in [graph, *getattr(graph, "functions", {}).values()])
+
+
+def split_signatures(files, saved_model, keys, split, tag_set=None, exact: bool = False) -> tuple[object, list]:
+    """(the SavedModel with each signature of `keys` (None: all) split where proven, checked and, for "auto",
+    measured faster; one line per signature wrapper: what it became and why). The proto is returned as given where
+    nothing is split; else a copy.
+
+    Args:
+        files: the directory whose variables and assets go with `saved_model` (it is loaded from a copy linking them).
+        split: "auto" or N (split_option.parse_split).
+        exact: the model computes in float32 (computes_float32).
+    """
+    chosen = select_meta_graphs(saved_model, tag_set)
+    if len(chosen) != 1:
+        return saved_model, [f"not split: the SavedModel has {len(chosen)} MetaGraphs; choose one with --tag-set"]
+    index, meta_graph = chosen[0]
+    wrappers, lines = {}, []
+    for key in keys or signature_keys([meta_graph]):
+        try:
+            wrapper, positions = signature_wrapper(meta_graph, key)
+        except ModelError as e:
+            lines.append(f"signature {key}: not split: {e}")
+            continue
+        wrappers.setdefault(wrapper, []).append((key, positions))
+    if not wrappers:
+        return saved_model, lines
+    split_any, said, decided = False, {}, {}
+    with contextlib.ExitStack() as stack:
+        loaded = load_saved_model(stack.enter_context(_staged(files, saved_model)), "converted",
+                                  load_tags(meta_graph))
+        for wrapper, entries in wrappers.items():
+            # Wrappers of one body (Keras' "serve" and "serving_default") are analysed and timed once, split alike
+            # (each split copy still checked).
+            earlier = decided.get(_callees(meta_graph, wrapper))
+            if earlier is not None and earlier.branches == 1:
+                made, choice = meta_graph, earlier
+            else:
+                made, choice = _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries,
+                                          earlier.branches if earlier else split, exact, stack)
+                choice = earlier if earlier is not None and choice.branches > 1 else choice
+            decided.setdefault(_callees(meta_graph, wrapper), choice)
+            meta_graph, split_any = made, split_any or choice.branches > 1
+            said.setdefault(choice.why, []).extend(key for key, _ in entries)
+    lines += [f"{', '.join(f'signature {key}' for key in keys)}: {why}" for why, keys in said.items()]
+    return (_with_meta_graph(saved_model, index, meta_graph) if split_any else saved_model), lines
+
+
+def _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries, split, exact, stack):
+    """(the MetaGraph with `wrapper` split or as it was, the SplitChoice) for the signatures `entries` [(key,
+    {input: argument position})] that call it."""
+    import tensorflow as tf
+
+    key, positions = entries[0]
+    carried, why = _carried(loaded, key, positions, files, meta_graph, wrapper)
+    if why:
+        return meta_graph, SplitChoice(1, f"not split: {why}")
+    signature = loaded.signatures[key]
+    given = signature.structured_input_signature[1]
+    names = sorted(given)
+    specs = [tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names]
+    whole = _positional(signature, names)
+    candidates, functions = {}, {}
+    for n in split_candidates(split):
+        candidates[n] = split_wrapper(meta_graph, wrapper, carried, n, output_shapes(meta_graph, key))
+        directory = stack.enter_context(_staged(files, _with_meta_graph(saved_model, index, candidates[n])))
+        try:
+            functions[n] = _positional(load_saved_model(directory, f"split in {n}", load_tags(meta_graph))
+                                       .signatures[key], names)
+            unequal = unequal_outputs(whole, functions[n], specs, n, exact)
+        except (ModelError, tf.errors.OpError) as e:  # our bug, said in the line rather than failing the conversion
+            unequal = (f"the copy split in {n} did not run ({first_line(e)}); this is a bug of mp-rewrite, please "
+                       "report it with the model")
+        if unequal:
+            return meta_graph, SplitChoice(1, f"not split: {unequal}")
+    if split != "auto":
+        return candidates[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
+    _, choice = chosen_split(whole, functions, specs)
+    return (candidates[choice.branches] if choice.branches > 1 else meta_graph), choice
+
+
+def _carried(loaded, key: str, positions: dict, files, meta_graph, wrapper: str) -> tuple[list | None, str]:
+    """(per argument of the wrapper, whether it carries the batch; "") where the batch-rows analysis accepts the
+    signature's frozen, folded graph; else (None, why)."""
+    try:  # weights over protobuf's limit stay variables of the frozen graph (the analysis reads them as weights)
+        frozen = freeze_signature(loaded, key, keep_variables=weights_form(files, "auto")[0] == "variables")
+    except ModelError as e:
+        return None, str(e).split("; convert without --freeze")[0]
+    graph_def = optimize_graph(frozen.graph_def, frozen.fetches, FOLDING)
+    inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
+    found = batch_rows(graph_def, inputs, frozen.fetches, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
+    if not found.splittable:
+        return None, found.reason
+    if set(frozen.feeds) != set(positions):
+        return None, f"its inputs ({', '.join(sorted(positions))}) are not its function's ({', '.join(frozen.feeds)})"
+    function = next(f for f in meta_graph.graph_def.library.function if f.signature.name == wrapper)
+    carried = [False] * len(function.signature.input_arg)
+    for name, tensor in frozen.feeds.items():
+        carried[positions[name]] = tensor in found.batch_inputs
+    return carried, ""
+
+
+def _callees(meta_graph, wrapper: str) -> tuple:
+    """The functions a wrapper calls: equal for the wrappers of one traced body."""
+    function = next(f for f in meta_graph.graph_def.library.function if f.signature.name == wrapper)
+    return tuple(sorted(n.attr["f"].func.name for n in function.node_def if "f" in n.attr))
+
+
+def _positional(signature, names: list):
+    """The loaded signature called with its inputs in `names`' order (what batch_split's check and race call)."""
+    return lambda *tensors: signature(**dict(zip(names, tensors)))
+
+
+def _with_meta_graph(saved_model, index: int, meta_graph):
+    new = type(saved_model)()
+    new.CopyFrom(saved_model)
+    new.meta_graphs[index].CopyFrom(meta_graph)
+    return new
+
+
+@contextlib.contextmanager
+def _staged(files, saved_model):
+    """A temporary SavedModel directory holding `saved_model` with the variables and assets of `files` linked."""
+    directory = tempfile.mkdtemp(prefix="mp_rewrite-split-")
+    try:
+        Path(directory, "saved_model.pb").write_bytes(serialize(saved_model))
+        for name in LINKED:
+            if os.path.exists(os.path.join(files, name)):
+                os.symlink(os.path.realpath(os.path.join(files, name)), os.path.join(directory, name))
+        yield directory
+    finally:
+        remove_tree(directory)
