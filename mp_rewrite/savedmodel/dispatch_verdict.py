@@ -109,15 +109,16 @@ def times_text(times: dict, precision: str) -> str:
             f"{precision} {each[2]}")
 
 
-def kept_line(verdict: Verdict, times: dict, segments, precision: str, sizes: tuple, forced: str = "") -> str:
+def kept_line(verdict: Verdict, times: dict, segments, precision: str, sizes: tuple, forced: str = "",
+              stored: str = "both frozen graphs are stored") -> str:
     """The first line a conversion says where the dispatch is written: what runs where, what it costs in size, and
     the times. `sizes`: (float32 graph MB, low-precision graph MB); `forced`: why it was written whatever it
-    measured (a test-only setting), else ""."""
+    measured (a test-only setting), else ""; `stored`: what the written model holds twice."""
     f32, low = sizes
     against = ", ".join(f"{r.text()} {name}'s time" for r, name in zip(verdict.overall, ("float32", precision)))
     why = forced or "as fast as the faster variant at every batch and faster than either alone across them"
     return (f"wrote a batch dispatch: {segments_text(segments, precision)} (each call runs the variant that won at "
-            f"its batch size; both frozen graphs are stored, {f32:.1f} + {low:.1f} MB against {low:.1f} MB for "
+            f"its batch size; {stored}, {f32:.1f} + {low:.1f} MB against {low:.1f} MB for "
             f"{precision} alone): {why} -- {against} across the batches; {times_text(times, precision)}, measured "
             "here")
 

@@ -24,6 +24,7 @@ from ..model.tags import select_meta_graphs, tag_text
 from ..rules import FLOAT32_RULES, PLACEMENT_RULES, RULES
 from ..rules.functions import canonicalize_library
 from ..rules.main_graph import MAIN_GRAPH, canonicalize_main_graph
+from .dispatch_in_place import dispatched_in_place
 from .keras_metadata import METADATA_FILE, has_keras_metadata, metadata_note
 from .measured_costs import in_place_costs
 from .result import Rewritten
@@ -58,6 +59,7 @@ def rewrite_in_place(source_dir: Path, saved_model, options, keys=None, tag_set=
         meta_graph, options_here, records = rules_and_costs(meta_graph, options, source_dir, keys)
         result = rewrite_meta_graph_def(meta_graph, options=options_here, signatures=keys, progress=progress)
         rules_after_pass(result, records, options_here, keys)
+        dispatched_in_place(result, meta_graph, options_here, source_dir, keys, options)  # issue 39: batch dispatch
         new.meta_graphs.add().CopyFrom(result.meta_graph_def)
         label = tag_text(meta_graph) if meta_graph.meta_info_def.tags else f"metagraph {index}"
         graphs[label if label not in graphs else f"{label} ({index})"] = result
