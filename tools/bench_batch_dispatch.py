@@ -1,7 +1,7 @@
 """Benchmark: the batch dispatch of `convert --freeze` (issue 39, item 2) on the benchmark's models.
 
     python tools/bench_batch_dispatch.py [transformer mobilenetv2 mobilenetv2_96] [--repeat 2] [--force]
-        [--workdir DIR] [--json FILE]
+        [--in-place] [--workdir DIR] [--json FILE]
 
 Each model is built and exported once (tools/bench_models.py: random weights with trained-like statistics;
 mobilenetv2_96 is the README's `keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3))`), then
@@ -11,8 +11,9 @@ converted `--precision bfloat16 --freeze` with the CPU default (the cost assignm
 decision, or the dispatch's), float32 and bfloat16 alone at each batch as the dispatch timed them (ms per call,
 interleaved rounds), and where the dispatch was built, its times beside them and the verdict. `--force` sets
 MP_REWRITE_DISPATCH=force: the dispatch (float32 below batch 8, bfloat16 from 8) is built and timed whatever the
-variants alone showed -- what the mechanism costs where the winner does not change. CPU flags and the load average
-(before and after each conversion) are printed.
+variants alone showed -- what the mechanism costs where the winner does not change. `--in-place` converts without
+--freeze (the dispatch in place: savedmodel/dispatch_in_place.py). CPU flags and the load average (before and after
+each conversion) are printed.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ def main() -> int:
     parser.add_argument("models", nargs="*", default=list(MODELS))
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--in-place", action="store_true", help="convert in place (no --freeze)")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "mp_rewrite_bench_dispatch"))
     parser.add_argument("--json", help="append each conversion's record to this file (JSON lines)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     work = Path(args.workdir)
     if args.child:
-        print(json.dumps(_converted(args.child, work)))
+        print(json.dumps(_converted(args.child, work, not args.in_place)))
         return 0
     from bench_saved_model_report import machine
     facts = machine()
@@ -53,8 +55,9 @@ def main() -> int:
     for run in range(1, args.repeat + 1):
         for name in args.models:
             before = _load()
-            record = _child(name, work, args.force)
-            record.update(run=run, load_before=before, load_after=_load(), force=args.force)
+            record = _child(name, work, args.force, args.in_place)
+            record.update(run=run, load_before=before, load_after=_load(), force=args.force,
+                          strategy="in place" if args.in_place else "--freeze")
             _print(record)
             if args.json:
                 with open(args.json, "a") as out:
@@ -83,34 +86,35 @@ def _exported(name: str, work: Path) -> Path:
     return path
 
 
-def _child(name: str, work: Path, force: bool) -> dict:
+def _child(name: str, work: Path, force: bool, in_place: bool = False) -> dict:
     """One conversion in a fresh process, with a fresh profile cache."""
     env = dict(os.environ, XDG_CACHE_HOME=tempfile.mkdtemp(prefix="mp_rewrite_cache_"),
                PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="1")
     env.pop("MP_REWRITE_ASSIGN", None)
     if force:
         env["MP_REWRITE_DISPATCH"] = "force"
-    done = subprocess.run([sys.executable, __file__, "--child", name, "--workdir", str(work)], env=env,
+    done = subprocess.run([sys.executable, __file__, "--child", name, "--workdir", str(work),
+                           *(["--in-place"] if in_place else [])], env=env,
                           capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"converting {name} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _converted(name: str, work: Path) -> dict:
-    """Convert `name` --freeze --precision bfloat16 with the CPU default; what it said and measured."""
+def _converted(name: str, work: Path, freeze: bool = True) -> dict:
+    """Convert `name` --precision bfloat16 (--freeze) with the CPU default; what it said and measured."""
     from mp_rewrite.analysis.op_costs import this_machine
     from mp_rewrite.commands.list_options import predicted
     from mp_rewrite.savedmodel.convert import convert_saved_model
     output = work / name / "dispatch_out"
     start = time.perf_counter()
     result = convert_saved_model(work / name / "fp32", output, "bfloat16", assign="cost",
-                                 costs=this_machine("bfloat16"), freeze=True, overwrite=True)
+                                 costs=this_machine("bfloat16"), freeze=freeze, overwrite=True)
     seconds = time.perf_counter() - start
     graph = next(iter(result.graphs.values()))
     choice = getattr(graph, "dispatch", None)
     said = (predicted(graph) or {}).get("decision", "")
-    record = {"model": name, "seconds": seconds, "decision": said, "converted": len(graph.converted_nodes),
+    record = {"model": name, "seconds": seconds, "decision": said, "converted": result.converted_nodes,
               "mb": sum(f.stat().st_size for f in output.rglob("*") if f.is_file()) / 1e6,
               "dispatch": None}
     if choice is not None:
@@ -131,7 +135,7 @@ def _ratios(times: dict) -> dict:
 
 def _print(record: dict) -> None:
     choice = record["dispatch"]
-    print(f"\n{record['model']} (run {record['run']}{', forced' if record['force'] else ''}; "
+    print(f"\n{record['model']} ({record['strategy']}, run {record['run']}{', forced' if record['force'] else ''}; "
           f"{record['load_before']} -> {record['load_after'].removeprefix('load average ')}): "
           f"{record['converted']} nodes bfloat16, {record['mb']:.1f} MB, {record['seconds']:.1f} s", flush=True)
     print(f"  first line: {record['decision'] or '(none)'}")

@@ -187,10 +187,6 @@ def test_convert_in_place_writes_a_forced_dispatch_whose_bodies_share_the_variab
         x = tf.constant(np.random.default_rng(batch).normal(size=[batch, 32]).astype(np.float32))
         got = next(iter(loaded.signatures["serving_default"](features=x).values())).numpy()
         f32, low = (next(iter(m(features=x).values())).numpy() for m in (source_model, lists))
-        # Inside an If TF fuses less: float32 differs from the source by round-off (1e-7), bfloat16 from the lists'
-        # conversion by bfloat16's (its intermediates rounded elsewhere); float32's side is the one within 1e-5.
-        if batch < 8:
-            np.testing.assert_allclose(got, f32, rtol=1e-5, atol=1e-5)
-        else:
-            np.testing.assert_allclose(got, low, rtol=5e-2, atol=5e-2)
-            assert np.max(np.abs(got - f32)) > 1e-3
+        # The If is lowered and inlined as a tf.cond's is: each side runs its variant's kernels, bit for bit.
+        np.testing.assert_array_equal(got, f32 if batch < 8 else low)
+        assert not np.array_equal(got, low if batch < 8 else f32)
