@@ -38,7 +38,7 @@ import numpy as np
 from ..core import dtypes
 from ..core.assignment import CostTable
 from ..core.graph_view import parse_input
-from .graph_costs import MAIN, cast_costs, constant_names, within_noise
+from .graph_costs import MAIN, cast_costs, constant_names, pooled_pairs
 from .graph_runs import LOG, FunctionRunner, Runner, VariantError, opened, saved_model_copy, traced_times
 from .op_costs import onednn_settings
 from .profile_cache import graph_bytes, load, profile_key, save
@@ -305,25 +305,27 @@ def _medians(walls) -> tuple:
 
 def _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetches) -> CostTable:
     """The CostTable of a graph and the function bodies its lists rewrite reached, from each variant's node times
-    (named as the session ran them: a body's nodes under each of its `prefixes`)."""
+    ({name: [ms in each traced run]}, named as the session ran them: a body's nodes under each of its `prefixes`)."""
     from .graph_costs import label_graphs, measure_casts
     from .shapes import result_shapes
     if measure_casts(machine):
         machine.save_to_cache()
     shapes = result_shapes(lists, batch=1 if batch is None else batch)
     parts = label_graphs(graph_def, lists)
-    nodes, fusions, casts = {}, {}, {}
+    nodes, fusions, casts, together = {}, {}, {}, {}
     for label, (original, result) in parts.items():
         body = [n.name for n in original.node]
         called = prefixes.get(label, ())  # none for a body the session does not inline (a loop's, a branch's)
-        timed = [{name: max(t[p + name] for p in called if p + name in t)
+        # Each node's times per run, under the call that took longest (a body called from two places).
+        timed = [{name: max((t[p + name] for p in called if p + name in t), key=np.median)
                   for name in body if any(p + name in t for p in called)} for t in times]
-        nodes[label] = {name: within_noise(timed[0].get(name, 0.0), timed[1].get(name, 0.0))
-                        for name in result.converted_nodes}
+        ops = {n.name: n.op for n in original.node}
+        together[label] = {name: ops.get(name, "") for name in result.converted_nodes}
+        nodes[label] = pooled_pairs(timed[0], timed[1], together[label])
         fusions[label] = {}
         for graph, run in ((original, timed[0]), (result.graph_def, timed[1])):
             for fused, carrier in _fused_into(graph, run).items():
-                ms = max(timed[0].get(carrier, 0.0), timed[1].get(carrier, 0.0))
+                ms = max(min(timed[0].get(carrier, (0.0,))), min(timed[1].get(carrier, (0.0,))))
                 fusions[label][(fused, carrier)] = max(fusions[label].get((fused, carrier), 0.0), ms)
         casts[label] = cast_costs(machine, shapes.get("" if label == MAIN else label, {}), constant_names(original))
     # A loop or branch body runs without being inlined, so none of its nodes has a time of its own: its ops are
@@ -340,7 +342,7 @@ def _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetch
             f"Grappler's lists {lists_ms:.1f} ms per run"
             + (f"; {len(untimed)} loop or branch bodies from the op table)" if untimed else ")"))
     return CostTable(machine.precision, nodes, casts, fusions, machine.low_units,
-                     note if machine.low_units else machine.no_units_note())
+                     note if machine.low_units else machine.no_units_note(), together=together)
 
 
 def _fused_into(graph_def, timed: dict) -> dict:

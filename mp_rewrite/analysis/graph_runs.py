@@ -293,7 +293,9 @@ def saved_model_copy(export_dir: str, meta_graph_def, directory: str) -> str:
 
 
 def traced_times(runners, runs: int, progress=None):
-    """Per runner, {node name: median ms of its op in context}, and the wall ms of each traced run.
+    """Per runner, {node name: [its op's ms in context in each traced run it ran in]} (the median of the run's
+    executions, where it ran more than once), and the wall ms of each traced run. Run k of every runner ran back to
+    back, so the k-th times of two runners are paired (graph_costs.measured_pair).
 
     Raises:
         VariantError: a runner raised (the first to do so; its position and TensorFlow's words).
@@ -310,13 +312,16 @@ def traced_times(runners, runs: int, progress=None):
             begin = time.perf_counter()
             _run_variant(runner, i, metadata)
             walls[i].append((time.perf_counter() - begin) * 1e3)
+            this_run = {}
             for device in metadata.step_stats.dev_stats:
                 for stat in device.node_stats:
                     begin, end = op_interval(stat)
-                    samples[i].setdefault(stat.node_name.split(":")[0], []).append((end - begin) / 1e6)
+                    this_run.setdefault(stat.node_name.split(":")[0], []).append((end - begin) / 1e6)
+            for name, ms in this_run.items():
+                samples[i].setdefault(name, []).append(float(np.median(ms)))
         if progress is not None:
             progress(done + 1, runs)
-    return [{name: float(np.median(ms)) for name, ms in s.items()} for s in samples], walls
+    return samples, walls
 
 
 def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS, most: int | None = None,

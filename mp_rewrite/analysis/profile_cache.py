@@ -18,7 +18,7 @@ from .op_costs import cache_dir
 from .run_times import RunTimes
 
 FORMAT = "mp_rewrite-profile"
-VERSION = 5
+VERSION = 6  # 6: costs pooled by op type, nodes of one op type together
 
 
 def profile_key(*parts) -> str:
@@ -72,7 +72,7 @@ def from_text(text: str):
                           {label: {(a, b): ms for a, b, ms in fusions} for label, fusions in data["fusions"].items()},
                           data["low_units"], data["note"], data["keep"],
                           RunTimes.from_data(data["runs"]) if data.get("runs") else None,
-                          data.get("decision", ""))  # a file written before the decision was kept: none
+                          data.get("decision", ""), data.get("together", {}))
         return table, data["fp32_ms"], data["lists_ms"]
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -101,5 +101,5 @@ def as_text(table: CostTable, fp32_ms: float, lists_ms: float) -> str:
                       for label, casts in table.casts.items()},
             "fusions": {label: [[a, b, ms] for (a, b), ms in fusions.items()]
                         for label, fusions in table.fusions.items()},
-            "runs": None if table.runs is None else table.runs.as_data()}
+            "runs": None if table.runs is None else table.runs.as_data(), "together": table.together}
     return json.dumps(data)

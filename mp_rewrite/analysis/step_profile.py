@@ -96,8 +96,7 @@ class StepMeasure:
         finally:
             for runner in runners:
                 runner.close()
-        times = [{name: float(np.median(ms)) for name, ms in s.items()} for s in samples]
-        table = _table(body.graph_def, self.lists, times, walls, {MAIN: [""]}, machine, self.batch, self.runs,
+        table = _table(body.graph_def, self.lists, samples, walls, {MAIN: [""]}, machine, self.batch, self.runs,
                        body.retvals)
         cut = self._rewrite(dataclasses.replace(self.options, assign="cost", costs=table))
         yield "the cut"

@@ -58,6 +58,9 @@ class CostTable:
             reads it.
         decision: where variants were raced, what was written and why in a user's words ("wrote float32: bfloat16
             measured 1.31x slower at batch 1 ..."), the line a conversion says first; else "".
+        together: graph label -> node name -> a key: the candidates of one key go to one side together (the nodes
+            of one op type, priced by their op type's pooled times: analysis.graph_costs.pooled_pairs), so that
+            the noise of one measurement moves no single node; {} (the default) lets each node go its own way.
     """
 
     precision: str
@@ -69,6 +72,7 @@ class CostTable:
     keep: str = ""
     runs: object = None
     decision: str = ""
+    together: Mapping = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -79,11 +83,13 @@ class Problem:
         node_ms: per variable, (float32 ms, low ms).
         tensors: (producer, consumers, ms to low, ms to float32); producer and consumers are variables or FP32/LOW.
         fusions: (a, b, ms) paid when a and b end on different sides.
+        together: (a, b) pairs of variables that must end on one side.
     """
 
     node_ms: list
     tensors: list = dataclasses.field(default_factory=list)
     fusions: list = dataclasses.field(default_factory=list)
+    together: list = dataclasses.field(default_factory=list)
 
 
 def total_cost(problem: Problem, low) -> float:
@@ -126,6 +132,8 @@ def solve(problem: Problem) -> list[bool]:
             edges += [(("to_low", k), name(c), inf), (name(c), ("to_fp32", k), inf)]
     for a, b, ms in problem.fusions:
         edges += [(name(a), name(b), _units(ms)), (name(b), name(a), _units(ms))]
+    for a, b in problem.together:
+        edges += [(a, b, inf), (b, a, inf)]
     big = 1 + sum(c for _, _, c in edges if c != inf)
     for u, v, c in edges:
         c = big if c == inf else c
@@ -211,6 +219,11 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
         var_of.update((v, i) for v in groups[node])
     node_costs = table.nodes.get(label, {})
     problem = Problem([tuple(node_costs.get(view.names[n], (0.0, 0.0))) for n in nodes])
+    keys, first = table.together.get(label, {}), {}  # key -> its first variable, which the others are tied to
+    for i, node in enumerate(nodes):
+        key = keys.get(view.names[node])
+        if key is not None and first.setdefault(key, i) != i:
+            problem.together.append((first[key], i))
     _add_tensors(ctx, paint, var_of, table.casts.get(label, {}), problem)
     _add_fusions(ctx, paint, var_of, groups, table.fusions.get(label, {}), problem)
     note = "" if table.low_units else table.note or "this machine has no low-precision units"

@@ -154,3 +154,29 @@ def test_a_table_that_ran_the_cut_slower_keeps_what_ran_faster(keep, expected):
     assert dtype_string(result.graph_def, names)[:5] == expected
     details = [result.coloring[n, "T"].reason.detail for n in names]
     assert all(f"the model ran faster with {keep} than with the cut" in d for d in details), details
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems(), data=st.data())
+def test_variables_held_together_end_on_one_side_at_the_least_cost_that_allows(problem, data):
+    n = len(problem.node_ms)
+    pairs = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3))
+    problem = dataclasses.replace(problem, together=pairs)
+    low = solve(problem)
+    assert all(low[a] == low[b] for a, b in pairs)
+    allowed = [x for x in itertools.product((False, True), repeat=n) if all(x[a] == x[b] for a, b in pairs)]
+    assert total_cost(problem, low) == pytest.approx(min(total_cost(problem, x) for x in allowed), abs=1e-5)
+
+
+def test_nodes_of_one_key_go_to_one_side_together():
+    # Alone, the second MatMul would stay float32 (slower in bfloat16 by more than its casts); held together with the
+    # first, which gains far more, both convert.
+    graph_def, fetches, names = chain("MatMul", "Tanh", "MatMul")
+    times = {"n0": (2.0, 0.5), "n2": (1.0, 1.3)}
+    table = CostTable("bfloat16", {"graph": {"n0": times["n0"], "n2": times["n2"]}},
+                      {"graph": {(name, 0): (0.01, 0.01) for name in names}})
+    alone = mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, assign="cost", costs=table)
+    assert "n2" in alone.assignment.demoted and "n0" not in alone.assignment.demoted
+    together = dataclasses.replace(table, together={"graph": {"n0": "MatMul", "n2": "MatMul"}})
+    held = mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, assign="cost", costs=together)
+    assert not {"n0", "n2"} & set(held.assignment.demoted)
