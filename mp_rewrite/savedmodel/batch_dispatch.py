@@ -161,11 +161,11 @@ def _raced_choice(variants: Variants, feeds: dict, mode: str, precision: str) ->
     """(DispatchChoice, the dispatch's tf.function or None): the variants raced alone at each batch; where the
     winner changes (or forced), the dispatch at that batch raced against them, and what dispatch_verdict says."""
     alone = {b: _raced(variants.alone, feeds[b], b, LOCATING_ROUNDS) for b in RACE_BATCHES}
-    segments = segments_of(winners_of(alone))
+    segments = segments_of(winners_of(alone, variants.written))
     if len(segments) == 1 and mode != "force":
-        name = ("float32", precision)[segments[0][1]]
-        return DispatchChoice(False, f"{name} ran faster alone at every batch raced: nothing to dispatch", (),
-                              alone), None
+        name = ("float32", precision)[variants.written]
+        return DispatchChoice(False, f"{name} ran as fast as the other or faster at every batch raced (alone, "
+                                     "beyond the noise): nothing to dispatch", (), alone), None
     segments = segments if mode != "force" else ((1, FLOAT32), (RACE_BATCHES[1], LOW))
     dispatch = dispatch_function(variants.imported, variants.specs, variants.keys, variants.shapes, segments,
                                  variants.carried)

@@ -207,7 +207,7 @@ def _measured(float32_mg, low_mg, entries, key, source_dir, work, mode, precisio
     feeds = {b: made_tensors(specs, b) for b in RACE_BATCHES}
     try:
         alone = {b: _raced([c for c, _ in calls], feeds[b], b, 5) for b in RACE_BATCHES}
-        segments = segments_of(winners_of(alone))
+        segments = segments_of(winners_of(alone, written))
         if mode == "force":
             segments = ((1, FLOAT32), (RACE_BATCHES[1], LOW))
         if len(segments) != 2:

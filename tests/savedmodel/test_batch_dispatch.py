@@ -79,6 +79,17 @@ def test_winners_make_segments_from_batch_one():
     assert segments_of({1: LOW, 8: LOW, 32: LOW}) == ((1, LOW),)
     assert segments_of({1: LOW, 8: FLOAT32, 32: LOW}) == ((1, LOW), (8, FLOAT32), (32, LOW))
     assert winners_of({1: [1.0, 1.2], 8: [8.0, 5.0]}) == {1: FLOAT32, 8: LOW}
+    assert winners_of({1: [1.0, 1.005], 8: [8.0, 5.0]}) == {1: LOW, 8: LOW}  # within 1%: the variant written
+
+
+def test_a_batch_won_inside_the_noise_stays_with_the_variant_written():
+    rounds = 5
+    f32 = (1.0,) * rounds
+    noisy = (0.9, 1.2, 0.95, 1.3, 1.25)  # bfloat16 slower in the median, faster in two rounds of five: a tie
+    clear = (1.2, 1.3, 1.25, 1.3, 1.22)  # slower in every round
+    assert winners_of({1: RaceTimes((f32, noisy))}) == {1: LOW}
+    assert winners_of({1: RaceTimes((f32, clear))}) == {1: FLOAT32}
+    assert winners_of({1: RaceTimes((f32, clear))}, written=FLOAT32) == {1: FLOAT32}
     assert segments_text(((1, FLOAT32), (8, LOW)), "bfloat16") == "float32 below batch 8, bfloat16 from 8"
 
 
