@@ -160,7 +160,7 @@ def dispatched(function, result, float32_graph, frozen, captured, options, machi
 def _raced_choice(variants: Variants, feeds: dict, mode: str, precision: str) -> tuple:
     """(DispatchChoice, the dispatch's tf.function or None): the variants raced alone at each batch; where the
     winner changes (or forced), the dispatch at that batch raced against them, and what dispatch_verdict says."""
-    alone = {b: _raced(variants.alone, feeds[b], b, LOCATING_ROUNDS) for b in RACE_BATCHES}
+    alone = {b: raced_calls(variants.alone, feeds[b], b, LOCATING_ROUNDS) for b in RACE_BATCHES}
     segments = segments_of(winners_of(alone, variants.written))
     if len(segments) == 1 and mode != "force":
         name = ("float32", precision)[variants.written]
@@ -169,7 +169,7 @@ def _raced_choice(variants: Variants, feeds: dict, mode: str, precision: str) ->
     segments = segments if mode != "force" else ((1, FLOAT32), (RACE_BATCHES[1], LOW))
     dispatch = dispatch_function(variants.imported, variants.specs, variants.keys, variants.shapes, segments,
                                  variants.carried)
-    times = {b: _raced([*variants.alone, dispatch], feeds[b], b) for b in RACE_BATCHES}
+    times = {b: raced_calls([*variants.alone, dispatch], feeds[b], b) for b in RACE_BATCHES}
     verdict = dispatch_verdict(times)
     if verdict.kept or mode == "force":
         forced = "" if verdict.kept else f"written as {DISPATCH_ENV}=force asks, though its times would not keep it"
@@ -271,7 +271,7 @@ class _Calls:
             self.function(*self.feeds)
 
 
-def _raced(functions, feeds, batch: int, rounds: int | None = None):
+def raced_calls(functions, feeds, batch: int, rounds: int | None = None):
     """The RaceTimes (ms per call) of `functions` called on `feeds` in alternated rounds: `rounds` of them, else
     RACE_RUNS and more, up to twice as many, while a ratio is not known to within race_times.SETTLED."""
     from ..analysis.race_times import RaceTimes

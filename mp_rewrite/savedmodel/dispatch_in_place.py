@@ -161,6 +161,9 @@ def dispatched_in_place(result, float32_mg, options, source_dir, keys=None, mach
     if mode == "auto" and not (options.assign == "cost" and getattr(table, "runs", None) is not None
                                and getattr(table, "low_units", False) and getattr(table, "decision", "")):
         return
+    from ..core.effects import effects_policy, find_effects
+    if not effects_policy().run and find_effects(float32_mg, keys):  # timing the copies would perform them
+        return
     entries = entry_functions(float32_mg, keys)
     low_result = _low_variant(result, float32_mg, options, keys) if entries else None
     if low_result is None:
@@ -169,7 +172,8 @@ def dispatched_in_place(result, float32_mg, options, source_dir, keys=None, mach
                and (keys is None or k in keys))
     with tempfile.TemporaryDirectory(prefix="mp_rewrite_dispatch_") as work:
         choice, written = _measured(float32_mg, low_result.meta_graph_def, entries, key, source_dir, work, mode,
-                                    options.precision, written=LOW if low_result is result else FLOAT32)
+                                    options.precision, written=LOW if low_result is result else FLOAT32,
+                                    dim=getattr(costs, "dim", None))
     if choice is None:
         return
     if choice.kept:
@@ -192,21 +196,22 @@ def _low_variant(result, float32_mg, options, keys):
     return None
 
 
-def _measured(float32_mg, low_mg, entries, key, source_dir, work, mode, precision, written):
+def _measured(float32_mg, low_mg, entries, key, source_dir, work, mode, precision, written, dim=None):
     """(DispatchChoice or None, the dispatching MetaGraph or None): the variants and the dispatch timed as TF2
-    serves them, each a SavedModel copy linked to the source's variables."""
+    serves them, each a SavedModel copy linked to the source's variables, unknown dimensions but the batch `dim`
+    (--seq-len) long."""
     import os
 
     from ..analysis.graph_runs import VariantError, saved_model_copy
     from ..analysis.variant_race import RACE_BATCHES
-    from .batch_dispatch import DISPATCH_ENV, DispatchChoice, _raced
-    from .inputs import made_tensors
+    from .batch_dispatch import DISPATCH_ENV, DispatchChoice, raced_calls
+    from .inputs import DEFAULT_DIM, made_tensors
     copies = [saved_model_copy(str(source_dir), mg, tempfile.mkdtemp(dir=work)) for mg in (float32_mg, low_mg)]
     calls = [_signature_call(path, key, float32_mg) for path in copies]
     specs = calls[0][1]
-    feeds = {b: made_tensors(specs, b) for b in RACE_BATCHES}
+    feeds = {b: made_tensors(specs, b, dim=dim or DEFAULT_DIM) for b in RACE_BATCHES}
     try:
-        alone = {b: _raced([c for c, _ in calls], feeds[b], b, 5) for b in RACE_BATCHES}
+        alone = {b: raced_calls([c for c, _ in calls], feeds[b], b, 5) for b in RACE_BATCHES}
         segments = segments_of(winners_of(alone, written))
         if mode == "force":
             segments = ((1, FLOAT32), (RACE_BATCHES[1], LOW))
@@ -218,7 +223,7 @@ def _measured(float32_mg, low_mg, entries, key, source_dir, work, mode, precisio
             return None, None
         path = saved_model_copy(str(source_dir), written_mg, tempfile.mkdtemp(dir=work))
         dispatch, _ = _signature_call(path, key, float32_mg)
-        times = {b: _raced([*(c for c, _ in calls), dispatch], feeds[b], b) for b in RACE_BATCHES}
+        times = {b: raced_calls([*(c for c, _ in calls), dispatch], feeds[b], b) for b in RACE_BATCHES}
     except VariantError as e:
         return DispatchChoice(False, f"not tried: {e}"), None
     verdict = dispatch_verdict(times)
