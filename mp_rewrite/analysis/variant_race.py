@@ -72,17 +72,20 @@ def race_variants(table, cut, racing, batches: dict, batch, where: str, source: 
         except VariantError:  # none runs at this size (a shape fixed in the graph): best_across leaves it out
             ms[size] = RaceTimes.of_medians([np.inf] * len(runners))
     keep, said = best_across(ms, names, where)
-    table = dataclasses.replace(table, decision=decision(ms, names, keep, table.precision))
+    table = dataclasses.replace(table, decision=decision(ms, names, keep, table.precision, with_cut and _all_float32(cut)))
     at = ms[batch].medians if batch in ms else None
     raced = () if at is None else (at[0], at[1], at[names.index("cut")] if with_cut else at[1])
     return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}"), raced
 
 
-def decision(ms: dict, names, keep: str, precision: str) -> str:
+def decision(ms: dict, names, keep: str, precision: str, cut_all_float32: bool = False) -> str:
     """What a race decided, in a user's words, for the first line a conversion says: "wrote bfloat16: 1.92x faster
     than float32 at batch 8, measured here", or "wrote float32: bfloat16 measured 1.31x slower at batch 1 and 1.10x
     at 8 on this CPU, 2.20x faster at 32 -- `--batch-size 32` converts for that batch, `--assign lists` forces TF's
-    lists" (`ms` and `names` as best_across reads them; `keep` its choice)."""
+    lists" (`ms` and `names` as best_across reads them; `keep` its choice). Where the cut that won keeps every
+    candidate float32 (`cut_all_float32`), what was written is float32 with the graph rules, and the line says so
+    with the lists' figures: "wrote float32 with the graph rules (the cut keeps every candidate float32):
+    bfloat16 (the lists) measured ..."."""
     times = {b: t if isinstance(t, RaceTimes) else RaceTimes.of_medians(t) for b, t in ms.items()}
     base = names.index("source") if "source" in names else 0
     times = {b: t for b, t in times.items() if np.isfinite(t.medians[base])}
@@ -90,6 +93,10 @@ def decision(ms: dict, names, keep: str, precision: str) -> str:
     if not times or not low:
         return ""
     kept = keep or ("cut" if "cut" in names else "lists")
+    if kept == "cut" and cut_all_float32:  # float32 with the rules won: what bfloat16 measured is the lists' run
+        written = decision(ms, [n if n != "cut" else "rules" for n in names], "float32", precision)
+        return written.replace("wrote float32:", "wrote float32 with the graph rules (the cut keeps every candidate "
+                               "float32):", 1)
     shown = kept if kept in low else min(low, key=lambda v: geometric_mean(
         t.ratio(names.index(v), base) for t in times.values()).mid)
     ratios = [(t.ratio(names.index(shown), base).mid, b) for b, t in times.items()]
@@ -128,6 +135,12 @@ def clear_of_the_limit(times: RaceTimes, names) -> bool:
     base = names.index("source") if "source" in names else 0
     ratios = [times.ratio(i, base) for i in range(len(names)) if i != base]
     return all(not r.low <= 1 + SLOWER < r.high for r in ratios if np.isfinite(r.mid))
+
+
+def _all_float32(cut) -> bool:
+    """Whether the cut (a RewriteResult) moved every candidate of the lists to float32."""
+    return all(len(r.assignment.demoted) == len(r.assignment.candidates)
+               for r in (cut, *cut.functions.values()) if r.assignment)
 
 
 def demotes(cut) -> bool:

@@ -127,10 +127,6 @@ def say_assignment(result, label: str = "", stream=None, verb: str = "wrote") ->
         print(f"note: {p['note']} (--assign lists converts by Grappler's lists anyway)", file=stream or sys.stderr)
         return
     decision = p["decision"]
-    if decision and p["candidates"] and p["demoted"] == p["candidates"] and not decision.startswith("wrote float32"):
-        # the cut won the race with every candidate float32: what runs faster is the graph rules' rewrite alone
-        decision = (f"wrote float32 with the graph rules (the cut, which ran fastest, keeps all {p['candidates']} "
-                    f"candidates float32):{decision.partition(':')[2]}")
     if decision:  # what was written and why, in a user's words, before the figures
         print(verb + decision.removeprefix("wrote"), file=stream or sys.stdout)
     print(f"cost assignment{f' of {label}' if label else ''}: {p['demoted']} of {p['candidates']} candidates kept "
