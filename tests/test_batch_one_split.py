@@ -1,0 +1,67 @@
+"""tools/batch_one_split.py: one sample split across branches (a Transformer's token rows, a CNN's image bands with
+halos) computes what the whole frozen graph computes, on small models frozen as `convert --freeze` freezes them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from mp_rewrite.testing import example_models  # noqa: E402
+
+
+def _frozen(tmp_path, model):
+    import tensorflow as tf
+
+    from mp_rewrite.savedmodel.convert import convert_saved_model
+    model.export(str(tmp_path / "fp32"), verbose=False)
+    convert_saved_model(tmp_path / "fp32", tmp_path / "frozen", "bfloat16", freeze=True)
+    return tf.saved_model.load(str(tmp_path / "frozen")).signatures["serving_default"]
+
+
+def _outputs(signature, variant_graph=None, **split):
+    from bench_batch_one import body_graph, imported
+
+    from mp_rewrite.analysis.shapes import node_shapes
+    graph_def, input_tensor, output, spec = body_graph(signature)
+    rng = np.random.default_rng(0)
+    value = rng.integers(0, 100, spec.shape).astype("int32") if spec.dtype.is_integer else \
+        rng.normal(size=spec.shape).astype("float32")
+    whole = imported(graph_def, input_tensor, output, spec)(value).numpy()
+    graph, fetched, facts = variant_graph(graph_def, input_tensor, output, node_shapes(graph_def, batch=1), **split)
+    got = imported(graph, input_tensor, fetched[output], spec)(value).numpy()
+    return whole.astype("float32"), got.astype("float32"), facts, graph
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_token_rows_compute_the_whole_transformer(tmp_path, parts):
+    from batch_one_split import split_rows
+    signature = _frozen(tmp_path, example_models.token_transformer(layers=2, d_model=32, heads=2, ff=64))
+
+    def rows(graph_def, input_tensor, output, shapes, parts):
+        return split_rows(graph_def, input_tensor, 1, [output], shapes, parts)
+    whole, got, fed_whole, graph = _outputs(signature, rows, parts=parts)
+    np.testing.assert_allclose(got, whole, rtol=2e-2, atol=2e-2)
+    # Only attention's keys and values and the pooling see every row: the rest ran once per slice.
+    assert {op for _, op, _ in fed_whole} == {"Mean"}, fed_whole
+    assert sum(n.op == "ConcatV2" and n.name.endswith("rows_whole") for n in graph.node) == 2 * 2 + 1
+    assert sum(n.op == "MatMul" for n in graph.node) == parts * 2 * 6 + 1
+
+
+def test_image_bands_with_halos_compute_the_whole_cnn(tmp_path):
+    from batch_one_split import layer_output, split_bands
+    model = example_models.mobilenet_v2(image_size=64, classes=10)
+    signature = _frozen(tmp_path, model)
+
+    def bands(graph_def, input_tensor, output, shapes):
+        cuts = [input_tensor, layer_output(graph_def, "block_5_add", "AddV2"),
+                layer_output(graph_def, "block_12_add", "AddV2")]
+        return split_bands(graph_def, cuts, [output], shapes, 2)
+    whole, got, work, graph = _outputs(signature, bands)
+    np.testing.assert_allclose(got, whole, rtol=2e-2, atol=2e-2)
+    assert all(1.0 < share < 2.0 for share in work.values()), work  # a halo's extra rows, never a whole copy
+    assert sum(n.op == "Pad" for n in graph.node) > 0  # zero rows only at the image edges, before VALID convolutions
