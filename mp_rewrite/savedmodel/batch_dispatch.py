@@ -163,9 +163,9 @@ def _raced_choice(variants: Variants, feeds: dict, mode: str, precision: str) ->
     alone = {b: raced_calls(variants.alone, feeds[b], b, LOCATING_ROUNDS) for b in RACE_BATCHES}
     segments = segments_of(winners_of(alone, variants.written))
     if len(segments) == 1 and mode != "force":
-        name = ("float32", precision)[variants.written]
-        return DispatchChoice(False, f"{name} ran as fast as the other or faster at every batch raced (alone, "
-                                     "beyond the noise): nothing to dispatch", (), alone), None
+        name, other = ("float32", precision)[variants.written], ("float32", precision)[1 - variants.written]
+        return DispatchChoice(False, f"{other} ran faster than {name} (alone, beyond the noise) at no batch raced: "
+                                     "nothing to dispatch", (), alone), None
     segments = segments if mode != "force" else ((1, FLOAT32), (RACE_BATCHES[1], LOW))
     dispatch = dispatch_function(variants.imported, variants.specs, variants.keys, variants.shapes, segments,
                                  variants.carried)

@@ -216,7 +216,8 @@ def _measured(float32_mg, low_mg, entries, key, source_dir, work, mode, precisio
         if mode == "force":
             segments = ((1, FLOAT32), (RACE_BATCHES[1], LOW))
         if len(segments) != 2:
-            why = "one winner at every batch raced" if len(segments) == 1 else "more than one threshold"
+            why = ("the other variant ran faster (alone, beyond the noise) at no batch raced" if len(segments) == 1
+                   else "more than one threshold")
             return DispatchChoice(False, f"{why}: nothing dispatched in place", (), alone), None
         written_mg = dispatch_meta_graph(float32_mg, low_mg, entries, segments[1][0], first_low=segments[0][1] == LOW)
         if written_mg is None:
