@@ -12,6 +12,9 @@ slice [bounds[i], bounds[i+1]) of `axis`), partial (branch i holds a partial sum
   cut falls on whole units (256 columns -> 8 heads x 32: 128 columns = 4 heads) -> cols on the group's outer axis.
 - Einsum: operands cut on the same letter, kept in the output -> cols on it (attention per head group).
 - Softmax over another axis -> cols.
+- A CNN's inverted residual block the same way, by channels: a convolution (NHWC, constant filter, >= MIN_CHANNELS
+  outputs) on a replicated input cut by output channels; a depthwise convolution keeps them cut (one filter per
+  channel: no halo, no exchange); a convolution on cut channels cuts its filter's input channels -> partial.
 - Shape of a cut tensor: the whole tensor's static shape (the split graph is for batch 1, shapes known).
 - Anything else reading a cut tensor gets it whole (ConcatV2), and reading a partial one gets the sum (AddN): always
   the whole graph's value; the two exchanges per layer are the AddN after attention's output projection and after
@@ -29,6 +32,7 @@ from mp_rewrite.analysis.batch_row_states import const_ints
 from mp_rewrite.core.graph_view import parse_input
 
 MIN_COLUMNS = 64
+MIN_CHANNELS = 64  # a convolution's output channels, cut only when each branch keeps a multiple of 8
 COLS, PARTIAL = "cols", "partial"
 
 
@@ -153,8 +157,22 @@ class _ColumnSplit:
                     bounds = [n * i // self.parts for i in range(self.parts + 1)]
                     w = self.const(data[1])
                     return (COLS, 1, bounds), lambda i: [data[0], self.cut(w, 1, bounds, i)]
+            if op == "Conv2D" and self.const(data[1]) is not None and node.attr["data_format"].s in (b"", b"NHWC"):
+                n = self.shape(data[1])[3]
+                if n >= MIN_CHANNELS and n % (8 * self.parts) == 0:
+                    bounds = [n * i // self.parts for i in range(self.parts + 1)]
+                    w = self.const(data[1])
+                    return (COLS, 3, bounds), lambda i: [data[0], self.cut(w, 3, bounds, i)]
             return None
         if any(s is not None and s[0] == PARTIAL for s in states):
+            return None
+        if op in ("Conv2D", "DepthwiseConv2dNative") and states[0] is not None and states[0][1] == 3 and \
+                states[1] is None and self.const(data[1]) is not None:
+            w = self.const(data[1])
+            if op == "Conv2D":  # the input channels cut: partial sums
+                return (PARTIAL,), lambda i: [self.branch(data[0], i), self.cut(w, 2, states[0][2], i)]
+            if self.shape(data[1])[3] == 1:  # one filter per channel: the channels stay cut
+                return states[0], lambda i: [self.branch(data[0], i), self.cut(w, 2, states[0][2], i)]
             return None
         if op == "MatMul":
             s = states[0]

@@ -36,7 +36,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
-SETTINGS = {"default": {}, "intra1": {"TF_NUM_INTRAOP_THREADS": "1"}}
+# "caller": TF's default threads, and oneDNN's thread pool runs part of each primitive on the calling thread instead
+# of handing all of it to the intra-op pool and waiting (TF reads TF_ONEDNN_THREADPOOL_USE_CALLER_THREAD once).
+SETTINGS = {"default": {}, "intra1": {"TF_NUM_INTRAOP_THREADS": "1"},
+            "caller": {"TF_ONEDNN_THREADPOOL_USE_CALLER_THREAD": "1"}}
 # MobileNetV2's cuts: the tensors where the bands are concatenated (after them the graph runs whole, or the next
 # stage splits again). Names inside the frozen graph, suffix-matched.
 # Stage ends: (Keras layer, op of its last node); a residual block's add or a projection's folded bias.
@@ -46,7 +49,7 @@ MOBILENET_CUTS = {"b5": [("block_5_add", ADD)], "b12": [("block_12_add", ADD)],
                   "b2b5b12": [("block_2_add", ADD), ("block_5_add", ADD), ("block_12_add", ADD)],
                   "b12b16": [("block_12_add", ADD), ("block_16_project_BN", PROJECT)]}
 DEFAULT_VARIANTS = {"transformer": ["reimported", "rows2", "cols2"],
-                    "mobilenetv2": ["reimported", "bands_b5", "bands_b12", "bands_b5b12"]}
+                    "mobilenetv2": ["reimported", "bands_b5", "bands_b5b12", "cols2"]}
 
 
 # --------------------------------------------------------------------------------------------- worker
@@ -90,7 +93,7 @@ def variant_graph(variant: str, graph_def, input_tensor: str, output: str):
         graph, fetched, fed_whole = split_rows(graph_def, input_tensor, 1, [output], shapes, parts, whole_ops)
         ops = sorted({op for _, op, _ in fed_whole})
         return graph, fetched[output], {"fed_whole": len(fed_whole), "fed_whole_ops": ops}
-    if variant.startswith("cols"):  # cols2: the weights by columns (heads), then rows
+    if variant.startswith("cols"):  # cols2: the weights by columns (heads, channels), then rows
         from batch_one_columns import split_columns
         graph, fetched, exchanges = split_columns(graph_def, [output], shapes, int(variant[4]))
         return graph, fetched[output], {"exchanges": len(exchanges)}
@@ -244,14 +247,15 @@ def measure(name: str, args, log) -> dict:
     inputs = Path(args.workdir) / f"{name}_b1_inputs.npz"
     workers, facts = {}, {}
     for setting, env in SETTINGS.items():
-        wanted = variants if setting == "intra1" else [v for v in variants if v != "reimported"]
+        wanted = variants if setting == "intra1" else [] if setting == "caller" else \
+            [v for v in variants if v != "reimported"]
         command = [sys.executable, __file__, "--worker", str(frozen), ",".join(wanted), str(inputs)]
         workers[setting] = Worker(command, env, log, True)
         for _ in wanted:
             info = workers[setting].line()
             facts[f"{info.pop('variant')}@{setting}"] = info
         workers[setting].line()
-    cells = [(s, "whole") for s in SETTINGS] + [(s, v) for s in SETTINGS for v in variants
+    cells = [(s, "whole") for s in SETTINGS] + [(s, v) for s in ("default", "intra1") for v in variants
                                                 if not (s == "default" and v == "reimported")]
     if args.openvino_python:
         command = [args.openvino_python, str(ROOT / "tools" / "openvino_run.py"), str(fp32), str(inputs),
