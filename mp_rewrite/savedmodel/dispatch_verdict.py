@@ -126,7 +126,7 @@ def kept_line(verdict: Verdict, times: dict, segments, precision: str, sizes: tu
     against = ", ".join(f"{r.text()} {name}'s time" for r, name in zip(verdict.overall, ("float32", precision)))
     why = forced or "as fast as the faster variant at every batch and faster than either alone across them"
     return (f"wrote a batch dispatch: {segments_text(segments, precision)} (each call runs the variant that won at "
-            f"its batch size; {stored}, {f32:.1f} + {low:.1f} MB against {low:.1f} MB for "
+            f"its batch size; {stored}, {_size(f32)} + {_size(low)} against {_size(low)} for "
             f"{precision} alone): {why} -- {against} across the batches; {times_text(times, precision)}, measured "
             "here")
 
@@ -147,3 +147,8 @@ def refused_line(verdict: Verdict, times: dict, segments, precision: str, writte
             if lose else f"; {names[written]} alone loses at no batch raced beyond the noise")
     return (f"; a batch dispatch ({segments_text(segments, precision)}) was measured and not kept: "
             f"{'; '.join(why) or 'it did not run'} ({times_text(times, precision)}){said}")
+
+
+def _size(mb: float) -> str:
+    """"13.7 MB", or "48 KB" below a tenth of a MB."""
+    return f"{mb:.1f} MB" if mb >= 0.1 else f"{mb * 1000:.0f} KB"
