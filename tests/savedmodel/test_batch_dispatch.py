@@ -136,7 +136,9 @@ def test_a_difference_inside_the_noise_of_alternated_rounds_is_a_tie():
 def test_the_kept_line_says_what_runs_where_and_the_size_of_both_graphs():
     line = kept_line(dispatch_verdict(CROSSING), CROSSING, ((1, FLOAT32), (8, LOW)), "bfloat16", (13.7, 7.1))
     assert line.startswith("wrote a batch dispatch: float32 below batch 8, bfloat16 from 8")
-    assert "13.7 + 7.1 MB against 7.1 MB for bfloat16 alone" in line
+    assert "13.7 MB + 7.1 MB against 7.1 MB for bfloat16 alone" in line
+    assert "48 KB + 30 KB" in kept_line(dispatch_verdict(CROSSING), CROSSING, ((1, FLOAT32), (8, LOW)), "bfloat16",
+                                        (0.048, 0.03))
     assert "at batch 1 / 8 / 32: the dispatch 1.0 / 5.0 / 15.1 ms per call" in line
 
 
