@@ -65,3 +65,16 @@ def test_image_bands_with_halos_compute_the_whole_cnn(tmp_path):
     np.testing.assert_allclose(got, whole, rtol=2e-2, atol=2e-2)
     assert all(1.0 < share < 2.0 for share in work.values()), work  # a halo's extra rows, never a whole copy
     assert sum(n.op == "Pad" for n in graph.node) > 0  # zero rows only at the image edges, before VALID convolutions
+
+
+def test_weight_columns_compute_the_whole_transformer_within_round_off(tmp_path):
+    from batch_one_columns import split_columns
+    signature = _frozen(tmp_path, example_models.token_transformer(layers=2, d_model=64, heads=4, ff=128))
+
+    def columns(graph_def, input_tensor, output, shapes):
+        return split_columns(graph_def, [output], shapes, 2)
+    whole, got, exchanges, graph = _outputs(signature, columns)
+    np.testing.assert_allclose(got, whole, rtol=3e-2, atol=3e-2)  # partial sums rounded to bfloat16, then added
+    # Two sums of partials per layer (attention's output projection, the second Dense); heads cut 2 + 2.
+    assert [kind for _, kind in exchanges] == ["partial"] * 4, exchanges
+    assert sum(n.op == "Einsum" for n in graph.node) == 2 * 2 * 2
