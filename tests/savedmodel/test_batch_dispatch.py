@@ -90,6 +90,10 @@ def test_a_batch_won_inside_the_noise_stays_with_the_variant_written():
     assert winners_of({1: RaceTimes((f32, noisy))}) == {1: LOW}
     assert winners_of({1: RaceTimes((f32, clear))}) == {1: FLOAT32}
     assert winners_of({1: RaceTimes((f32, clear))}, written=FLOAT32) == {1: FLOAT32}
+    # Once one batch is won beyond the noise, a tie goes to its median's winner (the threshold's best estimate).
+    faster_low = tuple(0.8 * x for x in f32)
+    assert winners_of({1: RaceTimes((f32, clear)), 8: RaceTimes((f32, tuple(2 - x for x in noisy))),
+                       32: RaceTimes((f32, faster_low))}, written=FLOAT32) == {1: FLOAT32, 8: LOW, 32: LOW}
     assert segments_text(((1, FLOAT32), (8, LOW)), "bfloat16") == "float32 below batch 8, bfloat16 from 8"
 
 
