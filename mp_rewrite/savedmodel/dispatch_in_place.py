@@ -1,14 +1,17 @@
 """The batch dispatch in place (issue 39, item 2; batch_dispatch.py is the frozen one): where the race's winner
-changes with the batch size, each function a signature wrapper calls becomes a choice on the batch dimension
-between its float32 body and its low-precision body, both kept in the function library and both reading the same
-variables (the call's resource arguments): the model grows by one copy of the function bodies, not of the weights.
+changes with the batch size, each signature wrapper's call of its entry function (a Keras export's
+`__inference___call___N`) becomes a choice on the batch dimension between the entry's float32 body and the entry as
+rewritten, both in the function library and both reading the same variables (the call's resource arguments): the
+model grows by one copy of the function bodies, not of the weights.
 
-`dispatch_meta_graph` is the proto surgery (no TensorFlow runtime): the entry function E keeps its name and
-interface -- the signature wrappers, the object graph and a TF1 session of the main graph call it as before -- and
-its body becomes `If(shape(first input)[0] < threshold, E_float32, E_low)`; E_float32 is the float32 body with every
-function it reaches copied under names of its own, E_low the rewritten body. `dispatched_in_place` times the source
-MetaGraph, the rewritten one and the dispatch, each a SavedModel copy linked to the source's variables, loaded as
-TF2 serves it, and keeps the dispatch as dispatch_verdict says (MP_REWRITE_DISPATCH as for --freeze).
+`dispatch_meta_graph` is the proto surgery (no TensorFlow runtime): in each wrapper the call node keeps its name
+and becomes `If(shape(first input)[0] < threshold, E_float32, E)`, E_float32 the float32 body of the entry E with
+every function it reaches copied under names of its own. The entry is left as it is: the object graph can name
+tensors inside it (EfficientNetB0's export names one of its BatchNorms', which a replaced body lost), and
+`loaded.serve` (the object graph's function) runs the rewrite as a conversion without the dispatch would.
+`dispatched_in_place` times the source MetaGraph, the rewritten one and the dispatch, each a SavedModel copy
+linked to the source's variables, loaded as TF2 serves it, and keeps the dispatch as dispatch_verdict says
+(MP_REWRITE_DISPATCH as for --freeze).
 """
 
 from __future__ import annotations
@@ -20,41 +23,41 @@ from ..core.functions import called_functions, reachable_functions
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
 from .dispatch_verdict import FLOAT32, LOW, dispatch_verdict, kept_line, refused_line, segments_of, winners_of
 
-FLOAT32_SUFFIX, LOW_SUFFIX = "_mp_dispatch_float32", "_mp_dispatch_low"
+FLOAT32_SUFFIX = "_mp_dispatch_float32"
 _RESOURCE, _INT32, _BOOL = 20, 3, 10  # DataType enums
 
 
-def entry_functions(meta_graph, keys=None) -> list[str]:
-    """The functions the signatures' wrappers call (a Keras export's `__inference___call___N`): each signature's
-    output call node in the main graph runs a wrapper, which calls one entry."""
+def entry_functions(meta_graph, keys=None) -> dict:
+    """{signature wrapper: [the entry functions it calls]} (a Keras export's `__inference___call___N`): each
+    signature's output call node in the main graph runs a wrapper, which calls an entry."""
     library = {f.signature.name: f for f in meta_graph.graph_def.library.function}
     selected = [k for k in meta_graph.signature_def if not k.startswith(INTERNAL_PREFIX) and (keys is None or k in keys)]
     outputs = set(signature_nodes(meta_graph, selected, True))
     wrappers = called_functions([n for n in meta_graph.graph_def.node if n.name in outputs], set(library))
-    return list(dict.fromkeys(f for w in wrappers for f in called_functions(library[w].node_def, set(library))))
+    return {w: called_functions(library[w].node_def, set(library)) for w in wrappers}
 
 
-def dispatch_meta_graph(float32_mg, low_mg, entries, threshold: int, first_low: bool = False):
-    """A copy of `low_mg` (the rewrite of `float32_mg`, function names alike) in which each entry function runs
-    its float32 body below batch `threshold` and its low-precision body from it (`first_low`: the other way
-    round). Returns None where an entry cannot dispatch (no first input with a batch dimension, or not in both)."""
+def dispatch_meta_graph(float32_mg, low_mg, entries: dict, threshold: int, first_low: bool = False):
+    """A copy of `low_mg` (the rewrite of `float32_mg`, function names alike) in which each signature wrapper's
+    call of an entry function becomes If(batch < `threshold`, the entry's float32 body, the entry as rewritten)
+    (`first_low`: the other way round); the entry itself, which the object graph may name tensors of, is left
+    as it is. Returns None where a wrapper cannot dispatch (no argument with a batch dimension, an entry not in
+    both)."""
     out = type(low_mg)()
     out.CopyFrom(low_mg)
     float32_lib = {f.signature.name: f for f in float32_mg.graph_def.library.function}
     low_lib = {f.signature.name: f for f in out.graph_def.library.function}
-    if any(e not in float32_lib or e not in low_lib or _batch_arg(low_lib[e]) is None for e in entries):
+    called = {e for found in entries.values() for e in found}
+    if any(e not in float32_lib or e not in low_lib for e in called) or \
+            any(_batch_arg(low_lib[w]) is None for w in entries):
         return None
     copied = {}
-    for entry in entries:
+    for entry in called:
         names = reachable_functions(float32_mg.graph_def.library, [entry])
         renamed = {n: n + FLOAT32_SUFFIX for n in names}
-        for name in names:
-            if name not in copied:
-                copied[name] = _renamed(float32_lib[name], renamed)
-        low_copy = _renamed(low_lib[entry], {entry: entry + LOW_SUFFIX})
-        branches = (entry + FLOAT32_SUFFIX, low_copy.signature.name)
-        _dispatch_body(low_lib[entry], threshold, branches[::-1] if first_low else branches)
-        copied[entry + LOW_SUFFIX] = low_copy
+        copied.update({renamed[n]: _renamed(float32_lib[n], renamed) for n in names if renamed[n] not in copied})
+    for wrapper in entries:
+        _dispatch_calls(low_lib[wrapper], threshold, first_low)
     out.graph_def.library.function.extend(copied.values())
     return out
 
@@ -88,45 +91,52 @@ def _batch_arg(fdef):
     return None
 
 
-def _dispatch_body(fdef, threshold: int, branches) -> None:
-    """Replace, in place, a FunctionDef's body by If(batch < threshold, branches[0], branches[1]) over its args."""
+CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
+_CALL_ONLY = ("f", "config", "config_proto", "executor_type")
+
+
+def _dispatch_calls(fdef, threshold: int, first_low: bool) -> None:
+    """In place: each call node of a wrapper becomes If(batch < threshold, the callee's float32 copy, the callee)
+    under the same name (its outputs, "name:output:i", read as before), the batch read from the wrapper's first
+    batch argument."""
     from tensorflow.core.framework import node_def_pb2
     from tensorflow.python.framework import tensor_util
 
-    args = fdef.signature.input_arg
-    first = args[_batch_arg(fdef)]
-    del fdef.node_def[:]
-    fdef.ClearField("control_ret")
-    del fdef.signature.control_output[:]
+    first = fdef.signature.input_arg[_batch_arg(fdef)]
 
     def node(name, op, inputs=(), **attrs):
         made = node_def_pb2.NodeDef(name=name, op=op, input=list(inputs))
         for key, value in attrs.items():
             made.attr[key].CopyFrom(value)
         fdef.node_def.append(made)
+        return made
 
     def const(name, value):
         node(name, "Const", dtype=_attr(type=_INT32), value=_attr(tensor=tensor_util.make_tensor_proto(value, "int32")))
-    node("batch_shape", "Shape", [first.name], T=_attr(type=first.type), out_type=_attr(type=_INT32))
-    const("begin", [0])
-    const("end", [1])
-    const("strides", [1])
-    node("batch_size", "StridedSlice", ["batch_shape:output:0", "begin:output:0", "end:output:0", "strides:output:0"],
-         T=_attr(type=_INT32), Index=_attr(type=_INT32), shrink_axis_mask=_attr(i=1))
-    const("threshold", threshold)
-    node("below", "Less", ["batch_size:output:0", "threshold:output:0"], T=_attr(type=_INT32))
-    types = _attr()
-    types.list.type.extend(a.type for a in args)
-    out_types = _attr()
-    out_types.list.type.extend(a.type for a in fdef.signature.output_arg)
-    # Lowered to Switch/Merge and inlined, as TF lowers a tf.cond: an If that is not runs each branch as a function
-    # instantiated on its own, without Grappler (MobileNetV2's bfloat16 body ran 3-6x its time so, at batch 8-32).
-    node("dispatch_on_batch", "If", ["below:z:0", *(a.name for a in args)], Tcond=_attr(type=_BOOL), Tin=types,
-         Tout=out_types, then_branch=_attr(func=branches[0]), else_branch=_attr(func=branches[1]),
-         _lower_using_switch_merge=_attr(b=True))
-    fdef.ret.clear()
-    for i, out in enumerate(fdef.signature.output_arg):
-        fdef.ret[out.name] = f"dispatch_on_batch:output:{i}"
+    calls = [n for n in fdef.node_def if n.op in CALL_OPS]
+    node("mp_dispatch/batch_shape", "Shape", [first.name], T=_attr(type=first.type), out_type=_attr(type=_INT32))
+    for name, value in (("begin", [0]), ("end", [1]), ("strides", [1]), ("threshold", threshold)):
+        const(f"mp_dispatch/{name}", value)
+    node("mp_dispatch/batch_size", "StridedSlice", [f"mp_dispatch/{n}:output:0" for n in (
+         "batch_shape", "begin", "end", "strides")], T=_attr(type=_INT32), Index=_attr(type=_INT32),
+         shrink_axis_mask=_attr(i=1))
+    node("mp_dispatch/below", "Less", ["mp_dispatch/batch_size:output:0", "mp_dispatch/threshold:output:0"],
+         T=_attr(type=_INT32))
+    for call in calls:
+        callee = call.attr["f"].func.name
+        branches = (callee + FLOAT32_SUFFIX, callee)
+        branches = branches[::-1] if first_low else branches
+        for key in _CALL_ONLY:
+            if key in call.attr:
+                del call.attr[key]
+        call.op = "If"
+        call.input.insert(0, "mp_dispatch/below:z:0")
+        call.attr["Tcond"].CopyFrom(_attr(type=_BOOL))
+        call.attr["then_branch"].CopyFrom(_attr(func=branches[0]))
+        call.attr["else_branch"].CopyFrom(_attr(func=branches[1]))
+        # Lowered to Switch/Merge and inlined, as TF lowers a tf.cond: an If that is not runs each branch as a
+        # function instantiated on its own, without Grappler (MobileNetV2's bfloat16 body ran 3-6x its time so).
+        call.attr["_lower_using_switch_merge"].CopyFrom(_attr(b=True))
 
 
 def _attr(type=None, i=None, tensor=None, func=None, b=None):
@@ -165,7 +175,7 @@ def dispatched_in_place(result, float32_mg, options, source_dir, keys=None, mach
     if not effects_policy().run and find_effects(float32_mg, keys):  # timing the copies would perform them
         return
     entries = entry_functions(float32_mg, keys)
-    low_result = _low_variant(result, float32_mg, options, keys) if entries else None
+    low_result = _low_variant(result, float32_mg, options, keys) if any(entries.values()) else None
     if low_result is None:
         return
     key = next(k for k in sorted(float32_mg.signature_def) if not k.startswith(INTERNAL_PREFIX)
