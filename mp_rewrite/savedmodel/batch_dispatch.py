@@ -202,12 +202,11 @@ def _say(result, line: str) -> None:
 def _not_tried(mode: str, result, frozen, options, batch_size, weights: str, split) -> bool:
     """Whether this signature is not a dispatch's to try: off, one batch asked for (--batch-size), the precision
     not raced at several batches (auto: the costs were not measured in the graph), --split or --weights low asked
-    for, weights kept as variables, the model as given without the rules kept, no input with a batch dimension,
-    or effects that timing would perform."""
+    for, weights kept as variables, no input with a batch dimension, or effects that timing would perform."""
     table = options.costs
     if mode == "off" or batch_size or split != "off" or weights == "low" or frozen.variables:
         return True
-    if getattr(table, "keep", "") == SOURCE or _batch_input(frozen.inputs) is None:
+    if _batch_input(frozen.inputs) is None:
         return True
     if mode == "auto" and not (options.assign == "cost" and getattr(table, "runs", None) is not None
                                and getattr(table, "low_units", False) and getattr(table, "decision", "")):
@@ -223,7 +222,9 @@ def _variants(result, float32_graph, frozen, captured, options) -> Variants | No
     from ..rules import fold_constant_casts
     fed = {name.split(":")[0] for _, name in frozen.inputs} | {name.split(":")[0] for name, _ in frozen.captured}
     low = result if result.converted_nodes else None
-    for keep in ("", "lists") if low is None and options.assign == "cost" else ():
+    # Where the model as given (no graph rules) won, the table's node names are not this graph's: the lists' then.
+    keeps = ("lists",) if getattr(options.costs, "keep", "") == SOURCE else ("", "lists")
+    for keep in keeps if low is None and options.assign == "cost" else ():
         made = rewrite_graph_def(float32_graph, fetches=frozen.fetches, preserve=fed,
                                  options=dataclasses.replace(options, costs=dataclasses.replace(options.costs,
                                                                                                 keep=keep)))

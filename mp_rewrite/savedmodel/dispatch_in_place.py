@@ -166,7 +166,7 @@ def dispatched_in_place(result, float32_mg, options, source_dir, keys=None, mach
     result.dispatch = None
     costs = getattr(machine or options, "costs", None)
     table = options.costs
-    if mode == "off" or getattr(costs, "batch", None) or getattr(table, "keep", "") == "source":
+    if mode == "off" or getattr(costs, "batch", None):
         return
     if mode == "auto" and not (options.assign == "cost" and getattr(table, "runs", None) is not None
                                and getattr(table, "low_units", False) and getattr(table, "decision", "")):
@@ -198,7 +198,9 @@ def _low_variant(result, float32_mg, options, keys):
     from ..core.rewrite import rewrite_meta_graph_def
     if any(r.converted_nodes for r in (result, *result.functions.values())):
         return result
-    for keep in ("", "lists") if options.assign == "cost" else ():
+    # Where the model as given (no graph rules) won, the table's node names are not this graph's: the lists' then.
+    keeps = ("lists",) if getattr(options.costs, "keep", "") == "source" else ("", "lists")
+    for keep in keeps if options.assign == "cost" else ():
         made = rewrite_meta_graph_def(float32_mg, options=dataclasses.replace(
             options, costs=dataclasses.replace(options.costs, keep=keep)), signatures=keys)
         if any(r.converted_nodes for r in (made, *made.functions.values())):
