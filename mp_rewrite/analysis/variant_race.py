@@ -71,8 +71,9 @@ def race_variants(table, cut, racing, batches: dict, batch, where: str, source: 
                             settled=lambda times: clear_of_the_limit(times, names))
         except VariantError:  # none runs at this size (a shape fixed in the graph): best_across leaves it out
             ms[size] = RaceTimes.of_medians([np.inf] * len(runners))
-    keep, said = best_across(ms, names, where)
-    table = dataclasses.replace(table, decision=decision(ms, names, keep, table.precision, with_cut and _all_float32(cut)))
+    everything_float32 = with_cut and _all_float32(cut)
+    keep, said = best_across(ms, names, where, cut_is_low=not everything_float32)
+    table = dataclasses.replace(table, decision=decision(ms, names, keep, table.precision, everything_float32))
     at = ms[batch].medians if batch in ms else None
     raced = () if at is None else (at[0], at[1], at[names.index("cut")] if with_cut else at[1])
     return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}"), raced
@@ -155,7 +156,7 @@ def verdict(table, raced, where: str = ""):
     return dataclasses.replace(table, keep=keep, note=f"{table.note}; {said}")
 
 
-def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "") -> tuple:
+def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "", cut_is_low: bool = True) -> tuple:
     """Which variant to keep, given each one's times ({batch size, or None: a RaceTimes, or [ms per variant in
     `names`]}).
 
@@ -165,8 +166,9 @@ def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "") ->
     out (the baseline never is); of the rest, the one whose ratio has the least geometric mean across the batches
     is fastest. What the user asked for -- the low precision: what the assignment keeps by itself (the cut, or
     the lists when there is no cut of their own), else the lists -- is kept wherever it ties with the fastest:
-    within RESOLUTION of it, or inside the noise (their intervals overlap). A batch the baseline could not run at
-    (infinite) is left out, and said.
+    within RESOLUTION of it, or inside the noise (their intervals overlap). A cut that keeps every candidate float32
+    (`cut_is_low` False) is no low precision: only the lists are kept on a tie then. A batch the baseline could not
+    run at (infinite) is left out, and said.
 
     Returns:
         (keep, line): the table's `keep` ("" for what the assignment keeps by itself, else "lists", "float32" or
@@ -185,8 +187,8 @@ def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "") ->
     score = {v: geometric_mean(ratio[v]) for v in kept_in}
     fastest = min(score, key=lambda v: score[v].mid)
     mine = "cut" if "cut" in names else "lists"
-    best = next((v for v in (mine, "lists") if v in score and _ties(score[v], score[fastest], RESOLUTION)),
-                fastest)
+    asked = (mine, "lists") if cut_is_low else ("lists",)
+    best = next((v for v in asked if v in score and _ties(score[v], score[fastest], RESOLUTION)), fastest)
     return ("" if best == mine else best), _said(times, names, base, ratio, score, best, fastest, where, sizes)
 
 

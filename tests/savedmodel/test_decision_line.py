@@ -68,3 +68,11 @@ def test_a_tie_with_a_faster_float32_is_said_in_the_decision():
     line = decision(ms, ("float32", "lists"), "", "bfloat16")
     assert line == ("wrote bfloat16: 1.06x float32's time at batch 8, measured here (float32 itself measured faster: "
                     "a tie inside the noise, so the precision asked for)"), line
+
+
+def test_a_cut_that_keeps_every_candidate_float32_is_not_the_precision_asked_for_on_a_tie():
+    from mp_rewrite.analysis.variant_race import best_across
+    ms = {1: [1.0, 1.0, 0.995], 8: [10.0, 9.8, 9.75]}  # the lists within 1% of the fastest, the cut
+    assert best_across(ms)[0] == ""  # a cut of its own: what the assignment keeps
+    keep, line = best_across(ms, cut_is_low=False)  # a cut all float32: the lists are what was asked for
+    assert keep == "lists" and "the lists kept: a tie with the cut" in line, line
