@@ -6,7 +6,7 @@ branches that TensorFlow's inter-op pool runs at once (served with one intra-op 
   features, reshapes that keep the token axis whole, an embedding lookup, the einsums of attention on the query's
   rows) runs once per slice; an op that needs every row (attention's keys and values, the pooling) is fed the slices
   concatenated -- the one exchange per attention layer. Any op without a rule is fed whole rows too, so the
-  result is the whole graph's whatever the graph holds; only the parallelism depends on the rules.
+  result rests on the rules' few row-wise facts, not on knowing every op of the graph.
 - `split_bands`: a CNN's image in N horizontal bands. Each branch computes the rows of every tensor that its share
   of the merge tensor needs (its band plus the halo each convolution adds, worked out backwards from the merge
   point); a convolution gets its zero rows only at the image's edges (a Pad before it, VALID padding; or, with

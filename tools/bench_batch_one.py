@@ -1,21 +1,26 @@
 """Benchmark: batch 1 on both cores inside TensorFlow (issue 40, item 3) -- the frozen bfloat16 model whole, under
-TF's default threads and one intra-op thread, beside hand-built splits of the same frozen graph (a Transformer's
-token rows, a CNN's image bands with halos: tools/batch_one_split.py) and OpenVINO on the float32 SavedModel.
+TF's default threads, one intra-op thread and the caller-thread setting, beside hand-built splits of the same
+frozen graph (a Transformer's token rows `rowsN`, weight columns/heads `colsN`, a CNN's image bands with halos
+`bands_<cuts>`: tools/batch_one_split.py, batch_one_columns.py) and OpenVINO on the float32 SavedModel.
 
     python tools/bench_batch_one.py [--models transformer,mobilenetv2] [--rounds 8] [--block-seconds 0.4]
                                     [--workdir /tmp/batch_one] [--openvino-python /work/venvs/openvino/bin/python]
-                                    [--variants rows2,bands_...] [--json out.json]
+                                    [--variants reimported,rows2,cols2,bands_b5,...] [--json out.json]
+                                    [--primitives]
 
 Models as tools/bench_models.py builds them (`build_model`, `with_statistics`, `export`), converted with
 `convert_saved_model(..., "bfloat16", freeze=True)` (= `mp-rewrite convert --precision bfloat16 --freeze`), once,
-into --workdir. One worker process per TF setting (TF reads TF_NUM_INTRAOP_THREADS once, at start): "default" and
-"intra1"; each loads the frozen SavedModel, takes its body graph (the largest function of the signature's library,
-the frozen graph as `--freeze` imported it), builds the split variants from it and imports each into a
-tf.function, checks their outputs against the signature's (max |difference| printed), and then times whatever it
-is asked. OpenVINO is a third worker (tools/openvino_run.py, in its own Python), fed the same arrays. Every round
-times one block of each (worker, variant) in rotated order; the table shows medians over all calls, wall and CPU
-(all threads of the worker), and each wall time over OpenVINO's. The CPU's bfloat16 flags and the load before and
-after are printed.
+into --workdir. One worker process per TF setting (TF reads its thread settings once, at start): "default",
+"intra1" (TF_NUM_INTRAOP_THREADS=1) and "caller" (TF_ONEDNN_THREADPOOL_USE_CALLER_THREAD=1, the whole model only);
+each loads the frozen SavedModel, takes its body graph (the largest function of the signature's library, the frozen
+graph as `--freeze` imported it), builds the split variants from it and imports each into a tf.function, checks
+their outputs against the signature's (max |difference| printed), and then times whatever it is asked. OpenVINO is
+one more worker (tools/openvino_run.py, in its own Python), fed the same arrays. Every round times one block of
+each (worker, variant) in rotated order; the table shows medians over all calls, wall and CPU (all threads of the
+worker), and each wall time over OpenVINO's. The CPU's bfloat16 flags and the load before and after are printed.
+`--primitives` instead prints the oneDNN primitives one call of each variant runs (ONEDNN_VERBOSE=1, one intra-op
+thread), summed over its branches: read them only from a quiet machine (concurrent branches timed while
+descheduled look slow).
 """
 
 from __future__ import annotations
@@ -193,7 +198,8 @@ def primitive_table(path: str, variants: list, calls: int = 10) -> None:
                 totals[key] = (count + 1 / calls, ms + float(fields[-1]) / calls)
         total = sum(ms for _, ms in totals.values())
         print(f"  {variant}: {sum(n for n, _ in totals.values()):.0f} primitives, {total:.3f} ms per call: " +
-              "; ".join(f"{k} x{n:.0f} {ms:.3f}" for k, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:8]))
+              "; ".join(f"{k} x{n:.0f} {ms:.3f}"
+                        for k, (n, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:8]))
 
 
 # --------------------------------------------------------------------------------------------- driver
