@@ -53,7 +53,7 @@ def test_token_rows_compute_the_whole_transformer(tmp_path, parts):
 
 
 def test_image_bands_with_halos_compute_the_whole_cnn(tmp_path):
-    from batch_one_split import layer_output, split_bands
+    from batch_one_bands import layer_output, split_bands
     model = example_models.mobilenet_v2(image_size=64, classes=10)
     signature = _frozen(tmp_path, model)
 

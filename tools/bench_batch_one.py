@@ -1,7 +1,8 @@
 """Benchmark: batch 1 on both cores inside TensorFlow (issue 40, item 3) -- the frozen bfloat16 model whole, under
 TF's default threads, one intra-op thread and the caller-thread setting, beside hand-built splits of the same
 frozen graph (a Transformer's token rows `rowsN`, weight columns/heads `colsN`, a CNN's image bands with halos
-`bands_<cuts>`: tools/batch_one_split.py, batch_one_columns.py) and OpenVINO on the float32 SavedModel.
+`bands_<cuts>`: tools/batch_one_split.py, batch_one_columns.py, batch_one_bands.py) and OpenVINO on the float32
+SavedModel.
 
     python tools/bench_batch_one.py [--models transformer,mobilenetv2] [--rounds 8] [--block-seconds 0.4]
                                     [--workdir /tmp/batch_one] [--openvino-python /work/venvs/openvino/bin/python]
@@ -88,7 +89,8 @@ def imported(graph_def, input_tensor: str, output: str, spec):
 
 def variant_graph(variant: str, graph_def, input_tensor: str, output: str):
     """(GraphDef, output tensor, facts) of a split variant of the body graph."""
-    from batch_one_split import layer_output, split_bands, split_rows
+    from batch_one_bands import layer_output, split_bands
+    from batch_one_split import split_rows
 
     from mp_rewrite.analysis.shapes import node_shapes
     shapes = node_shapes(graph_def, batch=1)
