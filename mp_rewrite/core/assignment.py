@@ -224,6 +224,9 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
         key = keys.get(view.names[node])
         if key is not None and first.setdefault(key, i) != i:
             problem.together.append((first[key], i))
+    sizes = {key: sum(1 for n in nodes if keys.get(view.names[n]) == key) for key in first}
+    held = [f"; placed with the {sizes[k] - 1} other {k or 'unnamed'} node(s), priced at their op type's ratio"
+            if (k := keys.get(view.names[n])) is not None and sizes[k] > 1 else "" for n in nodes]
     _add_tensors(ctx, paint, var_of, table.casts.get(label, {}), problem)
     _add_fusions(ctx, paint, var_of, groups, table.fusions.get(label, {}), problem)
     note = "" if table.low_units else table.note or "this machine has no low-precision units"
@@ -246,7 +249,7 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
         low, low_why = everything, (f"the cut {gained} {RESOLUTION:.0%} of the graph's predicted time: Grappler's "
                                     "choice kept")
     measured = [view.names[n] in node_costs for n in nodes]
-    _record(ctx, paint, problem, nodes, groups, low, table.precision, measured, low_why, fp32_why)
+    _record(ctx, paint, problem, nodes, groups, low, table.precision, measured, held, low_why, fp32_why)
     return Assignment(tuple(view.names[n] for n in nodes),
                       tuple(view.names[n] for n, is_low in zip(nodes, low) if not is_low),
                       total_cost(problem, low), lists_cost, fp32_cost, sum(min(ms) for ms in problem.node_ms), note,
@@ -291,8 +294,9 @@ def _add_fusions(ctx, paint, var_of, groups, fusions, problem) -> None:
             problem.fusions.append((a, b, ms))
 
 
-def _record(ctx, paint, problem, nodes, groups, low, precision, measured, low_why, fp32_why) -> None:
-    """Demote the float32 variables; restate every candidate's Reason with its times and casts."""
+def _record(ctx, paint, problem, nodes, groups, low, precision, measured, held, low_why, fp32_why) -> None:
+    """Demote the float32 variables; restate every candidate's Reason with its times and casts (and, `held`, the
+    op type it goes to one side with)."""
     cast_ms = [0.0] * len(nodes)
     side = lambda x: x == LOW if x < 0 else low[x]  # noqa: E731
     for producer, consumers, to_low, to_fp32 in problem.tensors:
@@ -306,7 +310,7 @@ def _record(ctx, paint, problem, nodes, groups, low, precision, measured, low_wh
         # A measured node of no time in either run ran no kernel of its own: not measured, never "0.0 us".
         numbers = (f"{precision} {_ms(low_ms)} vs float32 {_ms(fp32)}" if measured[i] and max(fp32, low_ms) > 0 else
                    "no time of its own (fused into its producer, or not measurable: the same in both)")
-        numbers += f"; casts {_ms(cast_ms[i])}" if cast_ms[i] else "; no casts"
+        numbers += (f"; casts {_ms(cast_ms[i])}" if cast_ms[i] else "; no casts") + held[i]
         for v in groups[node]:
             old = paint.reasons.get(v)
             source, via = (old.source, old.via) if old else (None, None)

@@ -180,3 +180,5 @@ def test_nodes_of_one_key_go_to_one_side_together():
     together = dataclasses.replace(table, together={"graph": {"n0": "MatMul", "n2": "MatMul"}})
     held = mp_rewrite.rewrite_graph_def(graph_def, "bfloat16", fetches, assign="cost", costs=together)
     assert not {"n0", "n2"} & set(held.assignment.demoted)
+    reason = held.coloring["n2", "T"].reason.detail
+    assert "placed with the 1 other MatMul node(s), priced at their op type's ratio" in reason, reason
