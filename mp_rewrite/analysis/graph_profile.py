@@ -16,7 +16,10 @@ fuses less than a signature call (its inlined functions lose their traced shapes
 ResNet-50's residual adds and Relus standalone), so the cut was priced for a model the user never runs. A
 function body's node is timed under the names of the call nodes that lead to it (analysis.call_names). A node
 TF fused into another has no time of its own: it is tied to the consumer that carries the fused kernel's time
-(splitting them costs the kernel's time, so the cut keeps a fusion whole). Casts are priced per tensor size from
+(splitting them costs the kernel's time, so the cut keeps a fusion whole). The traced runs are paired run by run,
+and the candidates of one op type are priced together (graph_costs.pooled_pairs: each node's least time, at its op
+type's measured ratio) and go to one side together, so the noise of one measurement moves no single node. Casts
+are priced per tensor size from
 this machine's cast times (analysis.op_costs). The costs are cached per graph and machine
 (analysis.profile_cache), so a model converted again gets the same assignment. Beside the candidates' costs the
 table keeps what the runs measured for reports (analysis.run_times.RunTimes: every executed op's time counted
