@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 
-from batch_one_split import ELEMENTWISE, _concat, _const, _copy, _dtype, _order
-from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_pb2
+from batch_one_split import ELEMENTWISE, _assembled, _concat, _const, _copy, _dtype, _order
+from tensorflow.core.framework import node_def_pb2, tensor_pb2
 
 from mp_rewrite.analysis.batch_row_states import const_ints
 from mp_rewrite.core.graph_view import parse_input
@@ -254,9 +254,5 @@ def split_columns(graph_def, outputs: list, shapes: dict, parts: int = 2):
     walk = _ColumnSplit(graph_def, shapes, parts)
     for name in _order(walk.nodes, [parse_input(o)[0] for o in outputs]):
         walk.visit(name)
-    fetched = {o: walk.whole(o) for o in outputs}
-    result = graph_pb2.GraphDef()
-    result.versions.CopyFrom(graph_def.versions)
-    result.library.CopyFrom(graph_def.library)
-    result.node.extend(walk.out)
-    return result, fetched, walk.exchanges
+    fetched = {o: walk.whole(o) for o in outputs}  # may add the nodes that put an output back together
+    return _assembled(graph_def, walk.out), fetched, walk.exchanges

@@ -308,10 +308,15 @@ def split_rows(graph_def, input_tensor: str, axis: int, outputs: list, shapes: d
             walk.state[name] = (SPLIT, axis)
             continue
         walk.visit(name)
-    fetched = {o: walk.whole(o) for o in outputs}
+    fetched = {o: walk.whole(o) for o in outputs}  # may add the nodes that put an output back together
+    return _assembled(graph_def, walk.out), fetched, walk.fed_whole
+
+
+def _assembled(graph_def, nodes) -> graph_pb2.GraphDef:
+    """A GraphDef of `nodes` with `graph_def`'s versions and function library (what every split returns)."""
     result = graph_pb2.GraphDef()
     result.versions.CopyFrom(graph_def.versions)
     result.library.CopyFrom(graph_def.library)
-    result.node.extend(walk.out)
-    return result, fetched, walk.fed_whole
+    result.node.extend(nodes)
+    return result
 
