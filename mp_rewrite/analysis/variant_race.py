@@ -96,8 +96,8 @@ def decision(ms: dict, names, keep: str, precision: str, cut_all_float32: bool =
     kept = keep or ("cut" if "cut" in names else "lists")
     if kept == "cut" and cut_all_float32:  # float32 with the rules won: what bfloat16 measured is the lists' run
         written = decision(ms, [n if n != "cut" else "rules" for n in names], "float32", precision)
-        return written.replace("wrote float32:", "wrote float32 with the graph rules (the cut keeps every candidate "
-                               "float32):", 1)
+        rules = " with the graph rules" if "source" in names else ""  # the rules changed the model: it was raced
+        return written.replace("wrote float32:", f"wrote float32{rules} (the cut keeps every candidate float32):", 1)
     shown = kept if kept in low else min(low, key=lambda v: geometric_mean(
         t.ratio(names.index(v), base) for t in times.values()).mid)
     ratios = [(t.ratio(names.index(shown), base).mid, b) for b, t in times.items()]
