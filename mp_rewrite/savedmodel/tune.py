@@ -211,14 +211,14 @@ def choose(fine: list, order: list, times) -> tuple:
     Returns:
         (candidate, why it is not the fastest, or "").
     """
-    from ..core.assignment import RESOLUTION
+    from .dispatch_verdict import ties
     medians = dict(zip(order, times.medians))
     fastest = min(fine, key=medians.get)
     for name in (n for n in order if n in fine):
         ratio = times.ratio(order.index(name), order.index(fastest))
         if name == fastest:
             return name, ""
-        if ratio.mid <= 1 + RESOLUTION or ratio.low <= 1:
+        if ties(ratio):
             return name, (f"a tie with the fastest, '{fastest}': {ratio.text()} its time over {ratio.rounds} "
                           "interleaved rounds, inside the noise, so the candidate most in the precision asked for")
     return fastest, ""
