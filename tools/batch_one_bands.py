@@ -10,10 +10,11 @@ branches inside a stage; at each cut the bands are concatenated. Protos in, Grap
 
 from __future__ import annotations
 
-from batch_one_split import _concat, _const, _copy, _dtype, _order, _slice
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
+from mp_rewrite.analysis.batch_rows import _topological as needed_order
 from mp_rewrite.core.graph_view import parse_input
+from mp_rewrite.savedmodel.row_split import concat_nodes, const_node, copied, node_dtype, slice_nodes
 
 CONVOLUTIONS = frozenset({"Conv2D", "DepthwiseConv2dNative"})
 
@@ -70,7 +71,7 @@ def split_bands(graph_def, cuts: list, outputs: list, shapes: dict, parts: int =
     replaced, out, work = {}, [], {}
     done = set()
     for stage, (start, merge) in enumerate(zip(cuts, cuts[1:])):
-        region = _descendants(nodes, parse_input(start)[0]) & set(_order(nodes, [parse_input(merge)[0]]))
+        region = _descendants(nodes, parse_input(start)[0]) & set(needed_order(nodes, [parse_input(merge)[0]]))
         region.discard(parse_input(start)[0])
         new, merged, work[merge] = _band_stage(nodes, region, start, replaced.get(start, start), merge, shapes,
                                                parts, explicit, stage)
@@ -79,14 +80,14 @@ def split_bands(graph_def, cuts: list, outputs: list, shapes: dict, parts: int =
         replaced[merge] = merged
     replaced.update({parse_input(k)[0] + ":0": v for k, v in list(replaced.items()) if parse_input(k)[1] == 0})
     replaced.update({parse_input(k)[0]: v for k, v in list(replaced.items()) if parse_input(k)[1] == 0})
-    for name in _order(nodes, [parse_input(o)[0] for o in outputs]):
+    for name in needed_order(nodes, [parse_input(o)[0] for o in outputs]):
         if name in done:
             continue
         inputs = [replaced.get(t, t) for t in nodes[name].input]
         stale = [t for t in inputs if parse_input(t.lstrip("^"))[0] in done]
         if stale:
             raise ValueError(f"{name} reads {stale[0]} inside a band stage, not at its cut")
-        out.append(_copy(nodes[name], name, inputs))
+        out.append(copied(nodes[name], name, inputs))
     result = graph_pb2.GraphDef()
     result.versions.CopyFrom(graph_def.versions)
     result.library.CopyFrom(graph_def.library)
@@ -100,7 +101,7 @@ def _band_stage(nodes, region, start, start_now, merge, shapes, parts, explicit,
         name, port = parse_input(t)
         return (shapes.get(name) or [None])[port]
 
-    order = [n for n in _order(nodes, [parse_input(merge)[0]]) if n in region]
+    order = [n for n in needed_order(nodes, [parse_input(merge)[0]]) if n in region]
     rows_m = shape(merge)[1]
     bounds = [round(i * rows_m / parts) for i in range(parts + 1)]
     need = {merge: [(bounds[i], bounds[i + 1]) for i in range(parts)]}  # tensor -> [(lo, hi) per branch]
@@ -153,17 +154,17 @@ def _band_stage(nodes, region, start, start_now, merge, shapes, parts, explicit,
         name = f"{parse_input(t)[0]}/{tag}_{i}_crop{lo}_{hi}"
         if name not in made:
             made.add(name)
-            new.extend(_slice(name, local(t, i), [0, lo - have[0], 0, 0], [-1, hi - lo, -1, -1], dtype(t)))
+            new.extend(slice_nodes(name, local(t, i), [0, lo - have[0], 0, 0], [-1, hi - lo, -1, -1], dtype(t)))
         return name
 
     def dtype(t):
-        return _dtype(nodes[parse_input(t)[0]])
+        return node_dtype(nodes[parse_input(t)[0]])
 
     made, flops = set(), [0, 0]
     start_key = start if ":" in start else start + ":0"
     for i in range(parts):
         lo, hi = need[start_key][i]
-        new.extend(_slice(f"{parse_input(start)[0]}/{tag}_{i}", start_now, [0, lo, 0, 0], [-1, hi - lo, -1, -1],
+        new.extend(slice_nodes(f"{parse_input(start)[0]}/{tag}_{i}", start_now, [0, lo, 0, 0], [-1, hi - lo, -1, -1],
                           dtype(start)))
     for name in order:
         node = nodes[name]
@@ -174,19 +175,19 @@ def _band_stage(nodes, region, start, start_now, merge, shapes, parts, explicit,
                 kh, sh, pt, (pl, pr), rows_in = geometry[name]
                 a, b = lo * sh - pt, (hi - 1) * sh - pt + kh
                 top, bottom = max(0, -a), max(0, b - rows_in)
-                copy = _copy(node, f"{name}/{tag}_{i}", [crop(data[0], i, max(0, a), min(rows_in, b)), *data[1:]])
+                copy = copied(node, f"{name}/{tag}_{i}", [crop(data[0], i, max(0, a), min(rows_in, b)), *data[1:]])
                 if explicit:
                     copy.attr["padding"].s = b"EXPLICIT"
                     del copy.attr["explicit_paddings"].list.i[:]
                     copy.attr["explicit_paddings"].list.i.extend([0, 0, top, bottom, pl, pr, 0, 0])
                 elif top or bottom or pl or pr:
                     pad = f"{name}/{tag}_{i}_pad"
-                    paddings = _const(pad + "/paddings", [0, 0, top, bottom, pl, pr, 0, 0])
+                    paddings = const_node(pad + "/paddings", [0, 0, top, bottom, pl, pr, 0, 0])
                     paddings.attr["value"].tensor.tensor_shape.Clear()
                     paddings.attr["value"].tensor.tensor_shape.dim.add(size=4)
                     paddings.attr["value"].tensor.tensor_shape.dim.add(size=2)
                     pad_node = node_def_pb2.NodeDef(name=pad, op="Pad", input=[copy.input[0], pad + "/paddings"])
-                    pad_node.attr["T"].type = _dtype(node)
+                    pad_node.attr["T"].type = node_dtype(node)
                     pad_node.attr["Tpaddings"].type = 3
                     new += [paddings, pad_node]
                     copy.input[0] = pad
@@ -200,9 +201,9 @@ def _band_stage(nodes, region, start, start_now, merge, shapes, parts, explicit,
             else:
                 inputs = [crop(t, i, lo, hi) if (parse_input(t)[0] in region or parse_input(t)[0] ==
                                                    parse_input(start)[0]) else t for t in data]
-                copy = _copy(node, f"{name}/{tag}_{i}", inputs)
+                copy = copied(node, f"{name}/{tag}_{i}", inputs)
             new.append(copy)
     merge_key = merge if ":" in merge else merge + ":0"
     concat = f"{parse_input(merge)[0]}/{tag}_whole"
-    new += _concat(concat, [crop(merge_key, i, bounds[i], bounds[i + 1]) for i in range(parts)], 1, dtype(merge))
+    new += concat_nodes(concat, [crop(merge_key, i, bounds[i], bounds[i + 1]) for i in range(parts)], 1, dtype(merge))
     return new, concat, flops[0] / max(flops[1], 1)

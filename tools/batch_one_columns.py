@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import math
 
-from batch_one_split import ELEMENTWISE, _assembled, _concat, _const, _copy, _dtype, _order
 from tensorflow.core.framework import node_def_pb2, tensor_pb2
 
 from mp_rewrite.analysis.batch_row_states import const_ints
+from mp_rewrite.analysis.batch_rows import _topological as needed_order
+from mp_rewrite.analysis.token_rows import ELEMENTWISE
 from mp_rewrite.core.graph_view import parse_input
+from mp_rewrite.savedmodel.row_split import assembled, concat_nodes, const_node, copied, node_dtype
 
 MIN_COLUMNS = 64
 MIN_CHANNELS = 64  # a convolution's output channels, cut only when each branch keeps a multiple of 8
@@ -88,7 +90,7 @@ class _ColumnSplit:
             return t
         key = f"{name}:{port}"
         if key not in self.made:
-            dtype = _dtype(self.nodes[name])
+            dtype = node_dtype(self.nodes[name])
             if state[0] == PARTIAL:
                 node = node_def_pb2.NodeDef(name=f"{name}/summed", op="AddN",
                                             input=[self.branch(t, i) for i in range(self.parts)])
@@ -97,8 +99,8 @@ class _ColumnSplit:
                 self.out.append(node)
                 self.made[key] = node.name
             else:
-                self.out += _concat(f"{name}/cols_whole", [self.branch(t, i) for i in range(self.parts)], state[1],
-                                    dtype)
+                self.out += concat_nodes(f"{name}/cols_whole", [self.branch(t, i) for i in range(self.parts)],
+                                         state[1], dtype)
                 self.made[key] = f"{name}/cols_whole"
             self.exchanges.append((name, state[0]))
         return self.made[key]
@@ -126,7 +128,7 @@ class _ColumnSplit:
         states = [self.state.get(parse_input(t)[0]) for t in data]
         if node.op == "Shape" and states and states[0] is not None:
             shape = self.shape(data[0])
-            const = _const(name, list(shape), node.attr["out_type"].type or 3)
+            const = const_node(name, list(shape), node.attr["out_type"].type or 3)
             self.state[name] = None
             self.out.append(const)
             return
@@ -140,11 +142,11 @@ class _ColumnSplit:
             state, inputs = None, None
         if inputs is None:
             self.state[name] = None
-            self.out.append(_copy(node, name, [self.whole(t) if not t.startswith("^") else t for t in node.input]))
+            self.out.append(copied(node, name, [self.whole(t) if not t.startswith("^") else t for t in node.input]))
             return
         self.state[name] = state
         for i in range(self.parts):
-            copy = _copy(node, f"{name}/col{i}", [])
+            copy = copied(node, f"{name}/col{i}", [])
             copy.input.extend(inputs[i])
             self.out.append(copy)
 
@@ -241,7 +243,7 @@ class _ColumnSplit:
                         values[p] = new[i + 1] - new[i]
                         name = f"{node.name}/col{i}_target"
                         if name not in self.made:
-                            self.out.append(_const(name, values, dtype))
+                            self.out.append(const_node(name, values, dtype))
                             self.made[name] = name
                         return [self.branch(data[0], i), name]
                     return (COLS, p, new), make
@@ -252,7 +254,7 @@ def split_columns(graph_def, outputs: list, shapes: dict, parts: int = 2):
     """The graph with its large Dense weights cut by columns, then rows (module docstring). Returns (GraphDef,
     {output: tensor}, [(node, "cols"/"partial")] of the exchanges: where the branches' pieces are put together)."""
     walk = _ColumnSplit(graph_def, shapes, parts)
-    for name in _order(walk.nodes, [parse_input(o)[0] for o in outputs]):
+    for name in needed_order(walk.nodes, [parse_input(o)[0] for o in outputs]):
         walk.visit(name)
     fetched = {o: walk.whole(o) for o in outputs}  # may add the nodes that put an output back together
-    return _assembled(graph_def, walk.out), fetched, walk.exchanges
+    return assembled(graph_def, walk.out), fetched, walk.exchanges

@@ -1,8 +1,8 @@
 """Benchmark: batch 1 on both cores inside TensorFlow (issue 40, item 3) -- the frozen bfloat16 model whole, under
-TF's default threads, one intra-op thread and the caller-thread setting, beside hand-built splits of the same
-frozen graph (a Transformer's token rows `rowsN`, weight columns/heads `colsN`, a CNN's image bands with halos
-`bands_<cuts>`: tools/batch_one_split.py, batch_one_columns.py, batch_one_bands.py) and OpenVINO on the float32
-SavedModel.
+TF's default threads, one intra-op thread and the caller-thread setting, beside splits of the same frozen graph
+(a Transformer's token rows `rowsN`: mp_rewrite/savedmodel/row_split.py, the split `convert --freeze --split`
+writes for batch 1; weight columns/heads `colsN` and a CNN's image bands with halos `bands_<cuts>`, hand-built:
+tools/batch_one_columns.py, batch_one_bands.py) and OpenVINO on the float32 SavedModel.
 
     python tools/bench_batch_one.py [--models transformer,mobilenetv2] [--rounds 8] [--block-seconds 0.4]
                                     [--workdir /tmp/batch_one] [--openvino-python /work/venvs/openvino/bin/python]
@@ -90,14 +90,15 @@ def imported(graph_def, input_tensor: str, output: str, spec):
 def variant_graph(variant: str, graph_def, input_tensor: str, output: str):
     """(GraphDef, output tensor, facts) of a split variant of the body graph."""
     from batch_one_bands import layer_output, split_bands
-    from batch_one_split import split_rows
 
     from mp_rewrite.analysis.shapes import node_shapes
+    from mp_rewrite.savedmodel.row_split import split_token_rows
     shapes = node_shapes(graph_def, batch=1)
     if variant.startswith("rows"):  # rows2, rows2_attnwhole
         parts = int(variant[4])
         whole_ops = ("Einsum", "Softmax") if variant.endswith("attnwhole") else ()
-        graph, fetched, fed_whole = split_rows(graph_def, input_tensor, 1, [output], shapes, parts, whole_ops)
+        graph, fetched, fed_whole = split_token_rows(graph_def, input_tensor, 1, [output], shapes, parts,
+                                                     whole_ops)
         ops = sorted({op for _, op, _ in fed_whole})
         return graph, fetched[output], {"fed_whole": len(fed_whole), "fed_whole_ops": ops}
     if variant.startswith("cols"):  # cols2: the weights by columns (heads, channels), then rows

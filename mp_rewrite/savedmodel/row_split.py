@@ -1,0 +1,197 @@
+"""One sample's token rows in N branches: `split_rows(graph_def, plan)` -> the GraphDef a TokenRows plan
+(analysis/token_rows.py) describes. GraphDef in, GraphDef out; the input is never modified.
+
+The input's token axis is cut by Slices; each split node is copied once per slice (`<node>/row<i>`, reading its
+inputs' copies), a constant Reshape target naming the token axis rewritten with the slice's rows; an unsplit
+operand the plan slices gets a Slice per branch; a tensor the plan gathers is its slices concatenated once
+(`<node>/rows_whole`), read by the ops fed every row and by the outputs. TensorFlow's inter-op pool runs the
+branches at once: served with one intra-op thread, one sample uses both cores. The graph is valid at batch 1
+only (its targets and slices are sized for one sample); batch_split.py calls it under `tf.cond(batch == 1)`.
+
+The node builders below are shared with the benchmark's other batch-1 splits (tools/batch_one_bands.py,
+batch_one_columns.py).
+"""
+
+from __future__ import annotations
+
+from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_pb2
+
+from ..analysis.batch_row_states import const_ints
+from ..analysis.token_rows import SPLIT, TokenRows, row_plan
+from ..core.graph_view import parse_input
+
+INT32, INT64 = 3, 9
+
+
+def const_node(name: str, values, dtype: int = INT32) -> node_def_pb2.NodeDef:
+    """A 1-D integer Const of `values` (int32, or int64)."""
+    node = node_def_pb2.NodeDef(name=name, op="Const")
+    node.attr["dtype"].type = dtype
+    tensor = tensor_pb2.TensorProto(dtype=dtype)
+    values = list(values)
+    tensor.tensor_shape.dim.add(size=len(values))
+    (tensor.int64_val if dtype == INT64 else tensor.int_val).extend(values)
+    node.attr["value"].tensor.CopyFrom(tensor)
+    return node
+
+
+def scalar_node(name: str, value: int) -> node_def_pb2.NodeDef:
+    """A scalar int32 Const."""
+    node = node_def_pb2.NodeDef(name=name, op="Const")
+    node.attr["dtype"].type = INT32
+    node.attr["value"].tensor.CopyFrom(tensor_pb2.TensorProto(dtype=INT32, int_val=[value]))
+    return node
+
+
+def concat_nodes(name: str, parts: list, axis: int, dtype: int) -> list:
+    """[its axis Const, a ConcatV2 named `name` of the tensors `parts` along `axis`]."""
+    node = node_def_pb2.NodeDef(name=name, op="ConcatV2", input=[*parts, name + "/axis"])
+    node.attr["N"].i = len(parts)
+    node.attr["T"].type = dtype
+    node.attr["Tidx"].type = INT32
+    return [scalar_node(name + "/axis", axis), node]
+
+
+def slice_nodes(name: str, tensor: str, begin: list, size: list, dtype: int) -> list:
+    """[begin, size, a Slice named `name` of `tensor`]."""
+    node = node_def_pb2.NodeDef(name=name, op="Slice", input=[tensor, name + "/begin", name + "/size"])
+    node.attr["T"].type = dtype
+    node.attr["Index"].type = INT32
+    return [const_node(name + "/begin", begin), const_node(name + "/size", size), node]
+
+
+def node_dtype(node) -> int:
+    """The dtype of a node's (first) output, as its type attribute says (float32 when it has none)."""
+    for key in ("T", "dtype", "DstT", "Tparams"):
+        if key in node.attr and node.attr[key].type:
+            return node.attr[key].type
+    return 1
+
+
+def copied(node, name: str, inputs: list) -> node_def_pb2.NodeDef:
+    """A copy of `node` named `name` reading `inputs` (its recorded output shapes dropped)."""
+    new = node_def_pb2.NodeDef()
+    new.CopyFrom(node)
+    new.name = name
+    del new.input[:]
+    new.input.extend(inputs)
+    new.attr.pop("_output_shapes", None)
+    return new
+
+
+def assembled(graph_def, nodes) -> graph_pb2.GraphDef:
+    """A GraphDef of `nodes` with `graph_def`'s versions and function library (what every split returns)."""
+    result = graph_pb2.GraphDef()
+    result.versions.CopyFrom(graph_def.versions)
+    result.library.CopyFrom(graph_def.library)
+    result.node.extend(nodes)
+    return result
+
+
+def split_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
+    """(the split GraphDef, {output tensor: its tensor in the new graph}) for a splittable plan of `graph_def`."""
+    return _Surgery(graph_def, plan).graph()
+
+
+def split_token_rows(graph_def, input_tensor: str, axis: int, outputs: list, shapes: dict, parts: int = 2,
+                     whole_ops=()):
+    """The plan (token_rows.row_plan) and the graph in one call, for the benchmark: (GraphDef, {output: tensor},
+    [(node, op, why)] of the ops fed every row).
+
+    Raises:
+        ValueError: the plan is refused (its reason).
+    """
+    plan = row_plan(graph_def, input_tensor, axis, outputs, shapes, parts, whole_ops)
+    if not plan.splittable:
+        raise ValueError(plan.reason)
+    graph, fetched = split_rows(graph_def, plan)
+    return graph, fetched, list(plan.fed_whole)
+
+
+class _Surgery:
+    """The nodes of the split graph, made in the plan's order."""
+
+    def __init__(self, graph_def, plan: TokenRows):
+        self.source, self.plan = graph_def, plan
+        self.nodes = {n.name: n for n in graph_def.node}
+        self.out, self.made = [], {}  # made: (kind, tensor, i) -> the tensor made for it
+
+    def graph(self):
+        plan, input_name = self.plan, parse_input(self.plan.input)[0]
+        for name in plan.order:
+            node, state = self.nodes[name], plan.states.get(name)
+            if name == input_name:
+                self.out.append(node)
+                self._input_slices(node)
+            elif state is None:
+                fed = any(self._state(t) and self._state(t)[0] == SPLIT for t in node.input if t[0] != "^")
+                self.out.append(copied(node, name, [self._whole(t) for t in node.input]) if fed else node)
+            else:
+                self._branches(node)
+        fetched = {o: self._whole(o) for o in plan.outputs}
+        return assembled(self.source, self.out), fetched
+
+    def _state(self, tensor: str):
+        return self.plan.states.get(parse_input(tensor.lstrip("^"))[0])
+
+    def _input_slices(self, node) -> None:
+        plan = self.plan
+        rank = plan.rank
+        for i in range(plan.parts):
+            begin, size = [0] * rank, [-1] * rank
+            begin[plan.axis], size[plan.axis] = plan.bounds[i], plan.bounds[i + 1] - plan.bounds[i]
+            self.out += slice_nodes(f"{node.name}/row{i}", plan.input, begin, size, node_dtype(node))
+
+    def _branch(self, tensor: str, i: int) -> str:
+        """The tensor as branch i reads it: its copy there, or itself (whole)."""
+        control = tensor.startswith("^")
+        name, port = parse_input(tensor.lstrip("^"))
+        if self.plan.states.get(name) is None:
+            return tensor
+        return ("^" if control else "") + f"{name}/row{i}" + (f":{port}" if port else "")
+
+    def _whole(self, tensor: str) -> str:
+        """The tensor with all its rows: itself, or its slices concatenated (once). A control input on a split
+        node waits for its first copy."""
+        state = self._state(tensor)
+        if state is None:
+            return tensor
+        if tensor.startswith("^"):
+            return self._branch(tensor, 0)
+        name, port = parse_input(tensor)
+        key = ("whole", f"{name}:{port}", 0)
+        if key not in self.made:
+            concat = f"{name}/rows_whole" + (f"_{port}" if port else "")
+            self.out += concat_nodes(concat, [self._branch(tensor, i) for i in range(self.plan.parts)], state[1],
+                                     node_dtype(self.nodes[name]))
+            self.made[key] = concat
+        return self.made[key]
+
+    def _sliced(self, tensor: str, axis: int, rank: int, i: int) -> str:
+        """Branch i's rows of an unsplit tensor, cut on `axis` as the token rows are."""
+        name, port = parse_input(tensor)
+        key = ("slice", f"{name}:{port}", i)
+        if key not in self.made:
+            begin, size = [0] * rank, [-1] * rank
+            begin[axis], size[axis] = self.plan.bounds[i], self.plan.bounds[i + 1] - self.plan.bounds[i]
+            made = f"{name}/rows_slice" + (f"_{port}" if port else "") + f"/row{i}"
+            self.out += slice_nodes(made, tensor, begin, size, node_dtype(self.nodes[name]))
+            self.made[key] = made
+        return self.made[key]
+
+    def _branches(self, node) -> None:
+        plan = self.plan
+        gathered = {t: self._whole(t) for t in plan.gathers.get(node.name, ())}
+        sliced = {t: (axis, rank) for t, axis, rank in plan.slices.get(node.name, ())}
+        for i in range(plan.parts):
+            inputs = [gathered[t] if t in gathered else self._sliced(t, *sliced[t], i) if t in sliced
+                      else self._branch(t, i) for t in node.input]
+            copy = copied(node, f"{node.name}/row{i}", inputs)
+            if node.name in plan.reshapes:
+                target = self.nodes[parse_input(node.input[1])[0]]
+                values = const_ints(target)
+                values[plan.reshapes[node.name]] = plan.bounds[i + 1] - plan.bounds[i]
+                const = const_node(copy.name + "/target", values, target.attr["dtype"].type)
+                copy.input[1] = const.name
+                self.out.append(const)
+            self.out.append(copy)
