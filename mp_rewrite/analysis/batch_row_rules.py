@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 from ..core.graph_view import parse_input
-from .batch_row_states import (LAST_AXIS, ROWS, SAME, SAME_STATE, SHAPE, SIZE, Refused, State, const_ints,
-                               refuse_batch_axis, rows_k, where)
+from .batch_row_states import (CHANNEL_SHAPE, CHANNELS, LAST_AXIS, ROWS, SAME, SAME_STATE, SHAPE, SIZE, Refused,
+                               State, const_ints, refuse_batch_axis, rows_k, where)
 
 
 def unary(node, data, states, context):
@@ -56,6 +56,8 @@ def _size_arithmetic(node, data, states, context) -> State:
 
 def row_wise(node, data, states, context):
     """Per image, per row or per sample (convolutions, pools, inference normalizations, softmax): rows."""
+    if states[0].kind == CHANNELS and node.op in CHANNEL_NORMS:
+        return _channel_norm(node, data, states, context)
     if states[0].kind != ROWS:
         raise Refused(where(node, f"a parameter carries the batch, not its input ({states[0]})"))
     k = states[0].k
@@ -70,6 +72,22 @@ def row_wise(node, data, states, context):
             raise Refused(where(node, "normalizes with the batch's own statistics (training mode)"))
         return [State(ROWS, k), SAME_STATE]
     return [State(ROWS, k)]
+
+
+def _channel_norm(node, data, states, context):
+    """FusedBatchNorm of channels(k) in NCHW (the rules' LayerNorm spelling): each channel is one row, normalized
+    by its own statistics: channels(k), and the per-channel statistics rows(k). Its scale and offset must be
+    rows(k) (Fills to the row count); its running statistics too, or empty in training mode."""
+    k = states[0].k
+    if node.attr["data_format"].s != b"NCHW":
+        raise Refused(where(node, "normalizes the batch's rows on axis 1 as positions, not as channels (NHWC)"))
+    for tensor, state in zip(data[1:5], states[1:5]):
+        empty = (context.shape(tensor) or (None,))[0] == 0
+        if not (state == State(ROWS, k) and context.rank(tensor, node) == 1
+                or state == SAME_STATE and empty and node.attr["is_training"].b):
+            raise Refused(where(node, f"its per-channel parameter {tensor} ({state}) does not line up with the rows "
+                                      "it normalizes as channels"))
+    return [State(CHANNELS, k), State(ROWS, k)]
 
 
 def matmul(node, data, states, context):
@@ -185,6 +203,10 @@ def pack(node, data, states, context):
     if states[0].kind == SIZE and all(s == SAME_STATE for s in states[1:]) and axis == 0:
         values = [const_ints(context.nodes.get(parse_input(t)[0])) for t in data[1:]]
         return [State(SHAPE, states[0].k, None if None in values else tuple(v[0] for v in values))]
+    if (axis == 0 and len(states) > 1 and states[1].kind == SIZE and all(s == SAME_STATE for s in states[2:])
+            and const_ints(context.nodes.get(parse_input(data[0])[0])) == [1]):  # [1, B*k, ...]: channels
+        values = [const_ints(context.nodes.get(parse_input(t)[0])) for t in data[2:]]
+        return [State(CHANNEL_SHAPE, states[1].k, None if None in values else tuple(v[0] for v in values))]
     k = rows_k(node, states)
     if any(s.kind != ROWS for s in states):
         raise Refused(where(node, "stacks batch and non-batch tensors"))
@@ -208,21 +230,25 @@ def concat(node, data, states, context):
 
 
 def reshape(node, data, states, context):
-    """Reshape of rows to a batch-sized shape, or to [-1, ...] where a row holds one sample's whole rows."""
+    """Reshape of rows to a batch-sized shape, or to [-1, ...] where a row holds one sample's whole rows ([1, -1,
+    ...]: the same, the rows on axis 1 as channels; and back)."""
     x, target = states
-    if x.kind == ROWS and target.kind == SHAPE:
-        return [State(ROWS, target.k)]
-    if x.kind != ROWS or target != SAME_STATE:
+    # The layout of [B*k, ...] and of [1, B*k, ...] is the same: rows move between axes 0 and 1 as a whole.
+    if x.kind in (ROWS, CHANNELS) and target.kind in (SHAPE, CHANNEL_SHAPE):
+        return [State(ROWS if target.kind == SHAPE else CHANNELS, target.k)]
+    if x.kind not in (ROWS, CHANNELS) or target != SAME_STATE:
         raise Refused(where(node, f"reshapes {x} to a shape {target}"))
     dims, shape = context.value(data[1], node), context.shape(data[0])
-    if not dims or dims[0] != -1 or -1 in dims[1:]:
+    lead = 1 if dims[:2] == [1, -1] else 0  # the axes before the rows: none, or one of size 1 (channels)
+    if not dims or dims[lead] != -1 or -1 in dims[lead + 1:]:
         raise Refused(where(node, f"reshapes to {dims}: a fixed size on axis 0, the batch"))
-    if shape is None or None in shape[1:]:
+    skip = 2 if x.kind == CHANNELS else 1
+    if shape is None or None in shape[skip:]:
         raise Refused(where(node, f"reshapes {shape} to {dims}: whether rows would mix samples is not known"))
-    per_sample, row = x.k * math.prod(shape[1:]), math.prod(dims[1:])
+    per_sample, row = x.k * math.prod(shape[skip:]), math.prod(dims[lead + 1:])
     if row <= 0 or per_sample % row:
         raise Refused(where(node, f"reshapes {shape} to {dims}: a row would hold parts of two samples"))
-    return [State(ROWS, per_sample // row)]
+    return [State(CHANNELS if lead else ROWS, per_sample // row)]
 
 
 def fill(node, data, states, context):
@@ -231,6 +257,14 @@ def fill(node, data, states, context):
     if shape.kind != SHAPE or value.kind not in (SAME, ROWS) or (value.kind == ROWS and value.k != shape.k):
         raise Refused(where(node, f"fills a shape {shape} with {value}"))
     return [State(ROWS, shape.k)]
+
+
+def expand_dims(node, data, states, context):
+    """ExpandDims of the batch size to [B*k] (Grappler's spelling of a one-value Pack): shape(k); else of rows on
+    an axis other than 0."""
+    if states[0].kind == SIZE and states[1] == SAME_STATE and context.value(data[1], node) in ([0], [-1]):
+        return [State(SHAPE, states[0].k, ())]
+    return _expand_rows(node, data, states, context)
 
 
 def _constant_axis_rule(index: int, check):
@@ -307,6 +341,10 @@ def slice_rows(node, data, states, context):
     return rule(node, data, states, context)
 
 
+_expand_rows = _constant_axis_rule(1, lambda axis, rank: (axis[0] + rank + 1 if axis[0] < 0 else axis[0]) > 0)
+CHANNEL_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+
+
 def _pads_keep_axis_0(values, rank):
     return values[:2] == [0, 0]
 
@@ -335,7 +373,7 @@ RULES = {
     "StridedSlice": strided_slice, "Pack": pack, "ConcatV2": concat, "Reshape": reshape,
     "Fill": fill, "BroadcastTo": fill,
     "Transpose": _constant_axis_rule(1, lambda perm, rank: perm[:1] == [0]),
-    "ExpandDims": _constant_axis_rule(1, lambda axis, rank: (axis[0] + rank + 1 if axis[0] < 0 else axis[0]) > 0),
+    "ExpandDims": expand_dims,
     "Slice": slice_rows,
     "Pad": _constant_axis_rule(1, _pads_keep_axis_0), "PadV2": _constant_axis_rule(1, _pads_keep_axis_0),
     "MirrorPad": _constant_axis_rule(1, _pads_keep_axis_0),

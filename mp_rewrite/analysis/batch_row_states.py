@@ -10,6 +10,9 @@ import struct
 from ..core.graph_view import parse_input
 
 SAME, ROWS, SIZE, SHAPE = "same", "rows", "size", "shape"
+# The rules' LayerNorm in FusedBatchNorm's spelling (rules/layer_norm.py, its variable form) reshapes N rows of C
+# values to [1, N, C, 1] and normalizes them as N channels (NCHW): the rows move to axis 1 behind an axis of size 1.
+CHANNELS, CHANNEL_SHAPE = "channels", "channel_shape"
 
 
 @dataclasses.dataclass(frozen=True)

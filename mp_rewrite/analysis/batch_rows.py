@@ -8,7 +8,9 @@ after its inputs, and gives each tensor one of four states:
 - rows(k): axis 0 holds B*k rows, sample i in rows [i*k, (i+1)*k) (k = 1: one row per sample; k > 1: a reshape
   merged each sample's rows into axis 0, as a Dense on [batch, time, features] does before its MatMul);
 - size(k): a scalar equal to B*k (the batch size read with Shape and StridedSlice);
-- shape(k): a 1-D integer vector whose first element is B*k and the rest `same` (a Reshape's target shape).
+- shape(k): a 1-D integer vector whose first element is B*k and the rest `same` (a Reshape's target shape);
+- channels(k) and channel_shape(k): the same as rows(k) and shape(k) behind a leading axis of size 1 ([1, B*k, ...]),
+  the rows normalized as channels by the graph rules' LayerNorm in FusedBatchNorm's spelling (NCHW).
 
 Per-op rules live in one table (batch_row_rules.RULES). The walk refuses, with the reason and the node: a reduction,
 concatenation, gather or matmul across axis 0, a reshape whose rows would mix samples (or are not known not to), a
@@ -25,7 +27,7 @@ from ..core.graph_view import parse_input
 from ..core.op_support import Signatures
 from ..errors import GraphError
 from .batch_row_rules import CALLS, READS, RULES
-from .batch_row_states import ROWS, SAME_STATE, Context, Refused, State, where
+from .batch_row_states import CHANNELS, ROWS, SAME_STATE, Context, Refused, State, where
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,12 +111,17 @@ def _visit(node, context: Context, signatures: Signatures) -> list:
 
 
 def _checked(node, states: list, context: Context, batch: int | None) -> list:
-    """The states, after checking that each rows(k) output has batch*k rows in the shapes inferred at `batch`."""
+    """The states, after checking that each rows(k) output has batch*k rows in the shapes inferred at `batch` (a
+    channels(k) output: 1, then batch*k)."""
     for port, shape in enumerate(context.shapes.get(node.name) or []):
         state = states[min(port, len(states) - 1)]
-        if batch and state.kind == ROWS and shape and shape[0] is not None and shape[0] != batch * state.k:
-            raise Refused(where(node, f"output {port} has {shape[0]} rows at batch {batch}, not {batch * state.k} "
-                                      f"({state}): the rows do not follow the batch as the rules expect"))
+        lead = {ROWS: (), CHANNELS: (1,)}.get(state.kind)
+        if not batch or lead is None or not shape or len(shape) <= len(lead):
+            continue
+        found, want = tuple(shape[:len(lead) + 1]), (*lead, batch * state.k)
+        if None not in found and found != want:
+            raise Refused(where(node, f"output {port} is {list(found)} on its leading axes at batch {batch}, not "
+                                      f"{list(want)} ({state}): the rows do not follow the batch as the rules expect"))
     return states
 
 

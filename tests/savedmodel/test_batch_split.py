@@ -187,6 +187,38 @@ def test_batch_matmul_over_the_batch_is_accepted_and_batch_statistics_are_refuse
     assert found.splittable, found.reason
 
 
+def _channel_norm(x, image_shape, data_format="NCHW"):
+    """The graph rules' LayerNorm in FusedBatchNorm's spelling (rules/layer_norm.py, its variable form): the rows
+    of x [rows, 6] normalized as the channels of [1, rows, 6, 1], scale and offset filled to the row count."""
+    count = tf.expand_dims(tf.shape(x)[0], 0)  # Grappler's spelling of Pack([count])
+    image = tf.reshape(x, image_shape(tf.shape(x)[0]))
+    normalized = tf.raw_ops.FusedBatchNormV3(
+        x=image, scale=tf.fill(count, 1.0), offset=tf.fill(count, 0.0), mean=tf.zeros([0]), variance=tf.zeros([0]),
+        epsilon=1e-3, data_format=data_format, is_training=True)[0]
+    return tf.reshape(normalized, tf.shape(x))
+
+
+@pytest.mark.parametrize("image_shape", [lambda n: tf.stack([1, n, 6, 1]), lambda n: [1, -1, 6, 1]],
+                         ids=["packed", "folded"])
+def test_the_rules_layer_norm_spelled_as_a_channel_batch_norm_keeps_rows_apart(image_shape):
+    def dense_norm(x):  # [batch, 5, 6]: 5 rows per sample, each normalized on its own
+        rows = tf.reshape(x, [-1, 6]) @ tf.ones([6, 6])
+        return tf.reshape(_channel_norm(rows, image_shape), tf.shape(x))
+    found = _analysed(dense_norm, tf.TensorSpec([None, 5, 6], tf.float32))
+    assert found.splittable, found.reason
+
+
+def test_a_channel_batch_norm_that_normalizes_across_rows_is_refused():
+    def across_rows(x):  # NHWC: the [1, rows, 6, 1] tensor has one channel, its statistic spans every row
+        image = tf.reshape(x @ tf.ones([6, 6]), [1, -1, 6, 1])
+        return tf.raw_ops.FusedBatchNormV3(x=image, scale=tf.ones([1]), offset=tf.zeros([1]), mean=tf.zeros([0]),
+                                           variance=tf.zeros([0]), data_format="NHWC", is_training=True)[0]
+    found = _analysed(across_rows, ROWS)
+    assert not found.splittable and "as positions, not as channels" in found.reason
+    found = _analysed(lambda x: _channel_norm(x @ tf.ones([6, 6]), lambda n: [1, 6, -1, 1]), ROWS)  # rows on axis 2
+    assert not found.splittable and "a fixed size on axis 0" in found.reason
+
+
 def test_a_split_model_is_known_by_its_function_names():
     from mp_rewrite.savedmodel.split_option import split_branches
     assert split_branches(["__inference_run_12", "__inference_split_batch_in_3_45"]) == 3
