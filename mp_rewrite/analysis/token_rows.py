@@ -9,9 +9,10 @@ visits the nodes the outputs need, each after its inputs, and gives each node on
 - local (LOCAL,): computed once per slice from per-branch values only (a slice's Shape and what it feeds).
 
 An op splits only by a rule: elementwise ops whose unsplit operands do not broadcast over the token axis (an
-operand of full length along it, such as an attention mask on the query rows, is sliced too), matmuls on rows,
-reductions over other axes, reshapes that keep the token axis whole, an embedding lookup, softmax over another
-axis, einsums on a letter the other operands lack (attention on the query rows, its keys and values gathered).
+operand of full length along it, such as an attention mask on the query rows, is sliced too), matmuls on rows
+(MatMul, BatchMatMul), reductions over other axes, reshapes that keep the token axis whole, an embedding lookup,
+softmax over another axis, einsums on a letter the other operands lack (attention on the query rows, its keys and
+values gathered), a Fill to the shape of a split tensor.
 Any other op that reads a split tensor is fed the slices concatenated ("gathered"), so the plan rests on those
 few row-wise facts, not on knowing every op; the split graph's outputs are checked against the whole graph's by
 the caller all the same. A model where no matmul runs on split rows is refused, naming the node where the rows
@@ -30,9 +31,12 @@ from .batch_rows import _topological
 
 ELEMENTWISE = frozenset({"AddV2", "Add", "Sub", "Mul", "RealDiv", "SquaredDifference", "Rsqrt", "Sqrt", "Erf", "Erfc",
                          "Identity", "Cast", "Relu", "Relu6", "Less", "Greater", "SelectV2", "BiasAdd", "Tanh",
-                         "Sigmoid", "Maximum", "Minimum", "Neg", "Square", "Exp", "Elu", "Selu", "Softplus"})
+                         "Sigmoid", "Maximum", "Minimum", "Neg", "Square", "Exp", "Elu", "Selu", "Softplus",
+                         "StopGradient", "Snapshot", "LogicalAnd", "LogicalOr", "LogicalNot", "Equal", "NotEqual",
+                         "GreaterEqual", "LessEqual", "Log", "Abs", "Reciprocal", "Pow", "DivNoNan"})
+BATCH_MATMULS = frozenset({"BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
 REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod"})
-WORK = frozenset({"MatMul", "Einsum", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})  # what a split must cut
+WORK = frozenset({"MatMul", "Einsum"}) | BATCH_MATMULS  # what a split must cut
 SPLIT, LOCAL = "split", "local"
 
 
@@ -135,7 +139,8 @@ def row_plan(graph_def, input_tensor: str, axis: int, outputs, shapes: dict, par
             "no matmul reads the token rows"
         return TokenRows(False, f"nothing worth splitting on the token rows of {input_tensor}: {where} before any "
                                 "matmul runs on split rows")
-    return TokenRows(True, "", input_tensor, axis, len(shape), tuple(round(i * walk.rows / parts) for i in range(parts + 1)),
+    bounds = tuple(round(i * walk.rows / parts) for i in range(parts + 1))
+    return TokenRows(True, "", input_tensor, axis, len(shape), bounds,
                      order, walk.states, walk.gathers, walk.slices, walk.reshapes, tuple(walk.fed_whole),
                      walk.gathered, tuple(outputs), work)
 
@@ -159,13 +164,21 @@ class _Walk:
         return state[1] if state and state[0] == SPLIT else None
 
     def whole(self, tensor: str, why: str) -> None:
-        """Note that `tensor` is read with every row (its slices concatenated, once)."""
-        state = self.states.get(parse_input(tensor)[0])
+        """Note that `tensor` is read with every row: its slices concatenated (once), or for a per-slice value
+        (a slice's shape), the value computed again from whole inputs."""
+        name = parse_input(tensor)[0]
+        state = self.states.get(name)
         if state is None:
             return
+        key = tensor if ":" in tensor else f"{tensor}:0"
         if state[0] == LOCAL:
-            raise _Refused(f"{why}, but {tensor} is a per-slice value")
-        self.gathered.setdefault(tensor if ":" in tensor else f"{tensor}:0", why)
+            if key not in self.gathered:
+                self.gathered[key] = f"{why} (computed again from whole rows)"
+                for t in self.nodes[name].input:
+                    if not t.startswith("^"):
+                        self.whole(t, why)
+            return
+        self.gathered.setdefault(key, why)
 
     def visit(self, name: str) -> None:
         node = self.nodes[name]
@@ -175,7 +188,7 @@ class _Walk:
             self.states[name] = None
             return
         if node.op == "Shape" or all(k is None or k[0] == LOCAL for k in kinds):
-            self.states[name] = (LOCAL,)
+            self.states[name] = self._local(node, data)
             return
         try:
             if node.op in self.whole_ops:
@@ -194,6 +207,20 @@ class _Walk:
         self.slices.update({name: tuple(sliced)} if sliced else {})
         self.reshapes.update({name: reshape} if reshape is not None else {})
 
+    def _local(self, node, data):
+        """The state of a node computed from per-slice values: a slice's shape and its arithmetic stay local; a
+        Fill to the shape of a split tensor (ones_like) is split as that tensor is; any other tensor made from a
+        slice's shape refuses the plan (where its rows lie is not known)."""
+        if node.op == "Fill":
+            dims = self.nodes.get(parse_input(data[0])[0])
+            if dims is not None and dims.op == "Shape" and self.axis(dims.input[0]) is not None:
+                return (SPLIT, self.axis(dims.input[0]))
+        shape = self.shape(node.name)
+        if node.op != "Shape" and (shape is None or len(shape) > 1):
+            raise _Refused(f"node '{node.name}' (op {node.op}) makes a tensor from a slice's shape; where its rows "
+                           "lie is not known")
+        return (LOCAL,)
+
     # ------------------------------------------------------------------------------------- the per-op rules
 
     def rule(self, node, data):
@@ -208,6 +235,11 @@ class _Walk:
             return 0, [data[1]] if self.axis(data[1]) is not None else [], [], None
         if op == "Einsum":
             return self._einsum(node, data)
+        if op in BATCH_MATMULS:  # a Dense on [batch, tokens, features], or attention spelled as matmuls
+            rank, out = len(self.shape(data[0]) or ()), len(self.shape(node.name) or ())
+            if not rank or node.attr["adj_x"].b or self.axis(data[0]) != rank - 2:
+                raise _FedWhole("its rows are not split")
+            return out - 2, [data[1]] if self.axis(data[1]) is not None else [], [], None
         if op in ("Softmax", "LogSoftmax"):
             rank = len(self.shape(data[0]) or ())
             if self.axis(data[0]) in (None, rank - 1):
@@ -247,7 +279,7 @@ class _Walk:
                 continue
             if shape[at] != self.rows:
                 raise _FedWhole(f"{t} {shape} broadcasts over the split axis")
-            sliced.append((t, at, len(shape)))  # every row of it, as a mask on the query rows: each slice takes its rows
+            sliced.append((t, at, len(shape)))  # a mask on the query rows, say: each slice takes its rows
         return axis, [], sliced, None
 
     def _einsum(self, node, data):

@@ -12,6 +12,9 @@ unevenly, and a batch smaller than N, which runs unsplit): bit for bit where the
 round-off where it computes in low precision. "auto" keeps the split only where it measured faster than the whole
 call here, at every batch timed, beyond the noise (a tie keeps the graph whole): the split never makes a model
 slower in the setting it was measured in.
+
+Batch 1 is decided apart (row_choice.py): one sample's token rows in 2 branches, called under `tf.cond(batch ==
+1)` where the plan exists, the check passes at batch 1 and, for "auto", it measured faster there (row_verdict).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..analysis.batch_rows import batch_rows
 from ..analysis.shapes import node_shapes
 from .frozen_function import imported_function
 from .inputs import signature_inputs
+from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
 from .split_option import SERVE, SPLIT_FUNCTION
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
@@ -40,12 +44,15 @@ class SplitChoice:
     Attributes:
         branches: N slices (1: the graph runs whole).
         why: the reason, with what was measured.
-        times: {(batch, branches): median ms per call} measured for "auto" (empty otherwise).
+        times: {(batch, branches): median ms per call} measured for "auto" (empty otherwise); at batch 1,
+            branches N is the token-row split in N.
+        rows: token-row branches at batch 1 (row_choice.py; 1: batch 1 runs whole).
     """
 
     branches: int
     why: str
     times: dict = dataclasses.field(default_factory=dict)
+    rows: int = 1
 
 
 def split_signature(graph_def, frozen, captured, split, exact: bool):
@@ -61,12 +68,39 @@ def split_signature(graph_def, frozen, captured, split, exact: bool):
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     if split == "off":
         return whole, SplitChoice(1, "off")
+    small, rows, at_one = _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact)
+    function, choice = _batch_split(graph_def, frozen, imported, specs, small, split, exact, rows)
+    return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one),
+                                         times={**choice.times, **at_one.times}, rows=at_one.rows)
+
+
+def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact: bool):
+    """(the function for batches below N, the token-row split (row_choice.row_function's) or None, a RowChoice):
+    what batch 1 runs."""
+    rows, why = row_function(graph_def, frozen, captured)
+    if rows is None:
+        return whole, None, RowChoice(1, f"runs whole: {why}")
+    candidate = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1, rows)
+    unequal = unequal_outputs(whole, candidate, specs, ROW_PARTS, exact, batches=(1, 3), what="in token rows")
+    if unequal:
+        return whole, None, RowChoice(1, f"runs whole: {unequal}")
+    if split != "auto":
+        return candidate, rows, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches (proven, and equal to "
+                                                     "the whole graph at batch 1)")
+    times = interleaved_times({1: whole, ROW_PARTS: candidate}, _feeds(specs, 1), ROW_CALLS)
+    choice = row_verdict({(1, n): t for n, t in times.items()}, _setting())
+    return (candidate, rows, choice) if choice.rows > 1 else (whole, None, choice)
+
+
+def _batch_split(graph_def, frozen, imported, specs, whole, split, exact: bool, rows):
+    """(the function, a SplitChoice) for batches of N and more: split in N branches, or `whole` (which runs
+    batch 1 in token rows where `rows` is given)."""
     inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
     found = batch_rows(graph_def, inputs, frozen.fetches, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
     if not found.splittable:
         return whole, SplitChoice(1, f"not split: {found.reason}")
     carried = tuple(name in found.batch_inputs for _, name in frozen.inputs)
-    made = {n: _function(imported, specs, list(frozen.outputs), frozen.shapes, carried, n)
+    made = {n: _function(imported, specs, list(frozen.outputs), frozen.shapes, carried, n, rows)
             for n in split_candidates(split)}
     for n, function in made.items():
         unequal = unequal_outputs(whole, function, specs, n, exact)
@@ -92,12 +126,16 @@ def split_lines(graphs: dict) -> list[str]:
             if getattr(result, "split", None) is not None and result.split.why != "off"]
 
 
-def _function(imported, specs, keys, shapes, carried, branches: int):
-    """A tf.function calling `imported` whole (branches 1) or once per slice of the `carried` inputs' batch."""
+def _function(imported, specs, keys, shapes, carried, branches: int, rows=None):
+    """A tf.function calling `imported` whole (branches 1) or once per slice of the `carried` inputs' batch; at
+    batch 1, the token-row split `rows` ((concrete function, index of the input whose batch it reads)) if given."""
     import tensorflow as tf
 
     def whole(args):
-        return list(imported(*args))
+        if rows is None:
+            return list(imported(*args))
+        function, at = rows  # valid at batch 1 only
+        return tf.cond(tf.shape(args[at])[0] == 1, lambda: list(function(*args)), lambda: list(imported(*args)))
 
     def sliced(args):
         batch = tf.shape(args[carried.index(True)])[0]
@@ -128,22 +166,24 @@ def _feeds(specs, batch: int, seed: int = 0) -> list:
     return [tf.constant(arrays[spec.name]) for spec in specs]
 
 
-def unequal_outputs(whole, split, specs, branches: int, exact: bool) -> str:
+def unequal_outputs(whole, split, specs, branches: int, exact: bool, batches=None, what: str = "") -> str:
     """"" if the split function's outputs (`split(*tensors)` -> {key: tensor}, as `whole`, on inputs made from the
     TensorSpecs `specs`) equal the whole one's at an odd batch split unevenly (7, or 2N + 1 for
-    more branches) and at N - 1 (run whole); else why."""
+    more branches) and at N - 1 (run whole), or at `batches` where given; else why (`what`: how the line names
+    the split, "split in N" by default)."""
     import numpy as np
-    for batch in (max(SHAPE_BATCH, 2 * branches + 1), max(1, branches - 1)):
+    what = what or f"split in {branches}"
+    for batch in batches or (max(SHAPE_BATCH, 2 * branches + 1), max(1, branches - 1)):
         feeds = _feeds(specs, batch, seed=batch)
         want, got = whole(*feeds), split(*feeds)
         for key in want:
             a, b = want[key].numpy(), got[key].numpy()
             if a.shape != b.shape:
-                return f"output {key} is {b.shape} split in {branches}, {a.shape} whole (batch {batch})"
+                return f"output {key} is {b.shape} {what}, {a.shape} whole (batch {batch})"
             same = np.array_equal(a, b, equal_nan=True) if exact or not np.issubdtype(a.dtype, np.floating) else \
                 np.allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-2, equal_nan=True)
             if not same:
-                return (f"output {key} split in {branches} differs from the whole call at batch {batch} (largest "
+                return (f"output {key} {what} differs from the whole call at batch {batch} (largest "
                         f"difference {np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))):.3g})")
     return ""
 
@@ -151,27 +191,40 @@ def unequal_outputs(whole, split, specs, branches: int, exact: bool) -> str:
 def chosen_split(whole, made: dict, specs):
     """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES; keep what
     split_verdict says: (the function kept, its SplitChoice)."""
+    times = {}
+    for batch in TIMED_BATCHES:
+        raced = interleaved_times({1: whole, **made}, _feeds(specs, batch))
+        times.update({(batch, n): ms for n, ms in raced.items()})
+    choice = split_verdict(times, _setting())
+    return (made[choice.branches] if choice.branches > 1 else whole), choice
+
+
+def interleaved_times(runners: dict, feeds, calls: int = CALLS) -> dict:
+    """{key: median ms per call} of the functions `runners` ({key: function}) called on `feeds`: ROUNDS rounds,
+    each timing a block of `calls` calls of every runner in turn, after one warming call each."""
+    samples = {n: [] for n in runners}
+    for function in runners.values():
+        function(*feeds)  # warm: oneDNN's primitives and TF's kernels are made at the first call
+    for _ in range(ROUNDS):
+        for n, function in runners.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                function(*feeds)
+            samples[n].append((time.perf_counter() - start) / calls * 1e3)
+    return {n: statistics.median(samples[n]) for n in runners}
+
+
+def _setting() -> str:
+    """This process's intra-op threads, as the lines say them."""
     import tensorflow as tf
     # TF reads TF_NUM_INTRAOP_THREADS at start without reporting it through tf.config.
     threads = tf.config.threading.get_intra_op_parallelism_threads() or int(
         os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0)
-    setting = ONE_THREAD if threads == 1 else f"{threads or 'the default'} intra-op threads"
-    times = {}
-    for batch in TIMED_BATCHES:
-        feeds = _feeds(specs, batch)
-        runners = {1: whole, **made}
-        samples = {n: [] for n in runners}
-        for function in runners.values():
-            function(*feeds)  # warm: oneDNN's primitives and TF's kernels are made at the first call
-        for _ in range(ROUNDS):
-            for n, function in runners.items():
-                start = time.perf_counter()
-                for _ in range(CALLS):
-                    function(*feeds)
-                samples[n].append((time.perf_counter() - start) / CALLS * 1e3)
-        times.update({(batch, n): statistics.median(samples[n]) for n in runners})
-    choice = split_verdict(times, setting)
-    return (made[choice.branches] if choice.branches > 1 else whole), choice
+    return ONE_THREAD if threads == 1 else f"{threads or 'the default'} intra-op threads"
+
+
+def _hint(setting: str) -> str:
+    return "" if setting == ONE_THREAD else "; to choose for one intra-op thread, convert with TF_NUM_INTRAOP_THREADS=1"
 
 
 def split_verdict(times: dict, setting: str) -> SplitChoice:
@@ -188,9 +241,24 @@ def split_verdict(times: dict, setting: str) -> SplitChoice:
                                                      for n in (1, *splits)) for b in batches)
     winners = [n for n in splits if all(times[b, n] < FASTER * times[b, 1] for b in batches)]
     if not winners:
-        hint = "" if setting == ONE_THREAD else \
-            "; to choose for one intra-op thread, convert with TF_NUM_INTRAOP_THREADS=1"
-        return SplitChoice(1, f"not split: no split measured faster here with {setting} ({measured}){hint}", times)
+        return SplitChoice(1, f"not split: no split measured faster here with {setting} ({measured})"
+                              f"{_hint(setting)}", times)
     best = min(winners, key=lambda n: sum(times[b, n] for b in batches))
     return SplitChoice(best, f"split in {best} branches: faster at every batch timed with {setting} ({measured}); "
                              f"{SERVE}", times)
+
+
+def row_verdict(times: dict, setting: str) -> RowChoice:
+    """Batch 1's choice from measured times: the token-row split if faster than the whole call by more than the
+    noise (FASTER), as split_verdict asks of a batch split; else whole.
+
+    Args:
+        times: {(1, 1): whole ms per call, (1, ROW_PARTS): the row split's}; setting: the threads they were
+            measured with, for the line.
+    """
+    whole, rows = times[1, 1], times[1, ROW_PARTS]
+    measured = f"{rows:.2f} ms against whole {whole:.2f} ms with {setting}"
+    if rows < FASTER * whole:
+        return RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches, {measured}", times)
+    return RowChoice(1, f"runs whole: token rows in {ROW_PARTS} branches not faster beyond the noise ({measured})"
+                        f"{_hint(setting)}", times)

@@ -60,8 +60,17 @@ def slice_nodes(name: str, tensor: str, begin: list, size: list, dtype: int) -> 
     return [const_node(name + "/begin", begin), const_node(name + "/size", size), node]
 
 
-def node_dtype(node) -> int:
-    """The dtype of a node's (first) output, as its type attribute says (float32 when it has none)."""
+def node_dtype(node, port: int = 0) -> int:
+    """The dtype of a node's output `port`, from its OpDef (a fixed type, or the type attribute it names), else
+    from its usual type attributes (float32 when it has none)."""
+    from tensorflow.python.framework import op_def_registry
+    op_def = op_def_registry.get(node.op)
+    if op_def is not None and port < len(op_def.output_arg):
+        arg = op_def.output_arg[port]
+        if arg.type:
+            return arg.type
+        if arg.type_attr and node.attr[arg.type_attr].type:
+            return node.attr[arg.type_attr].type
     for key in ("T", "dtype", "DstT", "Tparams"):
         if key in node.attr and node.attr[key].type:
             return node.attr[key].type
@@ -151,8 +160,8 @@ class _Surgery:
         return ("^" if control else "") + f"{name}/row{i}" + (f":{port}" if port else "")
 
     def _whole(self, tensor: str) -> str:
-        """The tensor with all its rows: itself, or its slices concatenated (once). A control input on a split
-        node waits for its first copy."""
+        """The tensor with all its rows: itself, its slices concatenated (once), or for a per-slice value, the
+        node computed again from whole inputs. A control input on a split node waits for its first copy."""
         state = self._state(tensor)
         if state is None:
             return tensor
@@ -160,10 +169,15 @@ class _Surgery:
             return self._branch(tensor, 0)
         name, port = parse_input(tensor)
         key = ("whole", f"{name}:{port}", 0)
+        if state[0] != SPLIT:
+            if ("whole", name, 0) not in self.made:
+                self.made["whole", name, 0] = name
+                self.out.append(copied(self.nodes[name], name, [self._whole(t) for t in self.nodes[name].input]))
+            return tensor
         if key not in self.made:
             concat = f"{name}/rows_whole" + (f"_{port}" if port else "")
             self.out += concat_nodes(concat, [self._branch(tensor, i) for i in range(self.plan.parts)], state[1],
-                                     node_dtype(self.nodes[name]))
+                                     node_dtype(self.nodes[name], port))
             self.made[key] = concat
         return self.made[key]
 
@@ -175,7 +189,7 @@ class _Surgery:
             begin, size = [0] * rank, [-1] * rank
             begin[axis], size[axis] = self.plan.bounds[i], self.plan.bounds[i + 1] - self.plan.bounds[i]
             made = f"{name}/rows_slice" + (f"_{port}" if port else "") + f"/row{i}"
-            self.out += slice_nodes(made, tensor, begin, size, node_dtype(self.nodes[name]))
+            self.out += slice_nodes(made, tensor, begin, size, node_dtype(self.nodes[name], port))
             self.made[key] = made
         return self.made[key]
 

@@ -1,0 +1,64 @@
+"""What batch 1 runs in a frozen split signature (`convert --freeze --split auto|N`): one sample's token rows in
+ROW_PARTS branches (analysis/token_rows.py plans them, row_split.py builds the graph), or the whole graph.
+
+A batch split cannot help one sample; the token-row split can, on a Transformer served with one intra-op thread
+(docs/batch_one.md: 2.4 ms against 3.3 ms whole). It is written only where the plan exists and the signature with
+it equals the whole one at batch 1 (bit for bit in float32, within round-off in low precision); for "auto" only
+where it also measured faster at batch 1 beyond the noise (batch_split.row_verdict). It is decided apart from the batch
+split: a model may split its batch and not its rows, or its rows alone. batch_split.py calls it under
+`tf.cond(batch == 1)`; its graph is a second import of the frozen graph (its weights stored once more).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..analysis.shapes import node_shapes
+from ..analysis.token_rows import token_rows
+from .frozen_function import imported_function
+from .row_split import split_rows
+from .split_option import SERVE
+
+ROW_PARTS = 2  # three branches lost on two cores (docs/batch_one.md); more cores than two are not measured
+ROW_CALLS = 16  # calls per timed block at batch 1: a call is a few ms, a block about what a batch-8 block lasts
+
+
+@dataclasses.dataclass(frozen=True)
+class RowChoice:
+    """What batch 1 became, and why.
+
+    Attributes:
+        rows: token-row branches at batch 1 (1: the graph runs whole).
+        why: "token rows in 2 branches, ..." or "runs whole: ...".
+        times: {(1, 1): whole ms per call, (1, ROW_PARTS): the row split's} where timed.
+    """
+
+    rows: int
+    why: str
+    times: dict = dataclasses.field(default_factory=dict)
+
+
+def row_function(graph_def, frozen, captured):
+    """((the row split's concrete function, the index of the input it cuts), "") or (None, why not).
+
+    Args:
+        graph_def: the frozen graph; frozen: its FrozenSignature; captured: as frozen_function.as_function takes.
+    """
+    inputs = [name for _, name in frozen.inputs]
+    plan = token_rows(graph_def, inputs, list(frozen.outputs.values()), node_shapes(graph_def, batch=1), ROW_PARTS)
+    if not plan.splittable:
+        return None, plan.reason
+    graph, fetched = split_rows(graph_def, plan)
+    outputs = {key: fetched[tensor] for key, tensor in frozen.outputs.items()}
+    imported, _ = imported_function(graph, frozen.inputs, outputs, captured)
+    return (imported, inputs.index(plan.input)), ""
+
+
+def joined(batch_why: str, branches: int, row: RowChoice) -> str:
+    """The convert line for a batch split (split_verdict's or the "as asked" line) and batch 1's choice."""
+    why = batch_why.removesuffix(f"; {SERVE}")
+    if row.rows > 1 and branches == 1:  # what splits comes first: a line opening "not split" would mislead
+        larger = why.removeprefix("not split: ")
+        return f"batch 1: {row.why}; larger batches run whole ({larger}); {SERVE}"
+    at_one = f"batch 1: {row.why}" if row.rows > 1 else f"batch 1 {row.why}"
+    return f"{why}; {at_one}" + (f"; {SERVE}" if branches > 1 or row.rows > 1 else "")

@@ -1,0 +1,159 @@
+"""Batch 1 on both cores (issue 40): one sample's token rows in 2 branches. The plan (analysis/token_rows.py)
+splits a Transformer's row-wise ops and gathers attention's keys and values, or refuses a model with nothing worth
+splitting, naming the node; the split graph (savedmodel/row_split.py) equals the whole frozen graph bit for bit in
+float32, with an attention mask too; `convert --freeze --split 2` calls it at batch 1 and says so."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
+from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
+from mp_rewrite.analysis.token_rows import WORK, token_rows  # noqa: E402
+from mp_rewrite.savedmodel.batch_split import row_verdict  # noqa: E402
+from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
+from mp_rewrite.savedmodel.row_choice import RowChoice, joined  # noqa: E402
+from mp_rewrite.savedmodel.row_split import split_rows  # noqa: E402
+from mp_rewrite.savedmodel.split_option import SERVE  # noqa: E402
+from mp_rewrite.testing import example_models  # noqa: E402
+
+TOKENS = 16
+
+
+def _masked_transformer() -> keras.Model:
+    """Token ids and a padding mask [batch, tokens]; attention masked on the query and the key rows."""
+    tokens = keras.Input((TOKENS,), dtype="int32", name="tokens")
+    mask = keras.Input((TOKENS,), dtype="int32", name="mask")
+    x = keras.layers.Embedding(100, 16)(tokens)
+    pair = keras.ops.cast(keras.ops.expand_dims(mask, 2) * keras.ops.expand_dims(mask, 1), "bool")
+    x = keras.layers.LayerNormalization()(x + keras.layers.MultiHeadAttention(2, 8)(x, x, attention_mask=pair))
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Dense(16, activation="gelu")(x))
+    return keras.Model([tokens, mask], keras.layers.Dense(4)(pooled))
+
+
+def _flattened_tokens() -> keras.Model:
+    """Its first op mixes the tokens: a Dense over all of them at once."""
+    tokens = keras.Input((TOKENS, 8), name="tokens")
+    return keras.Model(tokens, keras.layers.Dense(4)(keras.layers.Flatten()(tokens)))
+
+
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory):
+    """{name: the float32 frozen signature folded as --freeze folds it}."""
+    keras.utils.set_random_seed(0)
+    made = {"transformer": example_models.token_transformer(layers=2, d_model=32, heads=2, ff=64),
+            "masked": _masked_transformer(), "cnn": example_models.cnn_bn(), "flat": _flattened_tokens()}
+    found = {}
+    for name, model in made.items():
+        path = tmp_path_factory.mktemp(name) / "model"
+        model.export(str(path), verbose=False)
+        signature = freeze_signature(tf.saved_model.load(str(path)), "serving_default")
+        signature.graph_def = optimize_graph(signature.graph_def, signature.fetches, FOLDING)
+        found[name] = signature
+    return found
+
+
+def _plan(signature, parts: int = 2):
+    graph_def = signature.graph_def
+    return token_rows(graph_def, [n for _, n in signature.inputs], list(signature.outputs.values()),
+                      node_shapes(graph_def, batch=1), parts)
+
+
+def _run(graph_def, signature, outputs, feeds):
+    names = [n for _, n in signature.inputs]
+    run = tf.function(lambda *args: tf.graph_util.import_graph_def(
+        graph_def, input_map=dict(zip(names, args)), return_elements=outputs, name="g"))
+    return [t.numpy() for t in run(*feeds)]
+
+
+def _feeds(signature, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for spec, _ in signature.inputs:
+        shape = [1, *spec.shape.as_list()[1:]]
+        value = rng.integers(0, 2 if spec.name == "mask" else 100, shape) if spec.dtype.is_integer else \
+            rng.normal(size=shape)
+        feeds.append(tf.constant(value, dtype=spec.dtype))
+    return feeds
+
+
+def _whole_and_split(signature, parts: int = 2):
+    plan = _plan(signature, parts)
+    assert plan.splittable, plan.reason
+    graph, fetched = split_rows(signature.graph_def, plan)
+    outputs = list(signature.outputs.values())
+    feeds = _feeds(signature)
+    return plan, graph, _run(signature.graph_def, signature, outputs, feeds), \
+        _run(graph, signature, [fetched[o] for o in outputs], feeds)
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_slices_of_token_rows_compute_the_whole_transformer_bit_for_bit(frozen, parts):
+    plan, graph, whole, split = _whole_and_split(frozen["transformer"], parts)
+    for want, got in zip(whole, split):
+        if parts == 2:  # 64 rows a slice: the kernels sum in the whole graph's order
+            np.testing.assert_array_equal(got, want)
+        else:  # 43 rows: a matmul's remainder rows may sum in another order (1 ulp); the product splits in 2
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # Only the pooling needs every row; attention reads its keys and values whole: one exchange per layer.
+    assert {op for _, op, _ in plan.fed_whole} == {"Mean"}, plan.fed_whole
+    assert sum(n.op == "ConcatV2" and "/rows_whole" in n.name for n in graph.node) == 2 * 2 + 1
+    # Every matmul but the logits' (on the pooled row) runs once per slice.
+    assert plan.split_work == sum(n.op in WORK for n in frozen["transformer"].graph_def.node) - 1
+
+
+def test_an_attention_mask_on_the_query_rows_is_sliced_with_them(frozen):
+    plan, _, whole, split = _whole_and_split(frozen["masked"])
+    for want, got in zip(whole, split):
+        np.testing.assert_array_equal(got, want)
+    assert plan.input.startswith("tokens")  # the input whose rows carry the work
+    assert plan.slices, "the mask's query rows are cut like the tokens', not gathered"
+    assert {op for _, op, _ in plan.fed_whole} == {"Mean"}, plan.fed_whole
+
+
+@pytest.mark.parametrize("name, node", [("cnn", "Conv2D"), ("flat", "Reshape")])
+def test_a_model_with_nothing_to_split_on_its_rows_is_refused_naming_the_node(frozen, name, node):
+    plan = _plan(frozen[name])
+    assert not plan.splittable
+    assert "nothing worth splitting" in plan.reason and f"(op {node})" in plan.reason, plan.reason
+
+
+def test_batch_one_keeps_the_row_split_only_where_faster_beyond_the_noise_and_says_so():
+    faster = row_verdict({(1, 1): 3.3, (1, 2): 2.4}, "one intra-op thread")
+    assert faster.rows == 2 and "2.40 ms against whole 3.30 ms" in faster.why
+    tie = row_verdict({(1, 1): 3.3, (1, 2): 3.25}, "the default intra-op threads")
+    assert tie.rows == 1 and "TF_NUM_INTRAOP_THREADS=1" in tie.why
+    # The batch not split, its rows split: the line opens with what splits.
+    line = joined("not split: no split measured faster here (...)", 1, faster)
+    assert line.startswith("batch 1: token rows in 2 branches") and "larger batches run whole" in line
+    assert "TF_NUM_INTRAOP_THREADS=1" in line
+    line = joined(f"split in 2 branches, as asked; {SERVE}", 2, RowChoice(1, "runs whole: refused"))
+    assert line == f"split in 2 branches, as asked; batch 1 runs whole: refused; {SERVE}"
+
+
+def test_convert_freeze_split_runs_batch_one_in_token_rows_equal_to_the_whole(tmp_path):
+    keras.utils.set_random_seed(0)
+    source = tmp_path / "fp32"
+    example_models.token_transformer(layers=1, d_model=32, heads=2, ff=64).export(str(source), verbose=False)
+    result = convert_saved_model(source, tmp_path / "split", "bfloat16", freeze=True, split=2)
+    line = next(note for note in result.notes if "token rows" in note)
+    assert "batch 1: token rows in 2 branches" in line and "TF_NUM_INTRAOP_THREADS=1" in line
+    convert_saved_model(source, tmp_path / "whole", "bfloat16", freeze=True)
+    split = tf.saved_model.load(str(tmp_path / "split")).signatures["serving_default"]
+    whole = tf.saved_model.load(str(tmp_path / "whole")).signatures["serving_default"]
+    graph = split.graph.as_graph_def()
+    assert any(n.name.endswith("/row1") for f in graph.library.function for n in f.node_def)
+    rng = np.random.default_rng(1)
+    for batch in (1, 3):
+        tokens = tf.constant(rng.integers(0, 8000, [batch, 128]), tf.int32)
+        want, got = whole(tokens=tokens), split(tokens=tokens)
+        for key in want:
+            np.testing.assert_array_equal(got[key].numpy(), want[key].numpy())
