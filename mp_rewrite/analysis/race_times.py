@@ -116,3 +116,19 @@ def geometric_mean(ratios) -> Ratio:
         return float(np.exp(np.mean(np.log(values))))
     return Ratio(mean([r.mid for r in ratios]), mean([r.low for r in ratios]), mean([r.high for r in ratios]),
                  min(r.rounds for r in ratios))
+
+
+ONE = Ratio(1.0, 1.0, 1.0)  # the time a ratio is read against, as a Ratio
+
+
+def ties(ratio: Ratio, fastest: Ratio = ONE) -> bool:
+    """Whether `ratio` is as fast as `fastest` (by default 1: the time it is a ratio to) as far as the race can
+    tell: within RESOLUTION (core.assignment: what a cut must save), or inside the noise (the intervals overlap)."""
+    from ..core.assignment import RESOLUTION  # imported here: this module stays free of TensorFlow
+    return ratio.mid <= (1 + RESOLUTION) * fastest.mid or ratio.low <= fastest.high
+
+
+def faster(ratio: Ratio) -> bool:
+    """Whether a ratio is below 1 beyond the noise (its whole interval) and by more than RESOLUTION."""
+    from ..core.assignment import RESOLUTION
+    return math.isfinite(ratio.mid) and ratio.high < 1 and ratio.mid < 1 / (1 + RESOLUTION)

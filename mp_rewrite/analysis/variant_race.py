@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from .graph_runs import WARMUP, VariantError, made_up_values, race
-from .race_times import RaceTimes, Ratio, geometric_mean
+from .race_times import RaceTimes, geometric_mean, ties
 
 RACE_RUNS = 9  # untraced runs of each variant when the cut's graph is checked against the lists' and float32
 # Without a batch size from the user, the variants are raced at each of these (where an input's batch is unknown)
@@ -174,7 +174,6 @@ def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "", cu
         (keep, line): the table's `keep` ("" for what the assignment keeps by itself, else "lists", "float32" or
         "source") and what the race showed, "tie" where the noise decided nothing.
     """
-    from ..core.assignment import RESOLUTION
     times = {b: t if isinstance(t, RaceTimes) else RaceTimes.of_medians(t) for b, t in ms.items()}
     base = names.index("source") if "source" in names else 0
     failed = [b for b, t in times.items() if not np.isfinite(t.medians[base])]
@@ -188,13 +187,8 @@ def best_across(ms: dict, names=("float32", "lists", "cut"), where: str = "", cu
     fastest = min(score, key=lambda v: score[v].mid)
     mine = "cut" if "cut" in names else "lists"
     asked = (mine, "lists") if cut_is_low else ("lists",)
-    best = next((v for v in asked if v in score and _ties(score[v], score[fastest], RESOLUTION)), fastest)
+    best = next((v for v in asked if v in score and ties(score[v], score[fastest])), fastest)
     return ("" if best == mine else best), _said(times, names, base, ratio, score, best, fastest, where, sizes)
-
-
-def _ties(mine: Ratio, fastest: Ratio, resolution: float) -> bool:
-    """Whether `mine` is as fast as `fastest` as far as the race can tell: within `resolution`, or inside the noise."""
-    return mine.mid <= (1 + resolution) * fastest.mid or mine.low <= fastest.high
 
 
 def _said(times: dict, names, base: int, ratio: dict, score: dict, best: str, fastest: str, where: str,

@@ -3,8 +3,9 @@ into that list (out of any other), --remove OP takes it out of every list, --lis
 
 from __future__ import annotations
 
+from ..core.assign_env import ASSIGN_ENV, assign_from_env
+
 LIST_FLAGS = ("allow", "infer", "deny", "clear")
-ASSIGN_ENV = "MP_REWRITE_ASSIGN"  # the assignment when --assign is not given: lists or cost
 
 
 def add_list_options(parser) -> None:
@@ -64,11 +65,7 @@ def default_assign(args) -> str:
     Raises:
         OptionError: MP_REWRITE_ASSIGN is neither.
     """
-    import os
-    from ..errors import OptionError
-    chosen = os.environ.get(ASSIGN_ENV, "").strip()
-    if chosen and chosen not in ("lists", "cost"):
-        raise OptionError(f"{ASSIGN_ENV}={chosen!r} is not an assignment: set it to 'lists' or 'cost', or unset it")
+    chosen = assign_from_env()
     device = args.device or ("gpu" if args.precision == "float16" else "cpu")
     return chosen or ("cost" if device == "cpu" else "lists")
 

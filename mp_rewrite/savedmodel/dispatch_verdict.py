@@ -13,11 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..analysis.race_times import RaceTimes, Ratio, geometric_mean
+from ..analysis.race_times import RaceTimes, faster, geometric_mean, ties
 
 FLOAT32, LOW, DISPATCH = 0, 1, 2  # the variants' places in a race's times: float32, the low precision, the dispatch
-# The share within which two medians of one round tie (core.assignment.RESOLUTION: what the race calls a tie).
-RESOLUTION = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +42,7 @@ def as_race(times) -> RaceTimes:
 def winners_of(times: dict, written: int = LOW) -> dict:
     """{batch: FLOAT32 or LOW, whichever ran faster there} from {batch: RaceTimes (or [ms]) of float32 and the low
     precision}. Unless the other variant than `written` (what the race chose) was faster beyond the noise at some
-    batch (the paired ratio's interval, and more than RESOLUTION), `written` wins everywhere: nothing to dispatch
+    batch (the paired ratio's interval, and more than race_times.RESOLUTION), `written` wins everywhere: nothing to dispatch
     (at load 6, MobileNetV2 96x96's two variants tied at every batch, and the medians alone made a different
     threshold in each of three runs). Where it was, each batch goes to the faster median: a tie between two batches
     won either way places the threshold by the best estimate there is (five rounds called MobileNetV2 96x96's batch
@@ -64,17 +62,6 @@ def segments_of(winners: dict) -> tuple:
         if not out or out[-1][1] != variant:
             out.append((1 if not out else batch, variant))
     return tuple(out)
-
-
-def ties(ratio: Ratio) -> bool:
-    """Whether a ratio of two times is no worse than 1 as far as the race can tell: within RESOLUTION, or its
-    interval reaches 1 (analysis.race_times: a difference inside the noise)."""
-    return ratio.mid <= 1 + RESOLUTION or ratio.low <= 1
-
-
-def faster(ratio: Ratio) -> bool:
-    """Whether a ratio is below 1 beyond the noise (its whole interval) and by more than RESOLUTION."""
-    return math.isfinite(ratio.mid) and ratio.high < 1 and ratio.mid < 1 / (1 + RESOLUTION)
 
 
 def dispatch_verdict(times: dict) -> Verdict:

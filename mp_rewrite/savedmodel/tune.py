@@ -211,7 +211,7 @@ def choose(fine: list, order: list, times) -> tuple:
     Returns:
         (candidate, why it is not the fastest, or "").
     """
-    from .dispatch_verdict import ties
+    from ..analysis.race_times import ties
     medians = dict(zip(order, times.medians))
     fastest = min(fine, key=medians.get)
     for name in (n for n in order if n in fine):

@@ -69,7 +69,6 @@ class _DefaultLossScale:
 
 _DEFAULT = _DefaultLossScale()
 _MAX_NAMED = 5  # function names listed in a warning
-ASSIGN_ENV = "MP_REWRITE_ASSIGN"  # lists|cost: the assignment when none is asked for (the CLI reads it too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,15 +246,12 @@ def _assign_for(precision, device, rewrite_options) -> str:
     (lists|cost, as for the CLI); else "cost" for bfloat16 on a CPU (no GPU, device None or "cpu": precision by
     measured cost, BatchNorm fused in the step, never slower than float32) and Grappler's "lists" otherwise (a GPU,
     whose Tensor Cores the lists were written for, and float16, which a CPU emulates)."""
-    import os
-    from ..errors import OptionError
+    from ..core.assign_env import assign_from_env
     if rewrite_options.get("assign") is not None:
         return rewrite_options["assign"]
     if rewrite_options.get("costs") is not None:
         return "cost"
-    chosen = os.environ.get(ASSIGN_ENV, "").strip()
-    if chosen and chosen not in ("lists", "cost"):
-        raise OptionError(f"{ASSIGN_ENV}={chosen!r} is not an assignment: set it to 'lists' or 'cost', or unset it")
+    chosen = assign_from_env()
     if chosen:
         return chosen
     on_cpu = device in (None, "cpu") and not tf.config.list_physical_devices("GPU")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mp_rewrite.core.assign_env import ASSIGN_ENV
 from mp_rewrite.analysis.op_costs import machine_facts
 from mp_rewrite.training import api as training
 from mp_rewrite.training import cost_hook, deferred, function_hook
@@ -60,7 +61,7 @@ def assert_measured(name):
 
 @pytest.mark.skipif(not NATIVE_BF16, reason="measuring bfloat16 costs needs a CPU with bfloat16 units")
 def test_a_training_step_is_rewritten_by_measured_cost(cost_cache, monkeypatch):
-    monkeypatch.delenv(training.ASSIGN_ENV, raising=False)
+    monkeypatch.delenv(ASSIGN_ENV, raising=False)
     model = named_model("measured_at_once")
     opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), precision="bfloat16")
     try:
@@ -101,7 +102,7 @@ print("RESULT" + json.dumps({{"pending": deferred.pending(), "source": result.as
 @pytest.mark.skipif(not NATIVE_BF16, reason="measuring bfloat16 costs needs a CPU with bfloat16 units")
 def test_a_step_is_measured_across_its_first_calls_and_the_next_process_starts_from_it(cost_cache, monkeypatch,
                                                                                         caplog):
-    monkeypatch.delenv(training.ASSIGN_ENV, raising=False)
+    monkeypatch.delenv(ASSIGN_ENV, raising=False)
     model = named_model("across_calls")  # named as in WARM_SCRIPT's process, optimizer too (Keras counts names)
     opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01, name="across_calls_sgd"),
                                                         precision="bfloat16")
@@ -124,7 +125,7 @@ def test_a_step_is_measured_across_its_first_calls_and_the_next_process_starts_f
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(here)), os.environ.get("PYTHONPATH", "")]))
-    env.pop(training.ASSIGN_ENV, None)
+    env.pop(ASSIGN_ENV, None)
     proc = subprocess.run([sys.executable, "-c", WARM_SCRIPT.format(here=here)], capture_output=True, text=True,
                           env=env, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
@@ -148,7 +149,7 @@ def test_a_distributed_step_is_not_measured():
 
 @pytest.mark.skipif(not NATIVE_BF16, reason="measuring bfloat16 costs needs a CPU with bfloat16 units")
 def test_a_step_that_reads_an_iterator_is_priced_from_the_op_table(cost_cache, caplog, monkeypatch):
-    monkeypatch.delenv(training.ASSIGN_ENV, raising=False)
+    monkeypatch.delenv(ASSIGN_ENV, raising=False)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64)])
     data = iter(tf.data.Dataset.from_tensors(np.ones((8, 64), "float32")).repeat())
     opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), precision="bfloat16")

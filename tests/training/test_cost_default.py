@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mp_rewrite.core.assign_env import ASSIGN_ENV
 from mp_rewrite.analysis.op_costs import NATIVE_FLAGS, machine_facts
 from mp_rewrite.training import api as training
 
@@ -30,7 +31,7 @@ def test_a_step_traced_with_an_unknown_batch_size_is_still_rewritten(tmp_path, m
     # Keras traces its step so when the data end in a partial batch. Fusing Keras 3's BatchNorms in such a step left
     # a dead Shape node of the gradient reading a node the fusion removed, and the whole step ran float32.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv(training.ASSIGN_ENV, raising=False)
+    monkeypatch.delenv(ASSIGN_ENV, raising=False)
     keras.utils.set_random_seed(0)
     model = parity_training.build_model()
     opt = training.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), precision="bfloat16")

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.eager.polymorphic_function import atomic_function
 
+from mp_rewrite.core.assign_env import ASSIGN_ENV
 from mp_rewrite.analysis.op_costs import NATIVE_FLAGS, machine_facts
 from mp_rewrite.training import function_hook
 from mp_rewrite.training import api as training
@@ -487,24 +488,24 @@ def test_bfloat16_defaults_to_no_loss_scaling():
 
 
 def test_bfloat16_on_a_cpu_defaults_to_the_cost_assignment(monkeypatch):
-    monkeypatch.delenv(training.ASSIGN_ENV, raising=False)
+    monkeypatch.delenv(ASSIGN_ENV, raising=False)
     enable_graph_rewrite(precision="bfloat16")
     assert function_hook.active_options().assign == "cost"
     enable_graph_rewrite(precision="bfloat16", assign="lists")
     assert function_hook.active_options().assign == "lists"
     enable_graph_rewrite(**ENABLE["float16"])  # float16 on a CPU is emulated: Grappler's lists, as asked
     assert function_hook.active_options().assign == "lists"
-    monkeypatch.setenv(training.ASSIGN_ENV, "lists")
+    monkeypatch.setenv(ASSIGN_ENV, "lists")
     enable_graph_rewrite(precision="bfloat16")
     assert function_hook.active_options().assign == "lists"
-    monkeypatch.setenv(training.ASSIGN_ENV, "fastest")
+    monkeypatch.setenv(ASSIGN_ENV, "fastest")
     with pytest.raises(OptionError, match="MP_REWRITE_ASSIGN='fastest' is not an assignment"):
         enable_graph_rewrite(precision="bfloat16")
 
 
 @pytest.mark.skipif(NATIVE_BF16, reason="this CPU has bfloat16 units, so the default rewrites")
 def test_without_bfloat16_units_the_default_keeps_float32_and_says_so_once(monkeypatch, caplog):
-    monkeypatch.delenv(training.ASSIGN_ENV, raising=False)
+    monkeypatch.delenv(ASSIGN_ENV, raising=False)
     model = make_model("mlp")
     with caplog.at_level(logging.WARNING, logger="mp_rewrite"):
         opt = enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), precision="bfloat16")
