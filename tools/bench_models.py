@@ -28,9 +28,11 @@ MODELS = {"resnet50": "Keras ResNet-50 (224x224)", "mobilenetv2": "Keras MobileN
           "efficientnetb0": "Keras EfficientNetB0 (224x224)",
           "transformer": "Transformer encoder (4 layers, d=256, 8 heads, seq 128)",
           "bert": "keras-hub BertBackbone, BERT-mini shape (4 layers, d=256, 4 heads, ffn 1024, vocab 30522, seq 128)",
-          "gpt2": "keras-hub GPT2Backbone (4 layers, d=256, 4 heads, ffn 1024, vocab 50257, seq 128)"}
+          "gpt2": "keras-hub GPT2Backbone (4 layers, d=256, 4 heads, ffn 1024, vocab 50257, seq 128)",
+          "vit": "keras-hub ViTBackbone, ViT-Tiny/16 shape (224x224, 12 layers, d=192, 3 heads, mlp 768)"}
 DEFAULT_MODELS = ("resnet50", "mobilenetv2", "efficientnetb0", "transformer")
-KERAS_HUB = ("bert", "gpt2")
+KERAS_HUB = ("bert", "gpt2")  # token models: exported at a fixed sequence length
+RANDOM_BIASES = (*KERAS_HUB, "vit")  # keras-hub backbones: biases and betas zero when built (with_random_biases)
 SEQUENCE = 128  # keras-hub backbones take (batch, any length): exported with this length
 
 
@@ -44,6 +46,10 @@ def build_model(name: str):
         return keras.applications.MobileNetV2(weights=None)
     if name == "efficientnetb0":
         return keras.applications.EfficientNetB0(weights=None)
+    if name == "vit":
+        import keras_hub
+        return keras_hub.models.ViTBackbone(image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=3,
+                                            hidden_dim=192, mlp_dim=768)
     if name in KERAS_HUB:
         import keras_hub
         size = dict(num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, max_sequence_length=SEQUENCE)
@@ -113,7 +119,7 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
     mixed_wanted = "keras_mixed" in wanted and not (paths["keras_mixed"] / "saved_model.pb").exists()
     if not (paths["fp32"] / "saved_model.pb").exists() or mixed_wanted:
         model = with_statistics(build_model(name))
-        if name in KERAS_HUB:
+        if name in RANDOM_BIASES:
             model = with_random_biases(model)
         export(name, model, paths["fp32"])
         keras.mixed_precision.set_global_policy("mixed_bfloat16")

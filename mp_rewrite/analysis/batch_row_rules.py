@@ -267,6 +267,17 @@ def expand_dims(node, data, states, context):
     return _expand_rows(node, data, states, context)
 
 
+def tile(node, data, states, context):
+    """Tile of a `same` tensor by multiples whose first is the batch size (ViT's class token, one per sample):
+    rows, each sample's block of the whole tensor; else of rows, by multiples that leave axis 0 alone."""
+    if states[0] == SAME_STATE and states[1].kind == SHAPE:
+        shape = context.shape(data[0])
+        if not shape or shape[0] is None:
+            raise Refused(where(node, f"tiles {data[0]} ({shape}) by the batch size: its rows are not known"))
+        return [State(ROWS, states[1].k * shape[0])]
+    return _tile_rows(node, data, states, context)
+
+
 def _constant_axis_rule(index: int, check):
     """A rule for ops whose input `index` is a constant that must leave axis 0 alone (`check(values, rank)`)."""
     def rule(node, data, states, context):
@@ -342,6 +353,7 @@ def slice_rows(node, data, states, context):
 
 
 _expand_rows = _constant_axis_rule(1, lambda axis, rank: (axis[0] + rank + 1 if axis[0] < 0 else axis[0]) > 0)
+_tile_rows = _constant_axis_rule(1, lambda multiples, rank: multiples[:1] == [1])
 CHANNEL_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 
 
@@ -377,7 +389,7 @@ RULES = {
     "Slice": slice_rows,
     "Pad": _constant_axis_rule(1, _pads_keep_axis_0), "PadV2": _constant_axis_rule(1, _pads_keep_axis_0),
     "MirrorPad": _constant_axis_rule(1, _pads_keep_axis_0),
-    "Tile": _constant_axis_rule(1, lambda multiples, rank: multiples[:1] == [1]),
+    "Tile": tile,
     "Squeeze": squeeze, "GatherV2": gather, "Gather": gather,
     "Split": split, "SplitV": split, "Unpack": split,
     "LookupTableFindV2": lookup, "LookupTableFind": lookup,

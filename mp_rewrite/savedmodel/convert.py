@@ -35,7 +35,7 @@ from .output_lock import output_lock
 from .result import ConversionResult, low_precision_counts
 from .run_check import RunCheck, RunFailure
 from .batch_split import split_lines
-from .split_in_place import computes_float32, split_in_place
+from .split_in_place import split_in_place
 from .split_option import parse_split
 from .source_check import check_source, check_written, check_written_attrs, node_names
 
@@ -134,7 +134,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                     else:
                         rewritten = rewrite_in_place(source_dir, saved_model, here, keys, tags, progress,
                                                      keras_metadata=keras_metadata, output=output)
-                        rewritten = split_in_place(rewritten, split, tags, computes_float32(rewritten.graphs))
+                        rewritten = split_in_place(rewritten, split, tags)
                 try:
                     _say_vanished(here, rewritten.node_names, on_note)
                     check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run

@@ -30,7 +30,7 @@ from ..model.files import read_saved_model
 from ..model.runtime import LINKED, first_line, load_saved_model
 from ..model.signatures import signature_keys
 from ..model.tags import load_tags, select_meta_graphs
-from .batch_split import SHAPE_BATCH, SplitChoice, chosen_split, split_candidates, unequal_outputs
+from .batch_split import SHAPE_BATCH, SplitChoice, chosen_split, mixed_samples, split_candidates
 from .frozen_function import remove_tree
 from .freeze import weights_form
 from .frozen_signature import freeze_signature
@@ -39,39 +39,31 @@ from .split_option import SERVE
 from .split_wrapper import output_shapes, signature_wrapper, split_wrapper
 
 
-def split_in_place(rewritten, split, tag_set=None, exact: bool = False):
+def split_in_place(rewritten, split, tag_set=None):
     """The in-place strategy's Rewritten with its signatures split (split_signatures), the lines in its notes and
     in `split`."""
     if split == "off":
         return rewritten
-    saved_model, lines = split_signatures(rewritten.files, rewritten.saved_model, rewritten.keys, split, tag_set,
-                                          exact)
+    saved_model, lines = split_signatures(rewritten.files, rewritten.saved_model, rewritten.keys, split, tag_set)
     return dataclasses.replace(rewritten, saved_model=saved_model, notes=[*rewritten.notes, *lines],
                                split=tuple(lines))
 
 
-def split_written(directory, target, split, exact: bool, tag_set=None) -> tuple[bool, list[str]]:
+def split_written(directory, target, split, tag_set=None) -> tuple[bool, list[str]]:
     """Split the signatures of the SavedModel at `directory` (a converted model) into a new one at `target`.
 
     Returns:
         (whether any signature was split -- else nothing is written --, the lines saying what each became).
     """
     saved_model = read_saved_model(directory)
-    new, lines = split_signatures(Path(directory), saved_model, None, split, tag_set, exact)
+    new, lines = split_signatures(Path(directory), saved_model, None, split, tag_set)
     if new is saved_model:
         return False, lines
     write_model_dir(Path(directory), Path(target), new)
     return True, lines
 
 
-def computes_float32(graphs: dict) -> bool:
-    """Whether no node of a conversion's graphs ({label: RewriteResult}) or of their functions was retyped: a split
-    must then equal the whole call bit for bit."""
-    return not any(body.retyped for graph in graphs.values()
-                   for body in [graph, *getattr(graph, "functions", {}).values()])
-
-
-def split_signatures(files, saved_model, keys, split, tag_set=None, exact: bool = False) -> tuple[object, list]:
+def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[object, list]:
     """(the SavedModel with each signature of `keys` (None: all) split where proven, checked and, for "auto",
     measured faster; one line per signature wrapper: what it became and why). The proto is returned as given where
     nothing is split; else a copy.
@@ -79,7 +71,6 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, exact: bool 
     Args:
         files: the directory whose variables and assets go with `saved_model` (it is loaded from a copy linking them).
         split: "auto" or N (split_option.parse_split).
-        exact: the model computes in float32 (computes_float32).
     """
     chosen = select_meta_graphs(saved_model, tag_set)
     if len(chosen) != 1:
@@ -107,7 +98,7 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, exact: bool 
                 made, choice = meta_graph, earlier
             else:
                 made, choice = _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries,
-                                          earlier.branches if earlier else split, exact, stack)
+                                          earlier.branches if earlier else split, stack)
                 choice = earlier if earlier is not None and choice.branches > 1 else choice
             decided.setdefault(_callees(meta_graph, wrapper), choice)
             meta_graph, split_any = made, split_any or choice.branches > 1
@@ -116,7 +107,7 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, exact: bool 
     return (_with_meta_graph(saved_model, index, meta_graph) if split_any else saved_model), lines
 
 
-def _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries, split, exact, stack):
+def _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries, split, stack):
     """(the MetaGraph with `wrapper` split or as it was, the SplitChoice) for the signatures `entries` [(key,
     {input: argument position})] that call it."""
     import tensorflow as tf
@@ -137,7 +128,7 @@ def _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries, 
         try:
             functions[n] = _positional(load_saved_model(directory, f"split in {n}", load_tags(meta_graph))
                                        .signatures[key], names)
-            unequal = unequal_outputs(whole, functions[n], specs, n, exact)
+            unequal = mixed_samples(whole, functions[n], specs, n)
         except (ModelError, tf.errors.OpError) as e:  # our bug, said in the line rather than failing the conversion
             unequal = (f"the copy split in {n} did not run ({first_line(e)}); this is a bug of mp-rewrite, please "
                        "report it with the model")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from .batch_split import split_candidates
-from .split_in_place import computes_float32, split_written
+from .split_in_place import split_written
 from .split_option import SERVE
 
 
@@ -39,8 +39,8 @@ class SplitRace:
     record: dict
 
 
-def race_split(winner: str, work: Path, conversion, split, race) -> SplitRace:
-    """Split the winner (`work / winner`, converted as `conversion`) and race it against its splits.
+def race_split(winner: str, work: Path, split, race) -> SplitRace:
+    """Split the winner (its conversion at `work / winner`) and race it against its splits.
 
     Args:
         split: "auto" or N.
@@ -49,11 +49,10 @@ def race_split(winner: str, work: Path, conversion, split, race) -> SplitRace:
     """
     import tensorflow as tf
 
-    exact = computes_float32(conversion.graphs)
     splits, said = {}, []
     for n in split_candidates(split):
         name = f"{winner}, split in {n}"
-        made, lines = split_written(work / winner, work / f"split-{n}", n, exact)
+        made, lines = split_written(work / winner, work / f"split-{n}", n)
         said += [line for line in lines if line not in said]
         if made:
             splits[name] = (n, work / f"split-{n}")

@@ -219,6 +219,38 @@ def test_a_channel_batch_norm_that_normalizes_across_rows_is_refused():
     assert not found.splittable and "a fixed size on axis 0" in found.reason
 
 
+def test_a_class_token_tiled_to_the_batch_size_is_one_row_per_sample():
+    token = tf.ones([1, 1, 6])
+
+    def with_class_token(x):  # ViT: a learned token, tiled to [batch, 1, d], before the patches
+        tiled = tf.tile(token, tf.stack([tf.shape(x)[0], 1, 1]))
+        return tf.nn.softmax(tf.concat([tiled, x], axis=1) @ tf.ones([6, 6]))
+    found = _analysed(with_class_token, tf.TensorSpec([None, 4, 6], tf.float32))
+    assert found.splittable, found.reason
+    found = _analysed(lambda x: x + tf.tile(token[0], tf.stack([tf.shape(x)[0], 1]))[::-1], ROWS)
+    assert not found.splittable and "slices axis 0" in found.reason
+
+
+def test_the_check_refuses_a_split_whose_rows_depend_on_other_samples():
+    """The check behind the analysis (batch_split.mixed_samples): a graph that mixes samples is caught by changing
+    the other samples of a batch, though it would pass a comparison at one batch size."""
+    from mp_rewrite.savedmodel.batch_split import mixed_samples
+    spec = tf.TensorSpec([None, 6], tf.float32, name="x")
+    mixing = tf.function(lambda x: {"y": x - tf.reduce_mean(x, axis=0)}, input_signature=[spec])
+    rowwise = tf.function(lambda x: {"y": tf.nn.relu(x @ tf.ones([6, 6]))}, input_signature=[spec])
+
+    def halves(x):  # 4 + 3 at batch 7, as the split cuts them
+        return tf.split(x, tf.stack([tf.shape(x)[0] - tf.shape(x)[0] // 2, tf.shape(x)[0] // 2]), num=2)
+
+    def sliced(function, order=1):
+        return tf.function(lambda x: {"y": tf.concat([function(p)["y"] for p in halves(x)][::order], 0)},
+                           input_signature=[spec])
+    assert mixed_samples(rowwise, sliced(rowwise), [spec], 2) == ""
+    why = mixed_samples(mixing, sliced(mixing), [spec], 2)
+    assert "samples 0-3 changes when the other samples of the batch change" in why, why
+    assert "differs from the graph called on each slice" in mixed_samples(rowwise, sliced(rowwise, -1), [spec], 2)
+
+
 def test_a_split_model_is_known_by_its_function_names():
     from mp_rewrite.savedmodel.split_option import split_branches
     assert split_branches(["__inference_run_12", "__inference_split_batch_in_3_45"]) == 3
