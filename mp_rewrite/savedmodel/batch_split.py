@@ -13,8 +13,9 @@ round-off where it computes in low precision. "auto" keeps the split only where 
 call here, at every batch timed, beyond the noise (a tie keeps the graph whole): the split never makes a model
 slower in the setting it was measured in.
 
-Batch 1 is decided apart (row_choice.py): one sample's token rows in 2 branches, called under `tf.cond(batch ==
-1)` where the plan exists, the check passes at batch 1 and, for "auto", it measured faster there (row_verdict).
+Batch 1 is decided apart (row_choice.py): one sample's token rows in 2 branches, routed to inside the frozen graph
+(a Switch on the batch) where the plan exists, the check passes at batch 1 and, for "auto", it measured faster
+there (row_verdict).
 """
 
 from __future__ import annotations
@@ -68,39 +69,39 @@ def split_signature(graph_def, frozen, captured, split, exact: bool):
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     if split == "off":
         return whole, SplitChoice(1, "off")
-    small, rows, at_one = _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact)
-    function, choice = _batch_split(graph_def, frozen, imported, specs, small, split, exact, rows)
+    imported, at_one = _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact)
+    function, choice = _batch_split(graph_def, frozen, imported, specs, split, exact)
     return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one),
                                          times={**choice.times, **at_one.times}, rows=at_one.rows)
 
 
 def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact: bool):
-    """(the function for batches below N, the token-row split (row_choice.row_function's) or None, a RowChoice):
-    what batch 1 runs."""
-    rows, why = row_function(graph_def, frozen, captured)
-    if rows is None:
-        return whole, None, RowChoice(1, f"runs whole: {why}")
-    candidate = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1, rows)
+    """(the frozen graph to call: `imported`, or the one routing batch 1 to its token rows (row_choice's), a
+    RowChoice): what batch 1 runs."""
+    routed, why = row_function(graph_def, frozen, captured)
+    if routed is None:
+        return imported, RowChoice(1, f"runs whole: {why}")
+    candidate = _function(routed, specs, list(frozen.outputs), frozen.shapes, (), 1)
     unequal = unequal_outputs(whole, candidate, specs, ROW_PARTS, exact, batches=(1, 3), what="in token rows")
     if unequal:
-        return whole, None, RowChoice(1, f"runs whole: {unequal}")
+        return imported, RowChoice(1, f"runs whole: {unequal}")
     if split != "auto":
-        return candidate, rows, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches (proven, and equal to "
+        return routed, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches (proven, and equal to "
                                                      "the whole graph at batch 1)")
     times = interleaved_times({1: whole, ROW_PARTS: candidate}, _feeds(specs, 1), ROW_CALLS)
     choice = row_verdict({(1, n): t for n, t in times.items()}, _setting())
-    return (candidate, rows, choice) if choice.rows > 1 else (whole, None, choice)
+    return (routed if choice.rows > 1 else imported), choice
 
 
-def _batch_split(graph_def, frozen, imported, specs, whole, split, exact: bool, rows):
-    """(the function, a SplitChoice) for batches of N and more: split in N branches, or `whole` (which runs
-    batch 1 in token rows where `rows` is given)."""
+def _batch_split(graph_def, frozen, imported, specs, split, exact: bool):
+    """(the function, a SplitChoice): `imported` called whole, or once per slice of the batch in N branches."""
+    whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
     found = batch_rows(graph_def, inputs, frozen.fetches, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
     if not found.splittable:
         return whole, SplitChoice(1, f"not split: {found.reason}")
     carried = tuple(name in found.batch_inputs for _, name in frozen.inputs)
-    made = {n: _function(imported, specs, list(frozen.outputs), frozen.shapes, carried, n, rows)
+    made = {n: _function(imported, specs, list(frozen.outputs), frozen.shapes, carried, n)
             for n in split_candidates(split)}
     for n, function in made.items():
         unequal = mixed_samples(whole, function, specs, n)
@@ -126,16 +127,12 @@ def split_lines(graphs: dict) -> list[str]:
             if getattr(result, "split", None) is not None and result.split.why != "off"]
 
 
-def _function(imported, specs, keys, shapes, carried, branches: int, rows=None):
-    """A tf.function calling `imported` whole (branches 1) or once per slice of the `carried` inputs' batch; at
-    batch 1, the token-row split `rows` ((concrete function, index of the input whose batch it reads)) if given."""
+def _function(imported, specs, keys, shapes, carried, branches: int):
+    """A tf.function calling `imported` whole (branches 1) or once per slice of the `carried` inputs' batch."""
     import tensorflow as tf
 
     def whole(args):
-        if rows is None:
-            return list(imported(*args))
-        function, at = rows  # valid at batch 1 only
-        return tf.cond(tf.shape(args[at])[0] == 1, lambda: list(function(*args)), lambda: list(imported(*args)))
+        return list(imported(*args))
 
     def sliced(args):
         batch = tf.shape(args[carried.index(True)])[0]

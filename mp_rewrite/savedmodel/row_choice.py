@@ -5,8 +5,9 @@ A batch split cannot help one sample; the token-row split can, on a Transformer 
 (docs/batch_one.md: 2.4 ms against 3.3 ms whole). It is written only where the plan exists and the signature with
 it equals the whole one at batch 1 (bit for bit in float32, within round-off in low precision); for "auto" only
 where it also measured faster at batch 1 beyond the noise (batch_split.row_verdict). It is decided apart from the batch
-split: a model may split its batch and not its rows, or its rows alone. batch_split.py calls it under
-`tf.cond(batch == 1)`; its graph is a second import of the frozen graph (its weights stored once more).
+split: a model may split its batch and not its rows, or its rows alone. The signature then calls one graph, the
+whole one and its row split side by side (row_split.routed_rows: a Switch on the batch, each output a Merge), which
+shares the weights: they are stored once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import dataclasses
 from ..analysis.shapes import node_shapes
 from ..analysis.token_rows import token_rows
 from .frozen_function import imported_function
-from .row_split import split_rows
+from .row_split import routed_rows
 from .split_option import SERVE
 
 ROW_PARTS = 2  # three branches lost on two cores (docs/batch_one.md); more cores than two are not measured
@@ -39,7 +40,8 @@ class RowChoice:
 
 
 def row_function(graph_def, frozen, captured):
-    """((the row split's concrete function, the index of the input it cuts), "") or (None, why not).
+    """(a concrete function like frozen_function.imported_function's, running the row split at batch 1 and the
+    whole graph at any other batch, "") or (None, why not).
 
     Args:
         graph_def: the frozen graph; frozen: its FrozenSignature; captured: as frozen_function.as_function takes.
@@ -48,10 +50,10 @@ def row_function(graph_def, frozen, captured):
     plan = token_rows(graph_def, inputs, list(frozen.outputs.values()), node_shapes(graph_def, batch=1), ROW_PARTS)
     if not plan.splittable:
         return None, plan.reason
-    graph, fetched = split_rows(graph_def, plan)
+    graph, fetched = routed_rows(graph_def, plan)
     outputs = {key: fetched[tensor] for key, tensor in frozen.outputs.items()}
     imported, _ = imported_function(graph, frozen.inputs, outputs, captured)
-    return (imported, inputs.index(plan.input)), ""
+    return imported, ""
 
 
 def joined(batch_why: str, branches: int, row: RowChoice) -> str:

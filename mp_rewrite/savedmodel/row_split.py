@@ -5,8 +5,9 @@ The input's token axis is cut by Slices; each split node is copied once per slic
 inputs' copies), a constant Reshape target naming the token axis rewritten with the slice's rows; an unsplit
 operand the plan slices gets a Slice per branch; a tensor the plan gathers is its slices concatenated once
 (`<node>/rows_whole`), read by the ops fed every row and by the outputs. TensorFlow's inter-op pool runs the
-branches at once: served with one intra-op thread, one sample uses both cores. The graph is valid at batch 1
-only (its targets and slices are sized for one sample); batch_split.py calls it under `tf.cond(batch == 1)`.
+branches at once: served with one intra-op thread, one sample uses both cores. The split graph is valid at batch 1
+only (its targets and slices are sized for one sample); `routed_rows` puts it beside the whole graph, a Switch on
+the batch choosing, and that is what `convert --freeze --split` writes (row_choice.py).
 
 The node builders below are shared with the benchmark's other batch-1 splits (tools/batch_one_bands.py,
 batch_one_columns.py).
@@ -209,3 +210,65 @@ class _Surgery:
                 copy.input[1] = const.name
                 self.out.append(const)
             self.out.append(copy)
+
+
+def routed_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
+    """(the whole graph and its row split in one GraphDef, {output tensor: its tensor there}): a Switch on the
+    token input sends a batch of 1 to the rows and any other batch to the whole graph, and each output is the Merge
+    of the two. What does not read the tokens (the weights above all) is one node for both: stored once."""
+    split, fetched = split_rows(graph_def, plan)
+    whole = {n.name: n for n in graph_def.node}
+    renamed = {}  # row-split nodes that differ from the whole graph's node of their name (fed every row)
+    for node in split.node:
+        ins = [parse_input(t.lstrip("^"))[0] for t in node.input]
+        if node.name in whole and (node != whole[node.name] or any(i in renamed for i in ins)):
+            renamed[node.name] = node.name + "/rows"
+    route = plan.input.split(":")[0] + "/route"
+    nodes = [_rerouted(n, {plan.input: route + ":0"}) for n in graph_def.node]
+    nodes += _route_nodes(route, plan.input, node_dtype(whole[parse_input(plan.input)[0]]))
+    for node in split.node:
+        if node.name in whole and node.name not in renamed:
+            continue  # the whole graph's own node
+        copy = copied(node, renamed.get(node.name, node.name), [_renamed(t, renamed) for t in node.input])
+        nodes.append(_rerouted(copy, {plan.input: route + ":1"}))
+    merged = {}
+    for output in plan.outputs:
+        name, port = parse_input(output)
+        merge = node_def_pb2.NodeDef(name=f"{name}/routed_{port}", op="Merge",
+                                     input=[output, _renamed(fetched[output], renamed)])
+        merge.attr["N"].i, merge.attr["T"].type = 2, node_dtype(whole[name], port)
+        nodes.append(merge)
+        merged[output] = merge.name + ":0"
+    return assembled(graph_def, nodes), merged
+
+
+def _renamed(tensor: str, renamed: dict) -> str:
+    control = tensor.startswith("^")
+    name, port = parse_input(tensor.lstrip("^"))
+    if name not in renamed:
+        return tensor
+    return ("^" if control else "") + renamed[name] + (f":{port}" if port else "")
+
+
+def _rerouted(node, routes: dict):
+    """The node reading `routes`' tensors through their routed ends (itself if it reads none of them)."""
+    keys = {t if ":" in t else f"{t}:0" for t in routes}
+    if not any((t if ":" in t else f"{t}:0") in keys for t in node.input):
+        return node
+    full = {(t if ":" in t else f"{t}:0"): r for t, r in routes.items()}
+    return copied(node, node.name, [full.get(t if ":" in t else f"{t}:0", t) for t in node.input])
+
+
+def _route_nodes(route: str, tensor: str, dtype: int) -> list:
+    """A Switch of `tensor` on whether its leading dimension is 1 (output 1: batch 1)."""
+    shape = node_def_pb2.NodeDef(name=route + "/shape", op="Shape", input=[tensor])
+    shape.attr["T"].type, shape.attr["out_type"].type = dtype, INT32
+    batch = node_def_pb2.NodeDef(name=route + "/batch", op="StridedSlice",
+                                 input=[shape.name, route + "/begin", route + "/end", route + "/stride"])
+    batch.attr["T"].type, batch.attr["Index"].type, batch.attr["shrink_axis_mask"].i = INT32, INT32, 1
+    one = node_def_pb2.NodeDef(name=route + "/is_one", op="Equal", input=[batch.name, route + "/one"])
+    one.attr["T"].type = INT32
+    switch = node_def_pb2.NodeDef(name=route, op="Switch", input=[tensor, one.name])
+    switch.attr["T"].type = dtype
+    return [shape, const_node(route + "/begin", [0]), const_node(route + "/end", [1]),
+            const_node(route + "/stride", [1]), batch, scalar_node(route + "/one", 1), one, switch]

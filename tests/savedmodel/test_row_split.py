@@ -151,6 +151,10 @@ def test_convert_freeze_split_runs_batch_one_in_token_rows_equal_to_the_whole(tm
     whole = tf.saved_model.load(str(tmp_path / "whole")).signatures["serving_default"]
     graph = split.graph.as_graph_def()
     assert any(n.name.endswith("/row1") for f in graph.library.function for n in f.node_def)
+    # One graph routes batch 1 to the rows (a Switch on the batch): the weights are stored once.
+    assert any(n.op == "Switch" for f in graph.library.function for n in f.node_def)
+    size = {name: (tmp_path / name / "saved_model.pb").stat().st_size for name in ("split", "whole")}
+    assert size["split"] < 1.2 * size["whole"], size
     rng = np.random.default_rng(1)
     for batch in (1, 3):
         tokens = tf.constant(rng.integers(0, 8000, [batch, 128]), tf.int32)
