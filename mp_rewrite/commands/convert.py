@@ -56,8 +56,9 @@ def register(sub) -> None:
                    "frozen graph), where every op is proven to keep samples apart and the split equals the whole "
                    "call on random inputs; auto keeps it only if it measures faster here (with this process's TF "
                    "threads: run convert with TF_NUM_INTRAOP_THREADS=1 to choose for one intra-op thread); with "
-                   "--tune the winner's split is raced beside it. Serve a split model with one intra-op thread. "
-                   "Default off")
+                   "--tune the winner's split is raced beside it. With --freeze, batch 1 is decided apart: one "
+                   "sample's token rows (a Transformer's) in 2 branches, where proven, equal and (auto) faster. "
+                   "Serve a split model with one intra-op thread. Default off")
     p.add_argument("--keras-metadata", default="keep", choices=("keep", "drop"),
                    help="a tf_keras model's keras_metadata.pb: keep (default; tf_keras.models.load_model then runs "
                    "float32 layers, a warning says how to load the converted functions) or drop (load_model refuses "
