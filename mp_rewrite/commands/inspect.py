@@ -136,12 +136,15 @@ def say_opaque(model, precision: str) -> None:
 
 
 def say_split(model) -> None:
-    """One note when the model's signatures split their batch into concurrent branches (convert --split): how to
-    serve it."""
-    from ..savedmodel.split_option import SERVE, split_branches
-    branches = split_branches(f.signature.name for f in model.graph_def.library.function)
-    if branches:
-        say(f"its signatures split each batch into {branches} concurrent branches (convert --split): {SERVE}")
+    """One note when the model's signatures split their batch, or one sample's token rows, into concurrent branches
+    (convert --split): how to serve it."""
+    from ..savedmodel.split_option import SERVE, row_branches, split_branches
+    functions = model.graph_def.library.function
+    branches, rows = split_branches(f.signature.name for f in functions), row_branches(functions)
+    said = ([f"split each batch into {branches} concurrent branches"] if branches else []) + \
+        ([f"run batch 1 as its token rows in {rows} concurrent branches"] if rows else [])
+    if said:
+        say(f"its signatures {' and '.join(said)} (convert --split): {SERVE}")
 
 
 def _text_items(result, tables, model, top: int):

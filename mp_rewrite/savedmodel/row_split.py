@@ -20,6 +20,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_pb2
 from ..analysis.batch_row_states import const_ints
 from ..analysis.token_rows import SPLIT, TokenRows, row_plan
 from ..core.graph_view import parse_input
+from .split_option import ROW_ROUTE
 
 INT32, INT64 = 3, 9
 
@@ -223,7 +224,7 @@ def routed_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
         ins = [parse_input(t.lstrip("^"))[0] for t in node.input]
         if node.name in whole and (node != whole[node.name] or any(i in renamed for i in ins)):
             renamed[node.name] = node.name + "/rows"
-    route = plan.input.split(":")[0] + "/route"
+    route = f"{parse_input(plan.input)[0]}/{ROW_ROUTE.format(plan.parts)}"  # what `inspect` finds
     nodes = [_rerouted(n, {plan.input: route + ":0"}) for n in graph_def.node]
     nodes += _route_nodes(route, plan.input, node_dtype(whole[parse_input(plan.input)[0]]))
     for node in split.node:

@@ -12,6 +12,9 @@ SPLIT_FORMS = ("auto", "off")
 # finds in a written model.
 SPLIT_FUNCTION = "split_batch_in_{}"
 _SPLIT_DEF = re.compile(r"__inference_split_batch_in_(\d+)_\d+$")
+# The Switch that routes batch 1 to a frozen graph's token rows (row_split.routed_rows): "<input>/token_rows_in_2".
+ROW_ROUTE = "token_rows_in_{}"
+_ROW_ROUTE = re.compile(r"/token_rows_in_(\d+)$")
 SERVE = ("serve it with one intra-op thread: TF_NUM_INTRAOP_THREADS=1, "
          "tf.config.threading.set_intra_op_parallelism_threads(1), or TF Serving's "
          "--tensorflow_intra_op_parallelism=1")
@@ -35,4 +38,12 @@ def split_branches(function_names) -> int | None:
     """The number of branches a model's split signatures run (the largest), from its function names; None if none
     is split."""
     found = [int(m.group(1)) for m in map(_SPLIT_DEF.match, function_names) if m]
+    return max(found) if found else None
+
+
+def row_branches(functions) -> int | None:
+    """The number of token-row branches batch 1 runs in (the largest), from the Switch nodes of `functions`
+    (FunctionDefs); None if no signature splits its rows."""
+    found = [int(m.group(1)) for f in functions for n in f.node_def if n.op == "Switch"
+             for m in [_ROW_ROUTE.search(n.name)] if m]
     return max(found) if found else None

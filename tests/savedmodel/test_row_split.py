@@ -17,6 +17,7 @@ import tensorflow as tf  # noqa: E402
 from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
 from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
 from mp_rewrite.analysis.token_rows import WORK, token_rows  # noqa: E402
+from mp_rewrite.commands import cli  # noqa: E402
 from mp_rewrite.savedmodel.batch_split import row_verdict  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
@@ -139,7 +140,7 @@ def test_batch_one_keeps_the_row_split_only_where_faster_beyond_the_noise_and_sa
     assert line == f"split in 2 branches, as asked; batch 1 runs whole: refused; {SERVE}"
 
 
-def test_convert_freeze_split_runs_batch_one_in_token_rows_equal_to_the_whole(tmp_path):
+def test_convert_freeze_split_runs_batch_one_in_token_rows_equal_to_the_whole(tmp_path, capsys):
     keras.utils.set_random_seed(0)
     source = tmp_path / "fp32"
     example_models.token_transformer(layers=1, d_model=32, heads=2, ff=64).export(str(source), verbose=False)
@@ -155,6 +156,8 @@ def test_convert_freeze_split_runs_batch_one_in_token_rows_equal_to_the_whole(tm
     assert any(n.op == "Switch" for f in graph.library.function for n in f.node_def)
     size = {name: (tmp_path / name / "saved_model.pb").stat().st_size for name in ("split", "whole")}
     assert size["split"] < 1.2 * size["whole"], size
+    assert cli.main(["inspect", str(tmp_path / "split"), "--precision", "bfloat16"]) == 0
+    assert "run batch 1 as its token rows in 2 concurrent branches" in capsys.readouterr().err
     rng = np.random.default_rng(1)
     for batch in (1, 3):
         tokens = tf.constant(rng.integers(0, 8000, [batch, 128]), tf.int32)
