@@ -1,7 +1,7 @@
 """Benchmark: batch 1 on both cores inside TensorFlow (issue 40, item 3) -- the frozen bfloat16 model whole, under
 TF's default threads, one intra-op thread and the caller-thread setting, beside splits of the same frozen graph
-(a Transformer's token rows `rowsN`: mp_rewrite/savedmodel/row_split.py, the split `convert --freeze --split`
-writes for batch 1; weight columns/heads `colsN` and a CNN's image bands with halos `bands_<cuts>`, hand-built:
+(a Transformer's token rows `rowsN`: mp_rewrite/savedmodel/row_split.py; `routed2`, the graph `convert --freeze
+--split` writes for it, rows2 beside the whole graph with a Switch on the batch; weight columns/heads `colsN` and a CNN's image bands with halos `bands_<cuts>`, hand-built:
 tools/batch_one_columns.py, batch_one_bands.py) and OpenVINO on the float32 SavedModel.
 
     python tools/bench_batch_one.py [--models transformer,mobilenetv2] [--rounds 8] [--block-seconds 0.4]
@@ -101,6 +101,11 @@ def variant_graph(variant: str, graph_def, input_tensor: str, output: str):
                                                      whole_ops)
         ops = sorted({op for _, op, _ in fed_whole})
         return graph, fetched[output], {"fed_whole": len(fed_whole), "fed_whole_ops": ops}
+    if variant == "routed2":  # what convert --freeze --split writes: the whole graph and rows2, a Switch choosing
+        from mp_rewrite.analysis.token_rows import row_plan
+        from mp_rewrite.savedmodel.row_split import routed_rows
+        graph, fetched = routed_rows(graph_def, row_plan(graph_def, input_tensor, 1, [output], shapes, 2))
+        return graph, fetched[output], {}
     if variant.startswith("cols"):  # cols2: the weights by columns (heads, channels), then rows
         from batch_one_columns import split_columns
         graph, fetched, exchanges = split_columns(graph_def, [output], shapes, int(variant[4]))
