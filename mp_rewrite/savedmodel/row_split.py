@@ -233,10 +233,13 @@ def routed_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
         copy = copied(node, renamed.get(node.name, node.name), [_renamed(t, renamed) for t in node.input])
         nodes.append(_rerouted(copy, {plan.input: route + ":1"}))
     merged = {}
-    for output in plan.outputs:
+    for output in dict.fromkeys(plan.outputs):  # two signature outputs may be one tensor
         name, port = parse_input(output)
-        merge = node_def_pb2.NodeDef(name=f"{name}/routed_{port}", op="Merge",
-                                     input=[output, _renamed(fetched[output], renamed)])
+        rows = _renamed(fetched[output], renamed)
+        if parse_input(rows) == (name, port):  # an output that does not read the tokens: one tensor for both
+            merged[output] = output
+            continue
+        merge = node_def_pb2.NodeDef(name=f"{name}/routed_{port}", op="Merge", input=[output, rows])
         merge.attr["N"].i, merge.attr["T"].type = 2, node_dtype(whole[name], port)
         nodes.append(merge)
         merged[output] = merge.name + ":0"
