@@ -22,7 +22,7 @@ from mp_rewrite.savedmodel.batch_split import row_verdict  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
 from mp_rewrite.savedmodel.row_choice import RowChoice, joined  # noqa: E402
-from mp_rewrite.savedmodel.row_split import split_rows  # noqa: E402
+from mp_rewrite.savedmodel.row_split import routed_rows, split_rows  # noqa: E402
 from mp_rewrite.savedmodel.split_option import SERVE  # noqa: E402
 from mp_rewrite.testing import example_models  # noqa: E402
 
@@ -75,11 +75,11 @@ def _run(graph_def, signature, outputs, feeds):
     return [t.numpy() for t in run(*feeds)]
 
 
-def _feeds(signature, seed=0):
+def _feeds(signature, seed=0, batch=1):
     rng = np.random.default_rng(seed)
     feeds = []
     for spec, _ in signature.inputs:
-        shape = [1, *spec.shape.as_list()[1:]]
+        shape = [batch, *spec.shape.as_list()[1:]]
         value = rng.integers(0, 2 if spec.name == "mask" else 100, shape) if spec.dtype.is_integer else \
             rng.normal(size=shape)
         feeds.append(tf.constant(value, dtype=spec.dtype))
@@ -118,6 +118,22 @@ def test_an_attention_mask_on_the_query_rows_is_sliced_with_them(frozen):
     assert plan.input.startswith("tokens")  # the input whose rows carry the work
     assert plan.slices, "the mask's query rows are cut like the tokens', not gathered"
     assert {op for _, op, _ in plan.fed_whole} == {"Mean"}, plan.fed_whole
+
+
+def test_the_routed_graph_runs_the_rows_at_batch_one_and_the_whole_graph_otherwise_sharing_weights(frozen):
+    signature = frozen["masked"]
+    graph, fetched = routed_rows(signature.graph_def, _plan(signature))
+    outputs = list(signature.outputs.values())
+    for batch in (1, 3):
+        feeds = _feeds(signature, seed=batch, batch=batch)
+        for want, got in zip(_run(signature.graph_def, signature, outputs, feeds),
+                             _run(graph, signature, [fetched[o] for o in outputs], feeds)):
+            np.testing.assert_array_equal(got, want)
+
+    def weights(graph_def):
+        return sum(n.attr["value"].tensor.ByteSize() for n in graph_def.node if n.op == "Const")
+    assert weights(graph) < 1.05 * weights(signature.graph_def)  # the row split's constants are the slices' bounds
+    assert sum(n.op == "Switch" for n in graph.node) == 1 and sum(n.op == "Merge" for n in graph.node) == 1
 
 
 @pytest.mark.parametrize("name, node", [("cnn", "Conv2D"), ("flat", "Reshape")])
