@@ -52,7 +52,11 @@ def row_function(graph_def, frozen, captured):
         return None, plan.reason
     graph, fetched = routed_rows(graph_def, plan)
     outputs = {key: fetched[tensor] for key, tensor in frozen.outputs.items()}
-    imported, _ = imported_function(graph, frozen.inputs, outputs, captured)
+    try:
+        imported, _ = imported_function(graph, frozen.inputs, outputs, captured)
+    except ValueError as e:  # TensorFlow refused the graph built: batch 1 runs whole, and the line says why
+        return None, (f"the row split did not import ({str(e).splitlines()[0]}); this is a bug of mp-rewrite, "
+                      "please report it with the model")
     return imported, ""
 
 

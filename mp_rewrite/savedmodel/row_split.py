@@ -220,10 +220,11 @@ def routed_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
     split, fetched = split_rows(graph_def, plan)
     whole = {n.name: n for n in graph_def.node}
     renamed = {}  # row-split nodes that differ from the whole graph's node of their name (fed every row)
+    taken = set(whole) | {n.name for n in split.node}  # a graph may hold a "<node>/rows" of its own (BERT's)
     for node in split.node:
         ins = [parse_input(t.lstrip("^"))[0] for t in node.input]
         if node.name in whole and (node != whole[node.name] or any(i in renamed for i in ins)):
-            renamed[node.name] = node.name + "/rows"
+            renamed[node.name] = _fresh(f"{node.name}/rows", taken)
     route = f"{parse_input(plan.input)[0]}/{ROW_ROUTE.format(plan.parts)}"  # what `inspect` finds
     nodes = [_rerouted(n, {plan.input: route + ":0"}) for n in graph_def.node]
     nodes += _route_nodes(route, plan.input, node_dtype(whole[parse_input(plan.input)[0]]))
@@ -244,6 +245,15 @@ def routed_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
         nodes.append(merge)
         merged[output] = merge.name + ":0"
     return assembled(graph_def, nodes), merged
+
+
+def _fresh(name: str, taken: set) -> str:
+    """`name`, or `name_1`, `name_2`, ... : the first not in `taken` (which it joins)."""
+    candidate, i = name, 1
+    while candidate in taken:
+        candidate, i = f"{name}_{i}", i + 1
+    taken.add(candidate)
+    return candidate
 
 
 def _renamed(tensor: str, renamed: dict) -> str:

@@ -136,6 +136,28 @@ def test_the_routed_graph_runs_the_rows_at_batch_one_and_the_whole_graph_otherwi
     assert sum(n.op == "Switch" for n in graph.node) == 1 and sum(n.op == "Merge" for n in graph.node) == 1
 
 
+def test_the_routed_graph_names_its_nodes_apart_from_the_models_own(frozen):
+    """keras-hub's BERT, frozen, holds nodes named '<matmul>/rows' of its own: the row split's copies take other
+    names (it failed to import: 'Node ... is not unique')."""
+    import copy
+    from tensorflow.core.framework import node_def_pb2
+    signature = copy.copy(frozen["masked"])
+    signature.graph_def = copy.deepcopy(signature.graph_def)
+    for node in list(signature.graph_def.node):
+        taken = node_def_pb2.NodeDef(name=node.name + "/rows", op="Const")
+        taken.attr["dtype"].type = tf.float32.as_datatype_enum
+        taken.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0.0))
+        signature.graph_def.node.append(taken)
+    graph, fetched = routed_rows(signature.graph_def, _plan(signature))
+    names = [n.name for n in graph.node]
+    assert len(names) == len(set(names))
+    outputs = list(signature.outputs.values())
+    feeds = _feeds(signature)
+    for want, got in zip(_run(signature.graph_def, signature, outputs, feeds),
+                         _run(graph, signature, [fetched[o] for o in outputs], feeds)):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("name, node", [("cnn", "Conv2D"), ("flat", "Reshape")])
 def test_a_model_with_nothing_to_split_on_its_rows_is_refused_naming_the_node(frozen, name, node):
     plan = _plan(frozen[name])
