@@ -135,7 +135,7 @@ class _Surgery:
                 self.out.append(node)
                 self._input_slices(node)
             elif state is None:
-                fed = any(self._state(t) and self._state(t)[0] == SPLIT for t in node.input if t[0] != "^")
+                fed = any(self._state(t) is not None for t in node.input if t[0] != "^")
                 self.out.append(copied(node, name, [self._whole(t) for t in node.input]) if fed else node)
             else:
                 self._branches(node)
@@ -174,7 +174,10 @@ class _Surgery:
         if state[0] != SPLIT:
             if ("whole", name, 0) not in self.made:
                 self.made["whole", name, 0] = name
-                self.out.append(copied(self.nodes[name], name, [self._whole(t) for t in self.nodes[name].input]))
+                node = self.nodes[name]
+                self.out.append(const_node(name, self.plan.constants[name], node.attr["out_type"].type or INT32)
+                                if name in self.plan.constants else
+                                copied(node, name, [self._whole(t) for t in node.input]))
             return tensor
         if key not in self.made:
             concat = f"{name}/rows_whole" + (f"_{port}" if port else "")
