@@ -183,7 +183,7 @@ class _Surgery:
             concat = f"{name}/rows_whole" + (f"_{port}" if port else "")
             self.out += concat_nodes(concat, [self._branch(tensor, i) for i in range(self.plan.parts)], state[1],
                                      node_dtype(self.nodes[name], port))
-            self.made[key] = concat
+            self.made[key] = concat + ":0"  # a tensor, also as a fetched output
         return self.made[key]
 
     def _sliced(self, tensor: str, axis: int, rank: int, i: int) -> str:

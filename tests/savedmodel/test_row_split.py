@@ -158,6 +158,28 @@ def test_the_routed_graph_names_its_nodes_apart_from_the_models_own(frozen):
         np.testing.assert_array_equal(got, want)
 
 
+def test_attention_spelled_keys_by_transposed_queries_splits_the_queries():
+    rng = np.random.default_rng(0)
+    wq, wk = (tf.constant(rng.normal(size=[8, 8]).astype(np.float32)) for _ in range(2))
+
+    def attention(x):  # scores as keys @ queries^T, transposed back (keras-hub's GPT-2 spells it so)
+        q, k = tf.matmul(x, wq), tf.matmul(x, wk)
+        scores = tf.transpose(tf.matmul(k, tf.transpose(q, [0, 2, 1])), [0, 2, 1])
+        return tf.matmul(tf.nn.softmax(scores), k)
+    concrete = tf.function(attention).get_concrete_function(tf.TensorSpec([None, TOKENS, 8], tf.float32))
+    graph_def = concrete.graph.as_graph_def()
+    source, output = concrete.inputs[0].name, concrete.outputs[0].name
+    plan = token_rows(graph_def, [source], [output], node_shapes(graph_def, batch=1))
+    assert plan.splittable and not plan.fed_whole, plan.reason or plan.fed_whole  # the softmax runs per slice
+    graph, fetched = split_rows(graph_def, plan)
+    x = tf.constant(rng.normal(size=[1, TOKENS, 8]).astype(np.float32))
+
+    def run(g, out):
+        return tf.function(lambda v: tf.graph_util.import_graph_def(
+            g, input_map={source: v}, return_elements=[out], name="g")[0])(x).numpy()
+    np.testing.assert_array_equal(run(graph, fetched[output]), run(graph_def, output))
+
+
 @pytest.mark.parametrize("name, node", [("cnn", "Conv2D"), ("flat", "Reshape")])
 def test_a_model_with_nothing_to_split_on_its_rows_is_refused_naming_the_node(frozen, name, node):
     plan = _plan(frozen[name])
