@@ -126,6 +126,8 @@ class _Surgery:
         self.source, self.plan = graph_def, plan
         self.nodes = {n.name: n for n in graph_def.node}
         self.out, self.made = [], {}  # made: (kind, tensor, i) -> the tensor made for it
+        # Names of the model (and, as they are made, ours): a model may hold a "<node>/row0" of its own.
+        self.taken, self.row_names = {n.name for n in graph_def.node}, {}
 
     def graph(self):
         plan, input_name = self.plan, parse_input(self.plan.input)[0]
@@ -151,7 +153,7 @@ class _Surgery:
         for i in range(plan.parts):
             begin, size = [0] * rank, [-1] * rank
             begin[plan.axis], size[plan.axis] = plan.bounds[i], plan.bounds[i + 1] - plan.bounds[i]
-            self.out += slice_nodes(f"{node.name}/row{i}", plan.input, begin, size, node_dtype(node))
+            self.out += slice_nodes(self._row_name(node.name, i), plan.input, begin, size, node_dtype(node))
 
     def _branch(self, tensor: str, i: int) -> str:
         """The tensor as branch i reads it: its copy there, or itself (whole)."""
@@ -159,7 +161,21 @@ class _Surgery:
         name, port = parse_input(tensor.lstrip("^"))
         if self.plan.states.get(name) is None:
             return tensor
-        return ("^" if control else "") + f"{name}/row{i}" + (f":{port}" if port else "")
+        return ("^" if control else "") + self._row_name(name, i) + (f":{port}" if port else "")
+
+    def _row_name(self, name: str, i: int) -> str:
+        """The name of branch i's copy of a node: "<node>/row<i>", unless the model holds that name already."""
+        if (name, i) not in self.row_names:
+            self.row_names[name, i] = self._fresh(f"{name}/row{i}")
+        return self.row_names[name, i]
+
+    def _fresh(self, name: str) -> str:
+        """`name`, or `name_1`, `name_2`, ...: the first no node of the model or of ours holds (then ours)."""
+        candidate, i = name, 1
+        while candidate in self.taken:
+            candidate, i = f"{name}_{i}", i + 1
+        self.taken.add(candidate)
+        return candidate
 
     def _whole(self, tensor: str) -> str:
         """The tensor with all its rows: itself, its slices concatenated (once), or for a per-slice value, the
@@ -180,7 +196,7 @@ class _Surgery:
                                 copied(node, name, [self._whole(t) for t in node.input]))
             return tensor
         if key not in self.made:
-            concat = f"{name}/rows_whole" + (f"_{port}" if port else "")
+            concat = self._fresh(f"{name}/rows_whole" + (f"_{port}" if port else ""))
             self.out += concat_nodes(concat, [self._branch(tensor, i) for i in range(self.plan.parts)], state[1],
                                      node_dtype(self.nodes[name], port))
             self.made[key] = concat + ":0"  # a tensor, also as a fetched output
@@ -193,7 +209,7 @@ class _Surgery:
         if key not in self.made:
             begin, size = [0] * rank, [-1] * rank
             begin[axis], size[axis] = self.plan.bounds[i], self.plan.bounds[i + 1] - self.plan.bounds[i]
-            made = f"{name}/rows_slice" + (f"_{port}" if port else "") + f"/row{i}"
+            made = self._fresh(f"{name}/rows_slice" + (f"_{port}" if port else "") + f"/row{i}")
             self.out += slice_nodes(made, tensor, begin, size, node_dtype(self.nodes[name], port))
             self.made[key] = made
         return self.made[key]
@@ -205,12 +221,12 @@ class _Surgery:
         for i in range(plan.parts):
             inputs = [gathered[t] if t in gathered else self._sliced(t, *sliced[t], i) if t in sliced
                       else self._branch(t, i) for t in node.input]
-            copy = copied(node, f"{node.name}/row{i}", inputs)
+            copy = copied(node, self._row_name(node.name, i), inputs)
             if node.name in plan.reshapes:
                 target = self.nodes[parse_input(node.input[1])[0]]
                 values = const_ints(target)
                 values[plan.reshapes[node.name]] = plan.bounds[i + 1] - plan.bounds[i]
-                const = const_node(copy.name + "/target", values, target.attr["dtype"].type)
+                const = const_node(self._fresh(copy.name + "/target"), values, target.attr["dtype"].type)
                 copy.input[1] = const.name
                 self.out.append(const)
             self.out.append(copy)
