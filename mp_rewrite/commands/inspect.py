@@ -137,7 +137,8 @@ def say_opaque(model, precision: str) -> None:
 
 def say_split(model) -> None:
     """One note when the model's signatures split their batch, or one sample's token rows, into concurrent branches
-    (convert --split): how to serve it."""
+    (convert --split): how to serve it; one when they dispatch on the batch size (convert's batch dispatch)."""
+    from ..savedmodel.dispatch_verdict import dispatches
     from ..savedmodel.split_option import SERVE, row_branches, split_branches
     functions = model.graph_def.library.function
     branches, rows = split_branches(f.signature.name for f in functions), row_branches(functions)
@@ -145,6 +146,9 @@ def say_split(model) -> None:
         ([f"run batch 1 as its token rows in {rows} concurrent branches"] if rows else [])
     if said:
         say(f"its signatures {' and '.join(said)} (convert --split): {SERVE}")
+    if dispatches(f.signature.name for f in functions):
+        say("its signatures dispatch on the batch size (convert's batch dispatch): each batch runs float32 or the low "
+            "precision, whichever measured faster at its size where it was converted")
 
 
 def _text_items(result, tables, model, top: int):

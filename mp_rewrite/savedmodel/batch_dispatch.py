@@ -25,13 +25,13 @@ from ..analysis.variant_race import RACE_BATCHES, RACE_RUNS
 from ..core.assignment import SOURCE
 from ..core.effects import effects_policy, graph_effects
 from ..errors import OptionError
-from .dispatch_verdict import FLOAT32, LOW, dispatch_verdict, kept_line, refused_line, segments_of, winners_of
+from .dispatch_verdict import (DISPATCH_FUNCTION, FLOAT32, LOW, dispatch_verdict,
+                               kept_line, refused_line, segments_of, winners_of)
 from .frozen_function import compact, imported_function, shaped_outputs
 from .inputs import DEFAULT_DIM, made_tensors
 
 DISPATCH_ENV = "MP_REWRITE_DISPATCH"
 DISPATCH_MODES = ("auto", "off", "force")
-DISPATCH_FUNCTION = "dispatch_on_batch"  # the written function's name (its FunctionDef: "__inference_dispatch_...")
 CALLS = 8  # calls per timed run at batch 1 (CALLS // batch at larger ones, one at least): one call there is short
 # Rounds of the variants alone, which only say which ran faster at each batch (the conversion's own race said it
 # before, in sessions; this reads it as the written functions run): fewer than the verdict's, never extended.

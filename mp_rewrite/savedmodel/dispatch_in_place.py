@@ -21,9 +21,9 @@ import tempfile
 
 from ..core.functions import called_functions, reachable_functions
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
-from .dispatch_verdict import FLOAT32, LOW, dispatch_verdict, kept_line, refused_line, segments_of, winners_of
+from .dispatch_verdict import (FLOAT32, FLOAT32_SUFFIX, LOW, dispatch_verdict,
+                               kept_line, refused_line, segments_of, winners_of)
 
-FLOAT32_SUFFIX = "_mp_dispatch_float32"
 _RESOURCE, _INT32, _BOOL = 20, 3, 10  # DataType enums
 
 

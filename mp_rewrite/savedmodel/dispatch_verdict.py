@@ -16,6 +16,10 @@ import math
 from ..analysis.race_times import RaceTimes, faster, geometric_mean, ties
 
 FLOAT32, LOW, DISPATCH = 0, 1, 2  # the variants' places in a race's times: float32, the low precision, the dispatch
+# The names a written dispatch leaves, which `inspect` finds: the frozen signature's function (its FunctionDef:
+# "__inference_dispatch_on_batch_12") and, in place, each body's float32 copy ("<body>_mp_dispatch_float32").
+DISPATCH_FUNCTION = "dispatch_on_batch"
+FLOAT32_SUFFIX = "_mp_dispatch_float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +46,8 @@ def as_race(times) -> RaceTimes:
 def winners_of(times: dict, written: int = LOW) -> dict:
     """{batch: FLOAT32 or LOW, whichever ran faster there} from {batch: RaceTimes (or [ms]) of float32 and the low
     precision}. Unless the other variant than `written` (what the race chose) was faster beyond the noise at some
-    batch (the paired ratio's interval, and more than race_times.RESOLUTION), `written` wins everywhere: nothing to dispatch
+    batch (the paired ratio's interval, and more than core.assignment.RESOLUTION), `written` wins everywhere: nothing
+    to dispatch
     (at load 6, MobileNetV2 96x96's two variants tied at every batch, and the medians alone made a different
     threshold in each of three runs). Where it was, each batch goes to the faster median: a tie between two batches
     won either way places the threshold by the best estimate there is (five rounds called MobileNetV2 96x96's batch
@@ -62,6 +67,11 @@ def segments_of(winners: dict) -> tuple:
         if not out or out[-1][1] != variant:
             out.append((1 if not out else batch, variant))
     return tuple(out)
+
+
+def dispatches(function_names) -> bool:
+    """Whether a written model's functions (their names) hold a batch dispatch (batch_dispatch, dispatch_in_place)."""
+    return any(DISPATCH_FUNCTION in name or FLOAT32_SUFFIX in name for name in function_names)
 
 
 def dispatch_verdict(times: dict) -> Verdict:

@@ -22,7 +22,7 @@ from mp_rewrite.rules import fold_constant_casts  # noqa: E402
 from mp_rewrite.savedmodel.batch_dispatch import (DISPATCH_ENV, DISPATCH_FUNCTION, dispatch_function,  # noqa: E402
                                                   dispatch_mode)
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
-from mp_rewrite.savedmodel.dispatch_verdict import (FLOAT32, LOW, dispatch_verdict, kept_line,  # noqa: E402
+from mp_rewrite.savedmodel.dispatch_verdict import (FLOAT32, LOW, dispatch_verdict, dispatches, kept_line,  # noqa: E402
                                                     refused_line, segments_of, segments_text, winners_of)
 from mp_rewrite.savedmodel.frozen_function import compact, imported_function  # noqa: E402
 from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
@@ -166,6 +166,7 @@ def test_convert_freeze_writes_a_forced_dispatch_that_runs_both_sides(tmp_path, 
     loaded = tf.saved_model.load(str(tmp_path / "dispatch"))
     names = [f.signature.name for f in loaded.signatures["serving_default"].graph.as_graph_def().library.function]
     assert any(DISPATCH_FUNCTION in name for name in names)
+    assert dispatches(names)
     lists = tf.saved_model.load(str(tmp_path / "plain")).signatures["serving_default"]
     threshold = choice.segments[1][0]
     for batch in (1, threshold - 1, threshold, threshold + 3):
@@ -180,8 +181,10 @@ def test_convert_freeze_writes_a_forced_dispatch_that_runs_both_sides(tmp_path, 
             assert not np.array_equal(got, low)  # float32: not the bfloat16 graph's round-off
 
 
-def test_convert_in_place_writes_a_forced_dispatch_whose_bodies_share_the_variables(tmp_path, monkeypatch):
-    from mp_rewrite.savedmodel.dispatch_in_place import FLOAT32_SUFFIX
+def test_convert_in_place_writes_a_forced_dispatch_whose_bodies_share_the_variables(tmp_path, monkeypatch, capsys):
+    from mp_rewrite.commands import cli
+    from mp_rewrite.model.files import read_saved_model
+    from mp_rewrite.savedmodel.dispatch_verdict import FLOAT32_SUFFIX
     source = tmp_path / "mlp"
     example_models.mlp().export(str(source), verbose=False)
     plain = convert_saved_model(source, tmp_path / "plain", "bfloat16")
@@ -195,6 +198,10 @@ def test_convert_in_place_writes_a_forced_dispatch_whose_bodies_share_the_variab
     written = {f.signature.name for f in tf.saved_model.load(str(tmp_path / "dispatch")).signatures[
         "serving_default"].graph.as_graph_def().library.function}
     assert any(FLOAT32_SUFFIX in n for n in written)
+    assert cli.main(["inspect", str(tmp_path / "dispatch"), "--precision", "bfloat16"]) == 0
+    assert "its signatures dispatch on the batch size" in capsys.readouterr().err
+    assert not dispatches(f.signature.name for f in read_saved_model(tmp_path / "plain").meta_graphs[0]
+                          .graph_def.library.function)
     # one copy of the weights: the variables directory is the source's
     size = sum(f.stat().st_size for f in (tmp_path / "dispatch" / "variables").iterdir())
     assert size == sum(f.stat().st_size for f in (source / "variables").iterdir())
