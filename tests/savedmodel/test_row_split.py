@@ -144,10 +144,11 @@ def test_the_routed_graph_names_its_nodes_apart_from_the_models_own(frozen):
     signature = copy.copy(frozen["masked"])
     signature.graph_def = copy.deepcopy(signature.graph_def)
     for node in list(signature.graph_def.node):
-        taken = node_def_pb2.NodeDef(name=node.name + "/rows", op="Const")
-        taken.attr["dtype"].type = tf.float32.as_datatype_enum
-        taken.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0.0))
-        signature.graph_def.node.append(taken)
+        for suffix in ("/rows", "/row0", "/row1", "/rows_whole"):  # the names the split would give its copies
+            taken = node_def_pb2.NodeDef(name=node.name + suffix, op="Const")
+            taken.attr["dtype"].type = tf.float32.as_datatype_enum
+            taken.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0.0))
+            signature.graph_def.node.append(taken)
     graph, fetched = routed_rows(signature.graph_def, _plan(signature))
     names = [n.name for n in graph.node]
     assert len(names) == len(set(names))
