@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from mp_rewrite.analysis.batch_rows import _topological as needed_order
+from mp_rewrite.analysis.batch_rows import needed_order
 from mp_rewrite.core.graph_view import parse_input
 from mp_rewrite.savedmodel.row_split import concat_nodes, const_node, copied, node_dtype, slice_nodes
 

@@ -28,7 +28,7 @@ import math
 from tensorflow.core.framework import node_def_pb2, tensor_pb2
 
 from mp_rewrite.analysis.batch_row_states import const_ints
-from mp_rewrite.analysis.batch_rows import _topological as needed_order
+from mp_rewrite.analysis.batch_rows import needed_order
 from mp_rewrite.analysis.token_rows import ELEMENTWISE
 from mp_rewrite.core.graph_view import parse_input
 from mp_rewrite.savedmodel.row_split import assembled, concat_nodes, const_node, copied, node_dtype

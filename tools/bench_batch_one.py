@@ -1,8 +1,9 @@
 """Benchmark: batch 1 on both cores inside TensorFlow (issue 40, item 3) -- the frozen bfloat16 model whole, under
 TF's default threads, one intra-op thread and the caller-thread setting, beside splits of the same frozen graph
 (a Transformer's token rows `rowsN`: mp_rewrite/savedmodel/row_split.py; `routed2`, the graph `convert --freeze
---split` writes for it, rows2 beside the whole graph with a Switch on the batch; weight columns/heads `colsN` and a CNN's image bands with halos `bands_<cuts>`, hand-built:
-tools/batch_one_columns.py, batch_one_bands.py) and OpenVINO on the float32 SavedModel.
+--split` writes for it, rows2 beside the whole graph with a Switch on the batch; weight columns/heads `colsN` and a
+CNN's image bands with halos `bands_<cuts>`, hand-built: tools/batch_one_columns.py, batch_one_bands.py) and
+OpenVINO on the float32 SavedModel.
 
     python tools/bench_batch_one.py [--models transformer,mobilenetv2] [--rounds 8] [--block-seconds 0.4]
                                     [--workdir /tmp/batch_one] [--openvino-python /work/venvs/openvino/bin/python]

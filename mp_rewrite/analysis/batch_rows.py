@@ -76,7 +76,7 @@ def batch_rows(graph_def, inputs: dict, outputs, shapes: dict | None = None, bat
         return BatchRows(False, "no input carries a batch (an axis 0 of unknown size)")
     signatures = Signatures(graph_def.library)
     try:
-        for name in _topological(nodes, [parse_input(o)[0] for o in outputs]):
+        for name in needed_order(nodes, [parse_input(o)[0] for o in outputs]):
             if name not in context.states:
                 context.states[name] = _checked(nodes[name], _visit(nodes[name], context, signatures), context,
                                                 batch)
@@ -132,7 +132,7 @@ def _stateful(op: str, signatures: Signatures) -> bool:
         return True
 
 
-def _topological(nodes: dict, roots) -> list:
+def needed_order(nodes: dict, roots) -> list:
     """The nodes the roots need (through data and control inputs), each after its inputs (a TF1 loop's back edge,
     NextIteration -> Merge, is not followed twice: the walk refuses the loop)."""
     order, done, entered, stack = [], set(), set(), [(r, False) for r in roots if r in nodes]

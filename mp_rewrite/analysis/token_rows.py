@@ -8,18 +8,18 @@ visits the nodes the outputs need, each after its inputs, and gives each node on
 - split (SPLIT, axis): computed once per slice, its output cut along `axis`;
 - local (LOCAL,): computed once per slice from per-branch values only (a slice's Shape and what it feeds).
 
-An op splits only by a rule: elementwise ops whose unsplit operands do not broadcast over the token axis (an
-operand of full length along it, such as an attention mask on the query rows, is sliced too), matmuls on rows
-(MatMul, BatchMatMul), Transpose and ExpandDims, reductions over other axes, reshapes that keep the token axis whole, an embedding lookup,
-softmax over another axis, einsums on a letter the other operands lack (attention on the query rows, its keys and
-values gathered), a Fill or BroadcastTo to the shape of a split tensor; a batched matmul splits on the columns
-of its second operand instead where its rows would reach a softmax over them (attention's scores spelled keys @
-queries^T). Any other op that reads a split tensor is fed the slices concatenated ("gathered"); a tensor made from
-a slice's shape is computed whole (a slice's Shape is then its value at batch 1, a constant). So the plan rests on
-those few row-wise facts, not on knowing every op; the split graph's outputs are checked against the whole
-graph's by the caller all the same. The rules are token_row_walk.py's. A model where no matmul runs on split rows is refused, naming the node where the rows
-were first gathered: there is nothing worth splitting. Protos in, plain data out; shapes are the caller's
-(analysis/shapes.node_shapes at batch 1).
+An op splits only by a rule: elementwise ops whose unsplit operands do not broadcast over the token axis (an operand
+of full length along it, such as an attention mask on the query rows, is sliced too), matmuls on rows (MatMul,
+BatchMatMul), Transpose and ExpandDims, reductions over other axes, reshapes that keep the token axis whole, an
+embedding lookup, softmax over another axis, einsums on a letter the other operands lack (attention on the query
+rows, its keys and values gathered), a Fill or BroadcastTo to the shape of a split tensor; a batched matmul splits
+on the columns of its second operand instead where its rows would reach a softmax over them (attention's scores
+spelled keys @ queries^T). Any other op that reads a split tensor is fed the slices concatenated ("gathered"); a
+tensor made from a slice's shape is computed whole (a slice's Shape is then its value at batch 1, a constant). So
+the plan rests on those few row-wise facts, not on knowing every op; the split graph's outputs are checked against
+the whole graph's by the caller all the same. The rules are token_row_walk.py's. A model where no matmul runs on
+split rows is refused, naming the node where the rows were first gathered: there is nothing worth splitting. Protos
+in, plain data out; shapes are the caller's (analysis/shapes.node_shapes at batch 1).
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from __future__ import annotations
 import dataclasses
 
 from ..core.graph_view import parse_input
-from .batch_rows import _topological
+from .batch_rows import needed_order
 from .token_row_walk import ELEMENTWISE, LOCAL, SPLIT, WORK, Refused, RowWalk
 
 __all__ = ["ELEMENTWISE", "LOCAL", "SPLIT", "WORK", "TokenRows", "row_plan", "token_rows"]
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenRows:
@@ -109,7 +110,7 @@ def row_plan(graph_def, input_tensor: str, axis: int, outputs, shapes: dict, par
         return TokenRows(False, f"input {input_tensor} has {walk.rows} rows on axis {axis}: too few for {parts} "
                                 f"slices")
     input_name = parse_input(input_tensor)[0]
-    order = tuple(_topological(walk.nodes, [parse_input(o)[0] for o in outputs]))
+    order = tuple(needed_order(walk.nodes, [parse_input(o)[0] for o in outputs]))
     if input_name not in order:
         return TokenRows(False, f"no output depends on input {input_tensor}")
     try:

@@ -8,9 +8,9 @@ thread (TF_NUM_INTRAOP_THREADS=1, tf.config.threading.set_intra_op_parallelism_t
 
 Only where the batch-rows analysis (analysis/batch_rows.py) proves that every output row depends on the same input
 rows alone, and a check on random inputs agrees, bit for bit (mixed_samples: no slice's outputs move when the other
-samples change, the split equals the graph called on each slice, a batch smaller than N runs whole). "auto" keeps the split only where it measured faster than the whole
-call here, at every batch timed, beyond the noise (a tie keeps the graph whole): the split never makes a model
-slower in the setting it was measured in.
+samples change, the split equals the graph called on each slice, a batch smaller than N runs whole). "auto" keeps
+the split only where it measured faster than the whole call here, at every batch timed, beyond the noise (a tie
+keeps the graph whole): the split never makes a model slower in the setting it was measured in.
 
 Batch 1 is decided apart (row_choice.py): one sample's token rows in 2 branches, routed to inside the frozen graph
 (a Switch on the batch) where the plan exists, the check passes at batch 1 and, for "auto", it measured faster
