@@ -95,6 +95,7 @@ def rewrite_with_costs(args):
     model = load_model(args.model, args.tag_set, say)
     say_opaque(model, args.precision)
     say_split(model)
+    say_dispatch(model)
     options = options_from_args(args, **assign_from_args(args))
     records = {}
     if model.meta_graph is not None:  # what convert rewrites in place: with the cost assignment, after the rules
@@ -137,8 +138,7 @@ def say_opaque(model, precision: str) -> None:
 
 def say_split(model) -> None:
     """One note when the model's signatures split their batch, or one sample's token rows, into concurrent branches
-    (convert --split): how to serve it; one when they dispatch on the batch size (convert's batch dispatch)."""
-    from ..savedmodel.dispatch_verdict import dispatches
+    (convert --split): how to serve it."""
     from ..savedmodel.split_option import SERVE, row_branches, split_branches
     functions = model.graph_def.library.function
     branches, rows = split_branches(f.signature.name for f in functions), row_branches(functions)
@@ -146,7 +146,12 @@ def say_split(model) -> None:
         ([f"run batch 1 as its token rows in {rows} concurrent branches"] if rows else [])
     if said:
         say(f"its signatures {' and '.join(said)} (convert --split): {SERVE}")
-    if dispatches(f.signature.name for f in functions):
+
+
+def say_dispatch(model) -> None:
+    """One note when the model's signatures dispatch on the batch size (convert's batch dispatch)."""
+    from ..savedmodel.dispatch_verdict import dispatches
+    if dispatches(f.signature.name for f in model.graph_def.library.function):
         say("its signatures dispatch on the batch size (convert's batch dispatch): each batch runs float32 or the low "
             "precision, whichever measured faster at its size where it was converted")
 

@@ -20,6 +20,7 @@ and b->u (its cost). A fusion u-v: u->v and v->u, each its cost.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping
 
 from ..errors import OptionError
@@ -219,14 +220,14 @@ def assign_by_cost(ctx, paint, clusters, table: CostTable, label: str = "graph")
         var_of.update((v, i) for v in groups[node])
     node_costs = table.nodes.get(label, {})
     problem = Problem([tuple(node_costs.get(view.names[n], (0.0, 0.0))) for n in nodes])
-    keys, first = table.together.get(label, {}), {}  # key -> its first variable, which the others are tied to
-    for i, node in enumerate(nodes):
-        key = keys.get(view.names[node])
+    together = table.together.get(label, {})
+    keys, first = [together.get(view.names[n]) for n in nodes], {}  # key -> its first variable, the others tied to it
+    for i, key in enumerate(keys):
         if key is not None and first.setdefault(key, i) != i:
             problem.together.append((first[key], i))
-    sizes = {key: sum(1 for n in nodes if keys.get(view.names[n]) == key) for key in first}
+    sizes = Counter(keys)
     held = [f"; placed with the {sizes[k] - 1} other {k or 'unnamed'} node(s), priced at their op type's ratio"
-            if (k := keys.get(view.names[n])) is not None and sizes[k] > 1 else "" for n in nodes]
+            if k is not None and sizes[k] > 1 else "" for k in keys]
     _add_tensors(ctx, paint, var_of, table.casts.get(label, {}), problem)
     _add_fusions(ctx, paint, var_of, groups, table.fusions.get(label, {}), problem)
     note = "" if table.low_units else table.note or "this machine has no low-precision units"

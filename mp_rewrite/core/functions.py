@@ -84,7 +84,7 @@ def function_to_graph(fdef: function_pb2.FunctionDef, signatures: Signatures) ->
     taken = args | set(ranges)
     retvals = []
     for i, arg in enumerate(fdef.signature.output_arg):
-        ret_name = _unique(f"{arg.name}_RetVal", taken)
+        ret_name = unique_name(f"{arg.name}_RetVal", taken)
         source = _to_graph_input(fdef.ret[arg.name], args, ranges, name)
         graph.node.append(_special_node(ret_name, "_Retval", source, arg.type, i))
         retvals.append(ret_name)
@@ -129,7 +129,8 @@ def _special_node(name, op, source, dtype, index) -> node_def_pb2.NodeDef:
     return node
 
 
-def _unique(base: str, taken: set) -> str:
+def unique_name(base: str, taken: set) -> str:
+    """`base`, or `base_1`, `base_2`, ...: the first not in `taken` (which it joins)."""
     name, n = base, 0
     while name in taken:
         n += 1

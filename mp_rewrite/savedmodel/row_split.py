@@ -19,6 +19,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_pb2
 
 from ..analysis.batch_row_states import const_ints
 from ..analysis.token_rows import SPLIT, TokenRows, row_plan
+from ..core.functions import unique_name
 from ..core.graph_view import parse_input
 from .split_option import ROW_ROUTE
 
@@ -166,16 +167,8 @@ class _Surgery:
     def _row_name(self, name: str, i: int) -> str:
         """The name of branch i's copy of a node: "<node>/row<i>", unless the model holds that name already."""
         if (name, i) not in self.row_names:
-            self.row_names[name, i] = self._fresh(f"{name}/row{i}")
+            self.row_names[name, i] = unique_name(f"{name}/row{i}", self.taken)
         return self.row_names[name, i]
-
-    def _fresh(self, name: str) -> str:
-        """`name`, or `name_1`, `name_2`, ...: the first no node of the model or of ours holds (then ours)."""
-        candidate, i = name, 1
-        while candidate in self.taken:
-            candidate, i = f"{name}_{i}", i + 1
-        self.taken.add(candidate)
-        return candidate
 
     def _whole(self, tensor: str) -> str:
         """The tensor with all its rows: itself, its slices concatenated (once), or for a per-slice value, the
@@ -196,7 +189,7 @@ class _Surgery:
                                 copied(node, name, [self._whole(t) for t in node.input]))
             return tensor
         if key not in self.made:
-            concat = self._fresh(f"{name}/rows_whole" + (f"_{port}" if port else ""))
+            concat = unique_name(f"{name}/rows_whole" + (f"_{port}" if port else ""), self.taken)
             self.out += concat_nodes(concat, [self._branch(tensor, i) for i in range(self.plan.parts)], state[1],
                                      node_dtype(self.nodes[name], port))
             self.made[key] = concat + ":0"  # a tensor, also as a fetched output
@@ -209,7 +202,7 @@ class _Surgery:
         if key not in self.made:
             begin, size = [0] * rank, [-1] * rank
             begin[axis], size[axis] = self.plan.bounds[i], self.plan.bounds[i + 1] - self.plan.bounds[i]
-            made = self._fresh(f"{name}/rows_slice" + (f"_{port}" if port else "") + f"/row{i}")
+            made = unique_name(f"{name}/rows_slice" + (f"_{port}" if port else "") + f"/row{i}", self.taken)
             self.out += slice_nodes(made, tensor, begin, size, node_dtype(self.nodes[name], port))
             self.made[key] = made
         return self.made[key]
@@ -226,7 +219,7 @@ class _Surgery:
                 target = self.nodes[parse_input(node.input[1])[0]]
                 values = const_ints(target)
                 values[plan.reshapes[node.name]] = plan.bounds[i + 1] - plan.bounds[i]
-                const = const_node(self._fresh(copy.name + "/target"), values, target.attr["dtype"].type)
+                const = const_node(unique_name(copy.name + "/target", self.taken), values, target.attr["dtype"].type)
                 copy.input[1] = const.name
                 self.out.append(const)
             self.out.append(copy)
@@ -243,7 +236,7 @@ def routed_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
     for node in split.node:
         ins = [parse_input(t.lstrip("^"))[0] for t in node.input]
         if node.name in whole and (node != whole[node.name] or any(i in renamed for i in ins)):
-            renamed[node.name] = _fresh(f"{node.name}/rows", taken)
+            renamed[node.name] = unique_name(f"{node.name}/rows", taken)
     route = f"{parse_input(plan.input)[0]}/{ROW_ROUTE.format(plan.parts)}"  # what `inspect` finds
     nodes = [_rerouted(n, {plan.input: route + ":0"}) for n in graph_def.node]
     nodes += _route_nodes(route, plan.input, node_dtype(whole[parse_input(plan.input)[0]]))
@@ -264,15 +257,6 @@ def routed_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
         nodes.append(merge)
         merged[output] = merge.name + ":0"
     return assembled(graph_def, nodes), merged
-
-
-def _fresh(name: str, taken: set) -> str:
-    """`name`, or `name_1`, `name_2`, ... : the first not in `taken` (which it joins)."""
-    candidate, i = name, 1
-    while candidate in taken:
-        candidate, i = f"{name}_{i}", i + 1
-    taken.add(candidate)
-    return candidate
 
 
 def _renamed(tensor: str, renamed: dict) -> str:
