@@ -258,7 +258,9 @@ def pooled_pairs(fp32_runs: dict, low_runs: dict, op_of: dict) -> dict:
     (measured_pair's rule, on the sums). One node's difference is often inside the noise of one run; pooled over
     its op type's nodes it is not, and the cut then moves whole op types, not the nodes the noise favoured in one
     measurement (the README's MobileNetV2 kept 28-52 nodes of 170 in bfloat16 in four conversions priced node by
-    node). A node not timed in every run of both variants is priced alone (measured_pair)."""
+    node). A node not timed in every run of both variants is priced alone (measured_pair), and so are an op type's
+    nodes where some run timed them all at 0 in float32 (step stats count whole microseconds: a tiny step's cheap
+    ops often read 0, and no ratio is read over 0)."""
     runs = max((len(t) for times in (fp32_runs, low_runs) for t in times.values()), default=0)
     by_op, pairs = {}, {}
     for name, op in op_of.items():
@@ -268,6 +270,9 @@ def pooled_pairs(fp32_runs: dict, low_runs: dict, op_of: dict) -> dict:
             pairs[name] = measured_pair(fp32_runs.get(name, ()), low_runs.get(name, ()))
     for names in by_op.values():
         sums = [(sum(fp32_runs[n][k] for n in names), sum(low_runs[n][k] for n in names)) for k in range(runs)]
+        if not all(a > 0 for a, _ in sums):  # a run timed the op type at 0 us in float32: no ratio to read
+            pairs.update({n: measured_pair(fp32_runs[n], low_runs[n]) for n in names})
+            continue
         faster = {_faster(a, b) for a, b in sums}
         ratio = statistics.median(b / a for a, b in sums) if faster in ({1}, {-1}) else 1.0
         pairs.update({n: (min(fp32_runs[n]), min(fp32_runs[n]) * ratio) for n in names})

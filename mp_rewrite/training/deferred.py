@@ -111,6 +111,7 @@ def _advance(step: _Pending):
         _PENDING.pop(step.name, None)
         logger.warning("mp_rewrite: %s: measuring the step failed (%s: %s); it keeps running Grappler's lists",
                        step.name, type(error).__name__, str(error)[:300])
+        logger.debug("mp_rewrite: %s: where the measuring failed", step.name, exc_info=True)
         return None
 
 

@@ -31,3 +31,13 @@ def test_an_op_type_the_runs_disagree_on_is_a_tie_and_untimed_nodes_are_priced_a
     pairs = pooled_pairs(fp32, low, {"a": "Relu", "b": "Relu", "fused": "BiasAdd"})
     assert pairs["a"] == (1.0, 1.0) and pairs["b"] == (1.0, 1.0)
     assert pairs["fused"] == (0.0, 0.0)  # no time of its own in either run
+
+
+def test_an_op_type_timed_at_zero_in_a_float32_run_is_priced_node_by_node():
+    # Step stats count whole microseconds: a tiny training step's Reshapes read 0 in a float32 run (CI once divided
+    # by that sum and lost the step's measuring). Every run says float32 is faster, yet no ratio is read over 0.
+    fp32 = {"a": [0.0, 0.001, 0.0], "b": [0.0, 0.0, 0.001]}
+    low = {"a": [0.01, 0.012, 0.011], "b": [0.02, 0.02, 0.02]}
+    pairs = pooled_pairs(fp32, low, {"a": "Reshape", "b": "Reshape"})
+    assert pairs == {"a": measured_pair(fp32["a"], low["a"]), "b": measured_pair(fp32["b"], low["b"])}
+    assert pairs["a"] == (0.0, 0.01) and pairs["b"] == (0.0, 0.02)
