@@ -8,9 +8,11 @@ thread (TF_NUM_INTRAOP_THREADS=1, tf.config.threading.set_intra_op_parallelism_t
 
 Only where the batch-rows analysis (analysis/batch_rows.py) proves that every output row depends on the same input
 rows alone, and a check on random inputs agrees, bit for bit (mixed_samples: no slice's outputs move when the other
-samples change, the split equals the graph called on each slice, a batch smaller than N runs whole). "auto" keeps
-the split only where it measured faster than the whole call here, at every batch timed, beyond the noise (a tie
-keeps the graph whole): the split never makes a model slower in the setting it was measured in.
+samples change, the split equals the graph called on each slice, a batch smaller than N runs whole). "auto" times
+the whole call and the splits here and, in a child process, in the other serving setting (split_timing.py: one
+intra-op thread, TF's default threads), and keeps a split only where it measured faster than the whole call beyond
+the noise at every batch timed in one setting and not slower in the other (a tie keeps the graph whole): the split
+never makes a model slower in either setting.
 
 Batch 1 is decided apart (row_choice.py): one sample's token rows in 2 branches, routed to inside the frozen graph
 (a Switch on the batch) where the plan exists, the check passes at batch 1 and, for "auto", it measured faster
@@ -21,20 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
-import time
 
 from ..analysis.batch_rows import batch_rows
 from ..analysis.shapes import node_shapes
 from .frozen_function import imported_function
-from .inputs import signature_inputs
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
 from .split_option import SERVE, SPLIT_FUNCTION
+from .split_timing import (CALLS, ONE_THREAD, feeds, interleaved_times, other_setting, saved_functions,
+                           this_setting, times_elsewhere)
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
-TIMED_BATCHES, ROUNDS, CALLS = (8, 32), 5, 4
+TIMED_BATCHES = (8, 32)
 FASTER = 0.97  # a split within 3% of the whole call is a tie: the graph stays whole
-ONE_THREAD = "one intra-op thread"  # the setting a split model is served in (split_option.SERVE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +44,8 @@ class SplitChoice:
     Attributes:
         branches: N slices (1: the graph runs whole).
         why: the reason, with what was measured.
-        times: {(batch, branches): median ms per call} measured for "auto" (empty otherwise); at batch 1,
-            branches N is the token-row split in N.
+        times: {serving setting: {(batch, branches): median ms per call}} measured for "auto" (empty otherwise);
+            at batch 1, branches N is the token-row split in N.
         rows: token-row branches at batch 1 (row_choice.py; 1: batch 1 runs whole).
     """
 
@@ -69,9 +69,10 @@ def split_signature(graph_def, frozen, captured, split, exact: bool):
     if split == "off":
         return whole, SplitChoice(1, "off")
     imported, at_one = _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact)
-    function, choice = _batch_split(graph_def, frozen, imported, specs, split)
-    return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one),
-                                         times={**choice.times, **at_one.times}, rows=at_one.rows)
+    function, choice = _batch_split(graph_def, frozen, captured, imported, specs, split)
+    times = {s: {**at_one.times.get(s, {}), **choice.times.get(s, {})} for s in {**at_one.times, **choice.times}}
+    return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one), times=times,
+                                         rows=at_one.rows)
 
 
 def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact: bool):
@@ -87,12 +88,19 @@ def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact
     if split != "auto":
         return routed, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches (proven, and equal to "
                                                      "the whole graph at batch 1)")
-    times = interleaved_times({1: whole, ROW_PARTS: candidate}, _feeds(specs, 1), ROW_CALLS)
-    choice = row_verdict({(1, n): t for n, t in times.items()}, _setting())
+    here = this_setting()
+    times = {here: {(1, n): t for n, t in interleaved_times({1: whole, ROW_PARTS: candidate}, feeds(specs, 1),
+                                                            ROW_CALLS).items()}}
+    other, env = other_setting(here)
+    with saved_functions({1: whole, ROW_PARTS: candidate}, captured) as places:
+        elsewhere, why = times_elsewhere(places, [spec.name for spec in specs], [(1, ROW_CALLS, [1, ROW_PARTS])],
+                                         env)
+    times.update({other: elsewhere} if elsewhere else {})
+    choice = row_verdict(times, f"{other} not timed: {why}" if why else "")
     return (routed if choice.rows > 1 else imported), choice
 
 
-def _batch_split(graph_def, frozen, imported, specs, split):
+def _batch_split(graph_def, frozen, captured, imported, specs, split):
     """(the function, a SplitChoice): `imported` called whole, or once per slice of the batch in N branches."""
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
@@ -108,7 +116,8 @@ def _batch_split(graph_def, frozen, imported, specs, split):
             return whole, SplitChoice(1, f"not split: {unequal}")
     if split != "auto":
         return made[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
-    return chosen_split(whole, made, specs)
+    with saved_functions({1: whole, **made}, captured) as places:
+        return chosen_split(whole, made, specs, places)
 
 
 def split_candidates(split) -> list[int]:
@@ -156,20 +165,14 @@ def _function(imported, specs, keys, shapes, carried, branches: int):
     return tf.function(run, input_signature=specs, autograph=False)
 
 
-def _feeds(specs, batch: int, seed: int = 0) -> list:
-    import tensorflow as tf
-    arrays, _ = signature_inputs("split", {spec.name: spec for spec in specs}, {}, batch, seed)
-    return [tf.constant(arrays[spec.name]) for spec in specs]
-
-
 def unequal_outputs(whole, other, specs, exact: bool, batches, what: str) -> str:
     """"" if the function `other`'s outputs (`other(*tensors)` -> {key: tensor}, as `whole`, on inputs made from the
     TensorSpecs `specs`) equal the whole one's at each of `batches`: bit for bit where `exact` (the graph computes
     in float32), within round-off (1e-2) where it computes in low precision; else why (`what` names `other`)."""
     import numpy as np
     for batch in batches:
-        feeds = _feeds(specs, batch, seed=batch)
-        want, got = whole(*feeds), other(*feeds)
+        tensors = feeds(specs, batch, seed=batch)
+        want, got = whole(*tensors), other(*tensors)
         for key in want:
             a, b = want[key].numpy(), got[key].numpy()
             if a.shape != b.shape:
@@ -198,23 +201,23 @@ def mixed_samples(whole, split, specs, branches: int) -> str:
     import numpy as np
     import tensorflow as tf
     batch = max(SHAPE_BATCH, 2 * branches + 1)
-    feeds, others = _feeds(specs, batch, seed=batch), _feeds(specs, batch, seed=batch + 1)
+    given, others = feeds(specs, batch, seed=batch), feeds(specs, batch, seed=batch + 1)
     carried = [bool(spec.shape.rank) and spec.shape[0] is None for spec in specs]
     bounds = np.cumsum([0] + [batch // branches + (i < batch % branches) for i in range(branches)])
     slices = list(zip(bounds[:-1], bounds[1:]))
-    want = _arrays(whole(*feeds))
+    want = _arrays(whole(*given))
     for lo, hi in slices:
-        changed = [tf.concat([o[:lo], f[lo:hi], o[hi:]], 0) if c else f for f, o, c in zip(feeds, others, carried)]
+        changed = [tf.concat([o[:lo], f[lo:hi], o[hi:]], 0) if c else f for f, o, c in zip(given, others, carried)]
         for key, got in _arrays(whole(*changed)).items():
             if not _same(want[key][lo:hi], got[lo:hi]):
                 return (f"output {key} of samples {lo}-{hi - 1} changes when the other samples of the batch change "
                         f"(batch {batch}): the graph mixes the samples of a batch")
-    pieces = [_arrays(whole(*[f[lo:hi] if c else f for f, c in zip(feeds, carried)])) for lo, hi in slices]
-    for key, got in _arrays(split(*feeds)).items():
+    pieces = [_arrays(whole(*[f[lo:hi] if c else f for f, c in zip(given, carried)])) for lo, hi in slices]
+    for key, got in _arrays(split(*given)).items():
         expected = np.concatenate([piece[key] for piece in pieces])
         if not _same(expected, got):
             return f"output {key} split in {branches} differs from the graph called on each slice (batch {batch})"
-    small = _feeds(specs, max(1, branches - 1), seed=branches)
+    small = feeds(specs, max(1, branches - 1), seed=branches)
     want = _arrays(whole(*small))
     for key, got in _arrays(split(*small)).items():
         if not _same(want[key], got):
@@ -231,77 +234,93 @@ def _same(a, b) -> bool:
     return a.shape == b.shape and np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.inexact))
 
 
-def chosen_split(whole, made: dict, specs):
-    """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES; keep what
-    split_verdict says: (the function kept, its SplitChoice)."""
+def chosen_split(whole, made: dict, specs, places):
+    """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES, in this process's
+    serving setting and in the other one (split_timing: `places` are the candidates' SavedModels for its child
+    process, keyed as `made` and 1 for the whole call, or why there are none); keep what split_verdict says: (the
+    function kept, its SplitChoice)."""
+    here = this_setting()
     times = {}
     for batch in TIMED_BATCHES:
-        raced = interleaved_times({1: whole, **made}, _feeds(specs, batch))
+        raced = interleaved_times({1: whole, **made}, feeds(specs, batch))
         times.update({(batch, n): ms for n, ms in raced.items()})
-    choice = split_verdict(times, _setting())
+    other, env = other_setting(here)
+    elsewhere, why = times_elsewhere(places, [spec.name for spec in specs],
+                                     [(batch, CALLS, [1, *made]) for batch in TIMED_BATCHES], env)
+    choice = split_verdict({here: times, **({other: elsewhere} if elsewhere else {})},
+                           f"{other} not timed: {why}" if why else "")
     return (made[choice.branches] if choice.branches > 1 else whole), choice
 
 
-def interleaved_times(runners: dict, feeds, calls: int = CALLS) -> dict:
-    """{key: median ms per call} of the functions `runners` ({key: function}) called on `feeds`: ROUNDS rounds,
-    each timing a block of `calls` calls of every runner in turn, after one warming call each."""
-    samples = {n: [] for n in runners}
-    for function in runners.values():
-        function(*feeds)  # warm: oneDNN's primitives and TF's kernels are made at the first call
-    for _ in range(ROUNDS):
-        for n, function in runners.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                function(*feeds)
-            samples[n].append((time.perf_counter() - start) / calls * 1e3)
-    return {n: statistics.median(samples[n]) for n in runners}
-
-
-def _setting() -> str:
-    """This process's intra-op threads, as the lines say them."""
-    import tensorflow as tf
-    # TF reads TF_NUM_INTRAOP_THREADS at start without reporting it through tf.config.
-    threads = tf.config.threading.get_intra_op_parallelism_threads() or int(
-        os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0)
-    return ONE_THREAD if threads == 1 else f"{threads or 'the default'} intra-op threads"
-
-
-def _hint(setting: str) -> str:
-    return "" if setting == ONE_THREAD else "; to choose for one intra-op thread, convert with TF_NUM_INTRAOP_THREADS=1"
-
-
-def split_verdict(times: dict, setting: str) -> SplitChoice:
+def split_verdict(times: dict, untimed: str = "") -> SplitChoice:
     """The split to keep from measured times: a number of branches faster than the whole call (1) by more than the
-    noise (FASTER) at every batch timed, the fastest in sum of those; else 1 (a tie keeps the graph whole).
+    noise (FASTER) at every batch timed in some serving setting, and not slower beyond the noise at any batch in
+    any setting timed -- a split that wins with one intra-op thread and loses with TF's default threads would make
+    the model slower where it is served so --; the least in sum of its ratios to the whole call of those; else 1
+    (a tie keeps the graph whole).
 
     Args:
-        times: {(batch, branches): median ms per call}, with branches 1 for the whole call at every batch.
-        setting: the threads the times were measured with, for the line.
+        times: {setting: {(batch, branches): median ms per call}}, with branches 1 for the whole call at every
+            batch; this process's setting first.
+        untimed: why a setting was not timed ("" where both were), said in the line.
     """
-    batches = sorted({b for b, _ in times})
-    splits = sorted({n for _, n in times if n > 1})
-    measured = "; ".join(f"batch {b}: " + ", ".join(f"{'whole' if n == 1 else f'{n} branches'} {times[b, n]:.1f} ms"
-                                                     for n in (1, *splits)) for b in batches)
-    winners = [n for n in splits if all(times[b, n] < FASTER * times[b, 1] for b in batches)]
+    ratios = {s: {(b, n): ms / t[b, 1] for (b, n), ms in t.items() if n > 1} for s, t in times.items()}
+    splits = sorted({n for r in ratios.values() for _, n in r})
+    faster = {n: [s for s, r in ratios.items() if all(x < FASTER for (_, m), x in r.items() if m == n)]
+              for n in splits}
+    slower = {n: [s for s, r in ratios.items() if any(x > 1 / FASTER for (_, m), x in r.items() if m == n)]
+              for n in splits}
+    measured = "; ".join(f"with {s}: {_measured(t)}" for s, t in times.items())
+    winners = [n for n in splits if faster[n] and not slower[n]]
+    hint = _hint(untimed, next(iter(times)))
     if not winners:
-        return SplitChoice(1, f"not split: no split measured faster here with {setting} ({measured})"
-                              f"{_hint(setting)}", times)
-    best = min(winners, key=lambda n: sum(times[b, n] for b in batches))
-    return SplitChoice(best, f"split in {best} branches: faster at every batch timed with {setting} ({measured}); "
-                             f"{SERVE}", times)
+        mixed = next((n for n in splits if faster[n] and slower[n]), None)
+        if mixed is None:
+            return SplitChoice(1, f"not split: no split measured faster with {' or '.join(times)} ({measured})"
+                                  f"{hint}", times)
+        return SplitChoice(1, f"not split: {mixed} branches measured faster with {' and '.join(faster[mixed])} but "
+                              f"slower with {' and '.join(slower[mixed])} ({measured}): the split would make the model "
+                              f"slower served so; --split {mixed} writes it for {' and '.join(faster[mixed])}{hint}",
+                           times)
+    best = min(winners, key=lambda n: sum(x for r in ratios.values() for (_, m), x in r.items() if m == n))
+    level = [s for s in times if s not in faster[best]]
+    return SplitChoice(best, f"split in {best} branches: faster at every batch timed with {' and '.join(faster[best])}"
+                             + (f", not slower with {' and '.join(level)}" if level else "")
+                             + f" ({measured}){hint}; {SERVE}", times)
 
 
-def row_verdict(times: dict, setting: str) -> RowChoice:
-    """Batch 1's choice from measured times: the token-row split if faster than the whole call by more than the
-    noise (FASTER), as split_verdict asks of a batch split; else whole.
+def _measured(times: dict) -> str:
+    """"batch 8: whole 14.4 ms, 2 branches 8.3 ms; batch 32: ..." of {(batch, branches): ms}."""
+    batches = sorted({b for b, _ in times})
+    return "; ".join(f"batch {b}: " + ", ".join(f"{'whole' if n == 1 else f'{n} branches'} {times[b, n]:.1f} ms"
+                                               for n in sorted(m for c, m in times if c == b)) for b in batches)
+
+
+def _hint(untimed: str, here: str) -> str:
+    """The line's note on a setting not timed, and how to choose for one intra-op thread then."""
+    if not untimed:
+        return ""
+    return f"; {untimed}" + ("" if here == ONE_THREAD else "; to choose for one intra-op thread, convert with "
+                             "TF_NUM_INTRAOP_THREADS=1")
+
+
+def row_verdict(times: dict, untimed: str = "") -> RowChoice:
+    """Batch 1's choice from measured times, by split_verdict's rule: the token-row split if faster than the whole
+    call beyond the noise (FASTER) in some serving setting timed and not slower beyond it in any; else whole.
 
     Args:
-        times: {(1, 1): whole ms per call, (1, ROW_PARTS): the row split's}; setting: the threads they were
-            measured with, for the line.
+        times: {setting: {(1, 1): whole ms per call, (1, ROW_PARTS): the row split's}}, this process's first.
+        untimed: why a setting was not timed ("" where both were), said in the line.
     """
-    whole, rows = times[1, 1], times[1, ROW_PARTS]
-    measured = f"{rows:.2f} ms against whole {whole:.2f} ms with {setting}"
-    if rows < FASTER * whole:
-        return RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches, {measured}", times)
+    ratio = {s: t[1, ROW_PARTS] / t[1, 1] for s, t in times.items()}
+    faster = [s for s, x in ratio.items() if x < FASTER]
+    slower = [s for s, x in ratio.items() if x > 1 / FASTER]
+    measured = "; ".join(f"{t[1, ROW_PARTS]:.2f} ms against whole {t[1, 1]:.2f} ms with {s}" for s, t in times.items())
+    hint = _hint(untimed, next(iter(times)))
+    if faster and not slower:
+        return RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches, {measured}{hint}", times)
+    if faster:
+        return RowChoice(1, f"runs whole: token rows in {ROW_PARTS} branches faster with {' and '.join(faster)} but "
+                            f"slower with {' and '.join(slower)} ({measured}){hint}", times)
     return RowChoice(1, f"runs whole: token rows in {ROW_PARTS} branches not faster beyond the noise ({measured})"
-                        f"{_hint(setting)}", times)
+                        f"{hint}", times)

@@ -7,8 +7,9 @@ frozen split is (batch_split.py):
 2. checked: the converted model and its split copy (both loaded, as written) are called on the same random inputs,
    at an odd batch split unevenly and at a batch smaller than N (run whole): equal bit for bit where the model
    computes in float32, within round-off where it computes in low precision;
-3. for "auto", timed: the whole and the split signature interleaved at batch 8 and 32 in this process, kept only if
-   faster beyond the noise at both (batch_split.split_verdict).
+3. for "auto", timed: the whole and the split signature interleaved at batch 8 and 32, in this process and in the
+   other serving setting (split_timing.py), kept only if faster beyond the noise at both batches in one setting
+   and not slower in the other (batch_split.split_verdict).
 
 A refusal or a failed check leaves the signature whole, with the reason in the line. Every function the pass
 rewrote is written as it was (the split only wraps the signature): `--assign lists` stays Grappler's, node for node.
@@ -121,12 +122,12 @@ def _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries, 
     names = sorted(given)
     specs = [tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names]
     whole = _positional(signature, names)
-    candidates, functions = {}, {}
+    candidates, functions, staged = {}, {}, {}
     for n in split_candidates(split):
         candidates[n] = split_wrapper(meta_graph, wrapper, carried, n, output_shapes(meta_graph, key))
-        directory = stack.enter_context(_staged(files, _with_meta_graph(saved_model, index, candidates[n])))
+        staged[n] = stack.enter_context(_staged(files, _with_meta_graph(saved_model, index, candidates[n])))
         try:
-            functions[n] = _positional(load_saved_model(directory, f"split in {n}", load_tags(meta_graph))
+            functions[n] = _positional(load_saved_model(staged[n], f"split in {n}", load_tags(meta_graph))
                                        .signatures[key], names)
             unequal = mixed_samples(whole, functions[n], specs, n)
         except (ModelError, tf.errors.OpError) as e:  # our bug, said in the line rather than failing the conversion
@@ -136,7 +137,10 @@ def _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries, 
             return meta_graph, SplitChoice(1, f"not split: {unequal}")
     if split != "auto":
         return candidates[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
-    _, choice = chosen_split(whole, functions, specs)
+    tags = load_tags(meta_graph)
+    places = {1: (stack.enter_context(_staged(files, saved_model)), key, tags),
+              **{n: (staged[n], key, tags) for n in candidates}}
+    _, choice = chosen_split(whole, functions, specs, places)
     return (candidates[choice.branches] if choice.branches > 1 else meta_graph), choice
 
 

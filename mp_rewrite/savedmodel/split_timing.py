@@ -1,0 +1,154 @@
+"""How `--split auto` times its candidates: interleaved in this process, and in the other serving setting in a
+child process.
+
+TensorFlow fixes its intra-op threads when it starts, so one process cannot time a call both with one intra-op
+thread and with TF's default threads, and the converting process cannot know which one the model will be served
+with. A split that wins with one thread can lose with the default ones (keras-hub BERT at batch 8: 1.64x faster
+with one, 1.20x slower with the default ones; docs/batch_split.md). So `auto` times the candidates here and again
+in a child process started with the other setting -- TF_NUM_INTRAOP_THREADS=1 where this process has more threads,
+TF's default where it has one -- and the verdicts (batch_split.split_verdict, row_verdict) read both.
+
+The child loads the candidates from SavedModel directories, one signature per candidate: in place, the staged
+copies the check already loaded; frozen, the candidate functions saved to a temporary directory (saved_functions).
+It reads its races as JSON on stdin and writes the times as JSON on stdout. Nothing else is written, and a child
+that fails or runs past CHILD_TIMEOUT leaves the other setting untimed, said in the line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from .frozen_function import remove_tree
+from .inputs import made_tensors
+
+ROUNDS, CALLS = 5, 4
+ONE_THREAD = "one intra-op thread"  # the setting a split model is served in (split_option.SERVE)
+DEFAULT_THREADS = "TF's default intra-op threads"
+CHILD_TIMEOUT = 600  # seconds: ResNet-50's races at batch 8 and 32 with one thread take about 30 s here
+THREADS_VARIABLE = "TF_NUM_INTRAOP_THREADS"
+
+
+def feeds(specs, batch: int, seed: int = 0) -> list:
+    """The made-up inputs a split is checked and timed on (inputs.made_tensors, labelled "split")."""
+    return made_tensors(specs, batch, seed, label="split")
+
+
+def interleaved_times(runners: dict, tensors, calls: int = CALLS) -> dict:
+    """{key: median ms per call} of the functions `runners` ({key: function}) called on `tensors`: ROUNDS rounds,
+    each timing a block of `calls` calls of every runner in turn, after one warming call each."""
+    samples = {n: [] for n in runners}
+    for function in runners.values():
+        function(*tensors)  # warm: oneDNN's primitives and TF's kernels are made at the first call
+    for _ in range(ROUNDS):
+        for n, function in runners.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                function(*tensors)
+            samples[n].append((time.perf_counter() - start) / calls * 1e3)
+    return {n: statistics.median(samples[n]) for n in runners}
+
+
+def this_setting() -> str:
+    """This process's intra-op threads, as the lines say them."""
+    import tensorflow as tf
+    # TF reads TF_NUM_INTRAOP_THREADS at start without reporting it through tf.config.
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or int(
+        os.environ.get(THREADS_VARIABLE, "0") or 0)
+    return ONE_THREAD if threads == 1 else (DEFAULT_THREADS if not threads else f"{threads} intra-op threads")
+
+
+def other_setting(setting: str) -> tuple[str, dict]:
+    """(the other serving setting's name, the environment a child process runs in it): TF's default threads where
+    `setting` is one thread, else one thread."""
+    env = {key: value for key, value in os.environ.items() if key != THREADS_VARIABLE}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if setting == ONE_THREAD:
+        return DEFAULT_THREADS, env
+    return ONE_THREAD, {**env, THREADS_VARIABLE: "1"}
+
+
+@contextlib.contextmanager
+def saved_functions(functions: dict, captured=()):
+    """Yield {key: (directory, signature key, tags)} of the tf.functions `functions` ({key: function with an input
+    signature}) saved as the signatures of one temporary SavedModel (removed after), or a str saying why they were
+    not: weights kept as variables (a model past protobuf's limit) are not copied only to be timed."""
+    import tensorflow as tf
+    if captured:
+        yield "its weights are variables (over protobuf's limit), not copied to another process only to be timed"
+        return
+    directory = tempfile.mkdtemp(prefix="mp_rewrite-timing-")
+    try:
+        names = {key: f"candidate_{key}" for key in functions}
+        module = tf.Module()
+        module.functions = list(functions.values())
+        try:
+            tf.saved_model.save(module, directory, signatures={names[k]: f.get_concrete_function()
+                                                               for k, f in functions.items()},
+                                options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
+        except (ValueError, TypeError, OSError, tf.errors.OpError) as e:
+            yield f"the candidates could not be saved to be timed ({str(e).splitlines()[0]})"
+            return
+        yield {key: (directory, name, ["serve"]) for key, name in names.items()}
+    finally:
+        remove_tree(directory)
+
+
+def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, str]:
+    """({(batch, key): median ms per call}, "") timed in a child process with the environment `env`, or ({}, why
+    not).
+
+    Args:
+        places: {key: (SavedModel directory, signature key, its MetaGraph's tags)} of each candidate, or a str
+            (why there are none).
+        names: the signatures' input names, in the order the candidates take them.
+        races: [(batch, calls, [keys])]: each an interleaved race of those candidates at that batch.
+    """
+    if isinstance(places, str):
+        return {}, places
+    request = {"places": {str(k): list(v) for k, v in places.items()}, "names": names,
+               "races": [[batch, calls, [str(k) for k in keys]] for batch, calls, keys in races]}
+    keys = {str(k): k for k in places}
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True,
+                              text=True, env=env, timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {}, f"its timing process ran past {CHILD_TIMEOUT} s"
+    except OSError as e:
+        return {}, f"its timing process did not start ({e})"
+    if done.returncode != 0:
+        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
+        return {}, f"its timing process failed ({last.strip()[:200]})"
+    return {(batch, keys[key]): ms for batch, key, ms in json.loads(done.stdout.strip().splitlines()[-1])}, ""
+
+
+def _child() -> None:
+    """The child's side: read the request (times_elsewhere's) on stdin, time, print [[batch, key, ms], ...]."""
+    import tensorflow as tf
+
+    from ..model.runtime import load_saved_model
+    request = json.loads(sys.stdin.read())
+    names = request["names"]
+    loaded, functions, specs = {}, {}, None
+    for key, (directory, signature, tags) in request["places"].items():
+        if directory not in loaded:
+            loaded[directory] = load_saved_model(directory, "a candidate", tags)
+        function = loaded[directory].signatures[signature]
+        given = function.structured_input_signature[1]
+        specs = [tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names]
+        functions[key] = (lambda f: lambda *tensors: f(**dict(zip(names, tensors))))(function)
+    out = []
+    for batch, calls, keys in request["races"]:
+        times = interleaved_times({key: functions[key] for key in keys}, feeds(specs, batch), calls)
+        out += [[batch, key, ms] for key, ms in times.items()]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _child()
