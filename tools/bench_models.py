@@ -18,8 +18,8 @@ from pathlib import Path
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fp32", "ours", "ours_any", "ours_lists", "ours_lists_split", "ours_freeze", "ours_split", "ours_cost",
-            "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")
+VARIANTS = ("fp32", "ours", "ours_any", "ours_lists", "ours_lists_split", "ours_freeze", "ours_split",
+            "ours_split_auto", "ours_cost", "ours_tuned", "tf_amp", "keras_mixed", "ours_mm")
 PEERS = ("inc", "openvino")  # each only if its Python is given
 TUNE_BATCH = 8
 # An extra variant, not Grappler's lists: only the allow ops (matmul/conv) in bf16, every elementwise op float32.
@@ -112,6 +112,7 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
              "keras_mixed": workdir / name / "keras_mixed_bf16", "ours_mm": workdir / name / "ours_mm_bf16",
              "ours_freeze": workdir / name / "ours_freeze_bf16", "ours_tuned": workdir / name / "ours_tuned",
              "ours_split": workdir / name / "ours_freeze_split2_bf16",
+             "ours_split_auto": workdir / name / "ours_freeze_split_auto_bf16",
              "ours_lists_split": workdir / name / "ours_split2_bf16"}
     paths["tf_amp"] = paths["fp32"]
     if openvino_python:
@@ -141,6 +142,11 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
         freeze_times.append(time.perf_counter() - start)
     if "ours_split" in wanted:  # --freeze --split 2: the batch in two concurrent branches (serve with 1 thread)
         convert_saved_model(paths["fp32"], paths["ours_split"], "bfloat16", freeze=True, split=2, overwrite=True)
+    split_auto = ""
+    if "ours_split_auto" in wanted:  # --freeze --split auto: what the race in both serving settings kept
+        auto = convert_saved_model(paths["fp32"], paths["ours_split_auto"], "bfloat16", freeze=True, split="auto",
+                                   overwrite=True)
+        split_auto = next((note for note in auto.notes if note.startswith("signature")), "")
     if "ours_lists_split" in wanted:  # in place, --split 2: the signatures call their bodies per slice
         convert_saved_model(paths["fp32"], paths["ours_lists_split"], "bfloat16", split=2, overwrite=True)
     predictions, default_seconds, cost_seconds, tune_seconds, chosen = {}, None, None, None, "-"
@@ -171,7 +177,7 @@ def prepare(name: str, workdir: Path, inc_python: str | None, openvino_python: s
              "cost_s": cost_seconds, "tune_s": tune_seconds, "default_s": default_seconds, "any_s": any_seconds,
              "predicted": {TUNE_BATCH: predictions, **({"any": predictions_any} if any_seconds else {})},
              "inc_s": inc.get("seconds"),
-             "tuned": chosen,
+             "tuned": chosen, "split_auto": split_auto,
              "freeze_mb": sum(f.stat().st_size for f in paths["ours_freeze"].rglob("*") if f.is_file()) / 1e6,
              "flop_share": result.flops.share,
              "converted": result.converted_nodes, "casts": result.casts,

@@ -14,6 +14,7 @@ LABELS = {"fp32": "float32", "ours": "mp-rewrite default (cost)",
           "tf_amp": "TF AMP (oneDNN bf16)", "keras_mixed": "Keras mixed_bfloat16",
           "ours_mm": "mp-rewrite bf16, matmul/conv only", "inc": "Intel Neural Compressor bf16",
           "openvino": "OpenVINO (CPU plugin)", "ours_split": "mp-rewrite --freeze --split 2",
+          "ours_split_auto": "mp-rewrite --freeze --split auto",
           "ours_lists_split": "mp-rewrite bf16 --assign lists --split 2 (in place)"}
 # The TF variants timed again in a serving setting (bench_saved_model.py --serving), after every default one.
 LABELS.update({f"{v}@intra1": f"{label}, 1 intra-op thread" for v, label in list(LABELS.items()) if v != "openvino"})
@@ -157,6 +158,11 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
                      f"{_seconds(f['inc_s'])} | "
                      f"{f['tuned']} | {f['converted']} | {f['casts']} | "
                      f"{f['flop_share']:.1%} |")
+    said = [(name, f["split_auto"]) for name, f in facts.items() if f.get("split_auto")]
+    if said:
+        lines += ["", "What `--freeze --split auto` kept, as its convert line says (timed in the benchmark's process, "
+                  "TF's default threads, and in a child process with one intra-op thread):", ""]
+        lines += [f"- {name}: {line}" for name, line in said]
     lines += ["", "What the cost assignment predicted at conversion (converted at the batch it is timed at, as "
               "`--batch-size` does, or once without it: batch \"any\"; ms per run of the candidate ops, from the costs it measured in the model: "
               "float32, Grappler's lists, the cut, and the bound -- each op at its faster precision, casts not "
