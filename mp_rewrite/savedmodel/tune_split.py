@@ -13,13 +13,13 @@ choose for a server that uses one.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 
 from .batch_split import split_candidates
 from .split_in_place import split_written
 from .split_option import SERVE
+from .split_timing import ONE_THREAD, this_setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +47,6 @@ def race_split(winner: str, work: Path, split, race) -> SplitRace:
         race: callable({name: directory}, clock) -> (RaceTimes in that order, {name: passed verification}): tune's
             timing and verification of the candidates.
     """
-    import tensorflow as tf
-
     splits, said = {}, []
     for n in split_candidates(split):
         name = f"{winner}, split in {n}"
@@ -65,10 +63,7 @@ def race_split(winner: str, work: Path, split, race) -> SplitRace:
     order = list(paths)
     chosen, tie = choose([n for n in order if passed[n]], order, times)
     milliseconds = dict(zip(order, times.medians))
-    # TF reads TF_NUM_INTRAOP_THREADS at start without reporting it through tf.config.
-    threads = tf.config.threading.get_intra_op_parallelism_threads() or int(
-        os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0)
-    setting = "one intra-op thread" if threads == 1 else f"{threads or 'the default'} intra-op threads"
+    setting = this_setting()
     measured = ", ".join(f"{'whole' if n == winner else n.split(', ')[1]} {ms:.1f} ms" for n, ms in
                          milliseconds.items())
     branches = splits[chosen][0] if chosen in splits else 1
@@ -76,7 +71,7 @@ def race_split(winner: str, work: Path, split, race) -> SplitRace:
         line = f"--split {split}: '{winner}' split in {branches} branches: faster here with {setting} (median wall " \
                f"time per call: {measured}); {SERVE}"
     else:
-        hint = "" if threads == 1 else "; to choose for one intra-op thread, tune with TF_NUM_INTRAOP_THREADS=1"
+        hint = "" if setting == ONE_THREAD else "; to choose for one intra-op thread, tune with TF_NUM_INTRAOP_THREADS=1"
         failed = [n for n in splits if not passed[n]]
         why = tie.split(", so the candidate")[0] if tie else f"'{failed[0]}' fails verification" if failed else \
             "no split measured faster"
