@@ -29,8 +29,7 @@ from ..analysis.shapes import node_shapes
 from .frozen_function import imported_function
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
 from .split_option import SERVE, SPLIT_FUNCTION
-from .split_timing import (CALLS, ONE_THREAD, feeds, interleaved_times, other_setting, saved_functions,
-                           this_setting, times_elsewhere)
+from .split_timing import CALLS, ONE_THREAD, feeds, saved_functions, times_in_both
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
 TIMED_BATCHES = (8, 32)
@@ -88,15 +87,9 @@ def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact
     if split != "auto":
         return routed, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches (proven, and equal to "
                                                      "the whole graph at batch 1)")
-    here = this_setting()
-    times = {here: {(1, n): t for n, t in interleaved_times({1: whole, ROW_PARTS: candidate}, feeds(specs, 1),
-                                                            ROW_CALLS).items()}}
-    other, env = other_setting(here)
-    with saved_functions({1: whole, ROW_PARTS: candidate}, captured) as places:
-        elsewhere, why = times_elsewhere(places, [spec.name for spec in specs], [(1, ROW_CALLS, [1, ROW_PARTS])],
-                                         env)
-    times.update({other: elsewhere} if elsewhere else {})
-    choice = row_verdict(times, f"{other} not timed: {why}" if why else "")
+    runners = {1: whole, ROW_PARTS: candidate}
+    with saved_functions(runners, captured) as places:
+        choice = row_verdict(*times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])], places))
     return (routed if choice.rows > 1 else imported), choice
 
 
@@ -239,16 +232,8 @@ def chosen_split(whole, made: dict, specs, places):
     serving setting and in the other one (split_timing: `places` are the candidates' SavedModels for its child
     process, keyed as `made` and 1 for the whole call, or why there are none); keep what split_verdict says: (the
     function kept, its SplitChoice)."""
-    here = this_setting()
-    times = {}
-    for batch in TIMED_BATCHES:
-        raced = interleaved_times({1: whole, **made}, feeds(specs, batch))
-        times.update({(batch, n): ms for n, ms in raced.items()})
-    other, env = other_setting(here)
-    elsewhere, why = times_elsewhere(places, [spec.name for spec in specs],
-                                     [(batch, CALLS, [1, *made]) for batch in TIMED_BATCHES], env)
-    choice = split_verdict({here: times, **({other: elsewhere} if elsewhere else {})},
-                           f"{other} not timed: {why}" if why else "")
+    races = [(batch, CALLS, [1, *made]) for batch in TIMED_BATCHES]
+    choice = split_verdict(*times_in_both({1: whole, **made}, specs, races, places))
     return (made[choice.branches] if choice.branches > 1 else whole), choice
 
 

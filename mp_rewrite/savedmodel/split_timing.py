@@ -100,6 +100,23 @@ def saved_functions(functions: dict, captured=()):
         remove_tree(directory)
 
 
+def times_in_both(runners: dict, specs, races: list, places) -> tuple[dict, str]:
+    """({setting: {(batch, key): median ms per call}}, why a setting went untimed or ""): the `races` [(batch,
+    calls, [keys])] of the functions `runners` ({key: function}, called on inputs made from the TensorSpecs
+    `specs`) run here, interleaved, and then in the other serving setting on the same candidates saved at `places`
+    (times_elsewhere's). This process's setting comes first."""
+    here = this_setting()
+    times = {here: {}}
+    for batch, calls, keys in races:
+        raced = interleaved_times({key: runners[key] for key in keys}, feeds(specs, batch), calls)
+        times[here].update({(batch, key): ms for key, ms in raced.items()})
+    other, env = other_setting(here)
+    elsewhere, why = times_elsewhere(places, [spec.name for spec in specs], races, env)
+    if elsewhere:
+        times[other] = elsewhere
+    return times, (f"{other} not timed: {why}" if why else "")
+
+
 def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, str]:
     """({(batch, key): median ms per call}, "") timed in a child process with the environment `env`, or ({}, why
     not).
