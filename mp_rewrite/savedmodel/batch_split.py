@@ -29,7 +29,7 @@ from ..analysis.shapes import node_shapes
 from .frozen_function import imported_function
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
 from .split_option import SERVE, SPLIT_FUNCTION
-from .split_timing import CALLS, ONE_THREAD, feeds, saved_functions, times_in_both
+from .split_timing import CALLS, ONE_THREAD, SETTINGS, feeds, saved_functions, times_in_both
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
 TIMED_BATCHES = (8, 32)
@@ -54,7 +54,7 @@ class SplitChoice:
     rows: int = 1
 
 
-def split_signature(graph_def, frozen, captured, split, exact: bool):
+def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda what: None):
     """(the signature's tf.function, a SplitChoice): the frozen graph whole, or split into N branches.
 
     Args:
@@ -62,19 +62,20 @@ def split_signature(graph_def, frozen, captured, split, exact: bool):
         captured: [(placeholder, owner)] as frozen_function.as_function takes them.
         split: "off", "auto" or N (split_option.parse_split).
         exact: the graph computes in float32 (batch 1's token rows must then equal the whole graph bit for bit).
+        say: told each stage that takes a while ("timing the split ..."), for a progress bar.
     """
     imported, specs = imported_function(graph_def, frozen.inputs, frozen.outputs, captured)
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     if split == "off":
         return whole, SplitChoice(1, "off")
-    imported, at_one = _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact)
-    function, choice = _batch_split(graph_def, frozen, captured, imported, specs, split)
+    imported, at_one = _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact, say)
+    function, choice = _batch_split(graph_def, frozen, captured, imported, specs, split, say)
     times = {s: {**at_one.times.get(s, {}), **choice.times.get(s, {})} for s in {**at_one.times, **choice.times}}
     return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one), times=times,
                                          rows=at_one.rows)
 
 
-def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact: bool):
+def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact: bool, say):
     """(the frozen graph to call: `imported`, or the one routing batch 1 to its token rows (row_choice's), a
     RowChoice): what batch 1 runs."""
     routed, why = row_function(graph_def, frozen, captured)
@@ -88,12 +89,13 @@ def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact
         return routed, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches (proven, and equal to "
                                                      "the whole graph at batch 1)")
     runners = {1: whole, ROW_PARTS: candidate}
+    say(f"timing batch 1 in token rows, {SETTINGS}")
     with saved_functions(runners, captured) as places:
         choice = row_verdict(*times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])], places))
     return (routed if choice.rows > 1 else imported), choice
 
 
-def _batch_split(graph_def, frozen, captured, imported, specs, split):
+def _batch_split(graph_def, frozen, captured, imported, specs, split, say):
     """(the function, a SplitChoice): `imported` called whole, or once per slice of the batch in N branches."""
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
@@ -109,6 +111,7 @@ def _batch_split(graph_def, frozen, captured, imported, specs, split):
             return whole, SplitChoice(1, f"not split: {unequal}")
     if split != "auto":
         return made[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
+    say(f"timing the split, {SETTINGS}")
     with saved_functions({1: whole, **made}, captured) as places:
         return chosen_split(whole, made, specs, places)
 

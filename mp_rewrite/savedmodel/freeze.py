@@ -160,8 +160,11 @@ def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, ke
             functions[key] = functions[same]
             results[f"signature {key} (frozen)"] = results[f"signature {same} (frozen)"]
         else:
+            def say(what, done=done, key=key):  # a stage of this signature's split, on the progress bar
+                if progress is not None:
+                    progress(done - 1, len(chosen), f"{key}: {what}")
             function, result, identity = _frozen_signature(loaded, key, options, weights, module.resources, names,
-                                                           keep_variables, split)
+                                                           keep_variables, split, say)
             functions[key] = seen.setdefault(identity, function)
             results[f"signature {key} (frozen)"] = result
         if progress is not None:
@@ -189,11 +192,11 @@ def _keep_fused(options, records, present: set, names: set):
 
 
 def _frozen_signature(loaded, key: str, options, weights: str, resources: list, names: set, keep_variables: bool,
-                      split="off"):
+                      split="off", say=lambda what: None):
     """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult, a key
     equal for signatures whose frozen graphs and interfaces are the same). The resources it captures (tables, and
     kept variables) are appended to `resources`, which the saved module tracks; its node names to `names`; what
-    its batch split became (batch_split.SplitChoice) to the result, as `split`."""
+    its batch split became (batch_split.SplitChoice) to the result, as `split`; `say` is told each stage of it."""
     frozen = freeze_signature(loaded, key, keep_variables)
     fetches = frozen.fetches
     # BatchNorms folded into their convolutions, and the patterns TF's remapper fuses written the way it sees them.
@@ -225,7 +228,8 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
         check_weights_low(result.graph_def, key)
     resources.extend(owner for _, owner in captured if all(owner is not r for r in resources))
     result.graph_def = compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)
-    function, result.split = split_signature(result.graph_def, frozen, captured, split, exact=not result.retyped)
+    function, result.split = split_signature(result.graph_def, frozen, captured, split, exact=not result.retyped,
+                                             say=say)
     # Where float32 and the low precision each won at some batch: both, dispatched on the batch (batch_dispatch.py).
     function, result = dispatched(function, result, folded, frozen, captured, options, machine, weights, split)
     kept = result.dispatch.segments if result.dispatch is not None and result.dispatch.kept else ()

@@ -31,6 +31,7 @@ from .inputs import made_tensors
 ROUNDS, CALLS = 5, 4
 ONE_THREAD = "one intra-op thread"  # the setting a split model is served in (split_option.SERVE)
 DEFAULT_THREADS = "TF's default intra-op threads"
+SETTINGS = "here and in a child process in the other serving setting"  # what a progress bar says of the timing
 CHILD_TIMEOUT = 600  # seconds: ResNet-50's races at batch 8 and 32 with one thread take about 30 s here
 THREADS_VARIABLE = "TF_NUM_INTRAOP_THREADS"
 
