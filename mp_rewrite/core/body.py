@@ -11,6 +11,7 @@ import gc
 from tensorflow.core.framework import graph_pb2
 
 from . import dtypes, stages, tensor_lists
+from .angles import position_angles
 from .assignment import CostTable, assign_by_cost
 from .apply import Applied, apply_coloring
 from .emulation import apply_emulated
@@ -173,7 +174,7 @@ def _rewrite_body(graph_def, opts, fetches, preserve, signatures, preserve_state
             if sig.is_stateful or "Dataset" in view.ops[i]:
                 preserved.setdefault(view.names[i], "stateful op in a function body (Grappler preserves it)")
     ctx = PassContext(view, opts.lists, opts.target, opts.device, preserved, opts.keep_fp32, opts.force_low,
-                      opts.force_all)
+                      opts.force_all, position_angles(graph_def) if opts.float32_angles else None)
     assigned, costs = [], opts.costs
     if costs is not None and not isinstance(costs, CostTable):  # a machine table: this body's costs, measured
         costs, label = costs.for_graph(graph_def, opts.precision, fetches=fetches), "graph"

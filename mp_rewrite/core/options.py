@@ -32,6 +32,9 @@ class Options:
             for each graph rewritten.
         rules: with assign="cost", run the graph rules (rules.canonicalize) before and after the pass in place; False
             where they broke the written copy (savedmodel.convert writes it again without them).
+        float32_angles: keep the angles of Sin/Cos computed from integer positions in float32 (core.angles): set
+            by make_options for assign="cost" and kept by its candidates (Grappler's lists raced beside the cut);
+            assign="lists" asked for is Grappler's pass, node for node, and converts them.
     """
 
     precision: str
@@ -45,6 +48,7 @@ class Options:
     assign: str = "lists"
     costs: object = None
     rules: bool = True
+    float32_angles: bool = False
 
 
 EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"
@@ -78,7 +82,8 @@ def make_options(precision="float16", device=None, lists=None, keep_fp32=(), for
     emulate = _emulate(emulate, precision, device)
     _check_assign(assign, costs, precision, emulate)
     return Options(precision, target, device, lists, as_tuple(keep_fp32), as_tuple(force_low),
-                   level == "UNSAFE_FORCE_ALL", emulate, assign, costs if assign == "cost" else None)
+                   level == "UNSAFE_FORCE_ALL", emulate, assign, costs if assign == "cost" else None,
+                   float32_angles=assign == "cost")
 
 
 def given_or_made(options: Options | None, precision: str = "float16", **parts) -> Options:

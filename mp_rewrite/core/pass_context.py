@@ -73,12 +73,14 @@ class PassContext:
         processed: per node, Grappler's ShouldProcess (not preserved, on the target device).
         skip_reason: per node, why it is not processed ("" when it is).
         category: per node, its list ("allow"/"infer"/"deny"/"clear"/None) after the user's node overrides.
-        override: per node, "keep_fp32" / "force_low" / "" (the user's overrides that decided `category`).
+        override: per node, "keep_fp32" / "force_low" (the user's overrides that decided `category`), "angle" (the
+            angle of a Sin/Cos from integer positions, kept float32 by the default conversion: core.angles), or "".
+        angle_of: {node index: the Sin/Cos whose angle it computes} of the "angle" overrides.
         force_all: UNSAFE_FORCE_ALL.
     """
 
     def __init__(self, view: GraphView, lists: OpLists, target: int, device: str, preserved: dict,
-                 keep_fp32=None, force_low=None, force_all: bool = False):
+                 keep_fp32=None, force_low=None, force_all: bool = False, angles=None):
         self.view, self.lists, self.target, self.force_all = view, lists, target, force_all
         self.kernels = KernelSupport(target)
         self.device = device
@@ -93,6 +95,12 @@ class PassContext:
                 self.skip_reason[index] = why
         self.processed = [not r for r in self.skip_reason]
         self.category, self.override = self._categories(keep_fp32, force_low)
+        self.angle_of = {}
+        for name, periodic in (angles or {}).items():
+            index = view.node_index.get(name)
+            if index is not None and not self.override[index]:  # the user's own override of the node wins
+                self.category[index], self.override[index] = "deny", "angle"
+                self.angle_of[index] = periodic
         self._kernel_answers, self._low_capable = {}, None
 
     def _device_mismatch(self, kind: str) -> str:

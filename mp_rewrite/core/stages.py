@@ -106,7 +106,9 @@ def propagate_deny_forward(ctx: PassContext, paint: Paint) -> None:
         source = _name(ctx, root)
         for v, parent in reach(ctx, root, OUTPUTS, ok, seen):
             node = view.v_node[v]
-            if category[node] == "deny":
+            if category[node] == "deny" and ctx.override[node] == "angle":
+                paint.paint_deny(v, Reason("propagate_deny_forward", "position_angle", ctx.angle_of[node]))
+            elif category[node] == "deny":
                 rule = "user_keep_fp32" if ctx.override[node] else "deny_list"
                 paint.paint_deny(v, Reason("propagate_deny_forward", rule, view.names[node]))
             else:

@@ -96,6 +96,12 @@ def _keep_fp32(explainer, row, decision) -> list:
     return ["the node matches a keep_fp32 pattern (--keep-fp32)"]
 
 
+def _position_angle(explainer, row, decision) -> list:
+    return [f"it computes the angle of {decision.reason.source} from integer positions (a rotary or sinusoidal "
+            "position embedding): low precision keeps 8 significant bits, so an angle near 1000 radians would move "
+            "in steps of 4; the default conversion keeps it float32, --assign lists (Grappler's lists) does not"]
+
+
 NEAR_MISS = {
     "not_processed": _not_processed,
     "not_between_allow": _not_between_allow,
@@ -105,6 +111,7 @@ NEAR_MISS = {
     "not_in_lists": _not_in_lists,
     "not_float32": _not_float32,
     "user_keep_fp32": _keep_fp32,
+    "position_angle": _position_angle,
 }
 """rule key -> (explainer, row, decision) -> hint lines; other rules show their Reason's detail."""
 

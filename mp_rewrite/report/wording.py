@@ -10,6 +10,7 @@ PHRASES = {
     "unsafe_force_all": "level UNSAFE_FORCE_ALL",
     "deny_list": "deny list",
     "user_keep_fp32": "kept float32 by the user (keep_fp32)",
+    "position_angle": "computes the angle of {source} from integer positions: kept float32",
     "deny_propagated": "deny propagated from {source}",
     "between_allow": "between allow nodes ({detail})",
     "follows_allow": "infer op directly after allow node {source}",
