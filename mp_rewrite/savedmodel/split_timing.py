@@ -78,17 +78,18 @@ def other_setting(setting: str) -> tuple[str, dict]:
 @contextlib.contextmanager
 def saved_functions(functions: dict, captured=()):
     """Yield {key: (directory, signature key, tags)} of the tf.functions `functions` ({key: function with an input
-    signature}) saved as the signatures of one temporary SavedModel (removed after), or a str saying why they were
-    not: weights kept as variables (a model past protobuf's limit) are not copied only to be timed."""
+    signature}, reading the resources `captured` [(placeholder, owner)] as frozen_function.as_function takes them)
+    saved as the signatures of one temporary SavedModel (removed after), or a str saying why they were not: weights
+    kept as variables (a model past protobuf's limit) are not copied only to be timed; tables are saved with them."""
     import tensorflow as tf
-    if captured:
+    if any(isinstance(owner, tf.Variable) for _, owner in captured):
         yield "its weights are variables (over protobuf's limit), not copied to another process only to be timed"
         return
     directory = tempfile.mkdtemp(prefix="mp_rewrite-timing-")
     try:
         names = {key: f"candidate_{key}" for key in functions}
         module = tf.Module()
-        module.functions = list(functions.values())
+        module.functions, module.resources = list(functions.values()), [owner for _, owner in captured]
         try:
             tf.saved_model.save(module, directory, signatures={names[k]: f.get_concrete_function()
                                                                for k, f in functions.items()},
