@@ -83,9 +83,8 @@ def match_batch_matmul(graph: EditableGraph, node) -> Match | None:
         return Match().fail("not a float32 or bfloat16 matmul")
     if graph.is_kept(node):
         return Match().fail("the matmul is fetched (its op must stay)")
-    columns = shape[0] if node.attr["adj_y"].b else shape[1]
-    return Match(nodes={"matmul": node}, values={"rows": shape[1 - int(node.attr["adj_y"].b)],
-                                                 "columns": columns, "dtype": dtype})
+    inner, columns = (shape[1], shape[0]) if node.attr["adj_y"].b else (shape[0], shape[1])  # y is [K, N] or [N, K]
+    return Match(nodes={"matmul": node}, values={"rows": inner, "columns": columns, "dtype": dtype})
 
 
 def rewrite_batch_matmul(graph: EditableGraph, match: Match) -> str:

@@ -51,6 +51,22 @@ def test_multi_head_attention_projections_become_fused_matmuls():
     assert fused(runtime_graph(after, fetches)) == [("_FusedMatMul", ["BiasAdd"])] * 4
 
 
+@pytest.mark.parametrize("adjoint", [False, True])
+def test_a_batched_matmul_by_a_weight_that_is_not_square_becomes_a_matmul(adjoint):
+    # keras-hub Gemma 3's gating matmul ([?, 256] by a [256, 128] weight): the rule once reshaped the rows to the
+    # weight's columns, TensorFlow refused the graph, and the safety net left the rule out of the whole model.
+    weight = np.random.default_rng(0).normal(size=(48, 32) if adjoint else (32, 48)).astype(np.float32)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16, 32], name="x")])
+    def matmul(x):
+        return tf.identity(tf.raw_ops.BatchMatMulV2(x=x, y=tf.constant(weight), adj_y=adjoint), name="out")
+    graph_def = matmul.get_concrete_function().graph.as_graph_def()
+    new, records = canonicalize(graph_def, ["out"])
+    assert _applied(records) == ["batch_matmul"], records
+    assert "BatchMatMulV2" not in ops(new) and "MatMul" in ops(new)
+    assert_same(run(graph_def, "x:0", "out:0", X3), run(new, "x:0", "out:0", X3))
+
+
 def test_conv_batch_norm_relu_folds_and_fuses():
     keras.utils.set_random_seed(0)
     inp = keras.Input((12, 12, 3))
