@@ -71,7 +71,8 @@ def race_split(winner: str, work: Path, split, race) -> SplitRace:
         line = f"--split {split}: '{winner}' split in {branches} branches: faster here with {setting} (median wall " \
                f"time per call: {measured}); {SERVE}"
     else:
-        hint = "" if setting == ONE_THREAD else "; to choose for one intra-op thread, tune with TF_NUM_INTRAOP_THREADS=1"
+        hint = "" if setting == ONE_THREAD else \
+            "; to choose for one intra-op thread, tune with TF_NUM_INTRAOP_THREADS=1"
         failed = [n for n in splits if not passed[n]]
         why = tie.split(", so the candidate")[0] if tie else f"'{failed[0]}' fails verification" if failed else \
             "no split measured faster"
