@@ -108,3 +108,12 @@ def test_tune_split_races_the_winners_split_and_records_the_choice(mlp, tmp_path
     written_split = any("split_batch_in_2" in name for name in _functions(tmp_path / "tuned"))
     assert written_split == (result.split == 2)
     assert ("split in 2 branches" in result.summary()) == (result.split == 2)
+
+
+def test_auto_in_place_times_the_staged_copies_in_both_serving_settings(mlp, tmp_path):
+    from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS, ONE_THREAD
+    result = convert_saved_model(mlp, tmp_path / "auto", "bfloat16", split="auto")
+    [line] = set(result.split)
+    # Both settings' times in the line: the child process loaded the staged copies and timed them.
+    assert f"with {DEFAULT_THREADS}: batch 8: whole" in line and f"with {ONE_THREAD}: batch 8: whole" in line, line
+    assert "not timed" not in line
