@@ -8,7 +8,7 @@ import math
 
 from ..core.graph_view import parse_input
 from .batch_row_states import (CHANNEL_SHAPE, CHANNELS, ROWS, SAME, SAME_STATE, SHAPE, SIZE, Refused, State,
-                               const_ints, refuse_batch_axis, rows_k, where)
+                               const_ints, refuse_batch_axis, rows_k, unary, where)
 
 
 def shape_of(node, data, states, context):
@@ -139,7 +139,7 @@ def tile(node, data, states, context):
     return _tile_rows(node, data, states, context)
 
 
-def constant_axis_rule(index: int, check):
+def _constant_axis_rule(index: int, check):
     """A rule for ops whose input `index` is a constant that must leave axis 0 alone (`check(values, rank)`)."""
     def rule(node, data, states, context):
         if states[0].kind != ROWS or any(s != SAME_STATE for i, s in enumerate(states) if i):
@@ -156,9 +156,7 @@ def squeeze(node, data, states, context):
     if not dims:  # every size-1 axis goes: the batch too, for a slice of one sample
         raise Refused(where(node, "squeezes every axis of size 1, the batch's too when a slice holds one sample"))
     refuse_batch_axis(node, dims, context.rank(data[0], node), "squeezes")
-    if states[0].kind in (SIZE, SHAPE):
-        raise Refused(where(node, f"computes with the batch size ({states[0]})"))
-    return [states[0]]
+    return unary(node, data, states, context)
 
 
 def gather(node, data, states, context):
@@ -202,19 +200,19 @@ def split(node, data, states, context):
 
 def slice_rows(node, data, states, context):
     """Slice that keeps all of axis 0 (begin 0, size -1)."""
-    rule = constant_axis_rule(1, lambda begin, rank: begin[:1] == [0])
+    rule = _constant_axis_rule(1, lambda begin, rank: begin[:1] == [0])
     if context.value(data[2], node)[:1] != [-1]:
         raise Refused(where(node, "slices axis 0, the batch (its size is not -1)"))
     return rule(node, data, states, context)
 
 
-_expand_rows = constant_axis_rule(1, lambda axis, rank: (axis[0] + rank + 1 if axis[0] < 0 else axis[0]) > 0)
-_tile_rows = constant_axis_rule(1, lambda multiples, rank: multiples[:1] == [1])
+_expand_rows = _constant_axis_rule(1, lambda axis, rank: (axis[0] + rank + 1 if axis[0] < 0 else axis[0]) > 0)
+_tile_rows = _constant_axis_rule(1, lambda multiples, rank: multiples[:1] == [1])
 
 
 def _pads_keep_axis_0(values, rank):
     return values[:2] == [0, 0]
 
 
-transpose = constant_axis_rule(1, lambda perm, rank: perm[:1] == [0])
-pad = constant_axis_rule(1, _pads_keep_axis_0)
+transpose = _constant_axis_rule(1, lambda perm, rank: perm[:1] == [0])
+pad = _constant_axis_rule(1, _pads_keep_axis_0)

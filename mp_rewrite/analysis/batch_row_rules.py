@@ -14,17 +14,7 @@ from ..core.graph_view import parse_input
 from .batch_row_layout import (concat, expand_dims, fill, gather, pack, pad, reshape, shape_of, slice_rows, split,
                                squeeze, strided_slice, tile, transpose)
 from .batch_row_states import (CHANNELS, LAST_AXIS, ROWS, SAME_STATE, SHAPE, SIZE, Refused, State, const_ints,
-                               refuse_batch_axis, rows_k, where)
-
-
-def unary(node, data, states, context):
-    """An elementwise op of one tensor: its state (the batch size only through Identity and Cast)."""
-    if any(s != SAME_STATE for s in states[1:]):
-        raise Refused(where(node, "a parameter of an elementwise op carries the batch"))
-    first = states[0]
-    if first.kind in (SIZE, SHAPE) and node.op not in ("Identity", "Cast", "StopGradient", "Snapshot"):
-        raise Refused(where(node, f"computes with the batch size ({first})"))
-    return [first]
+                               refuse_batch_axis, rows_k, unary, where)
 
 
 def broadcasting(node, data, states, context):

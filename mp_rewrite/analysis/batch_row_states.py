@@ -1,5 +1,6 @@
 """The states of the batch-rows analysis (batch_rows.py says what each means: `same`, `rows(k)`, `size(k)`,
-`shape(k)`), the walk's context, and the helpers its per-op rules (batch_row_rules.py) share."""
+`shape(k)`), the walk's context, and the helpers its per-op rules (batch_row_rules.py, batch_row_layout.py) share,
+the elementwise rule `unary` among them."""
 
 from __future__ import annotations
 
@@ -99,3 +100,13 @@ def refuse_batch_axis(node, axes, rank: int, what: str, new_axis: bool = False) 
     """Refuse if one of `axes` (negative ones counted from `rank`, or rank + 1 for a new axis) is axis 0."""
     if any((a + rank + (1 if new_axis else 0) if a < 0 else a) == 0 for a in axes):
         raise Refused(where(node, f"{what} axis 0, the batch"))
+
+
+def unary(node, data, states, context):
+    """An elementwise op of one tensor: its state (the batch size only through Identity and Cast)."""
+    if any(s != SAME_STATE for s in states[1:]):
+        raise Refused(where(node, "a parameter of an elementwise op carries the batch"))
+    first = states[0]
+    if first.kind in (SIZE, SHAPE) and node.op not in ("Identity", "Cast", "StopGradient", "Snapshot"):
+        raise Refused(where(node, f"computes with the batch size ({first})"))
+    return [first]

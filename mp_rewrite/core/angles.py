@@ -29,11 +29,12 @@ MAX_DEPTH = 12  # a rotary embedding's angle is 2-5 nodes from its Cast; a sinus
 def position_angles(graph_def) -> dict:
     """{node name: the Sin/Cos/Tan whose angle it computes from integer positions} of `graph_def`'s nodes (the
     Sin/Cos included, under its own name); {} where no Sin/Cos reads a position."""
+    periodic = [node for node in graph_def.node if node.op in PERIODIC]
+    if not periodic:  # most graphs: the pass asks of every body it rewrites
+        return {}
     nodes = {node.name: node for node in graph_def.node}
     found = {}
-    for node in graph_def.node:
-        if node.op not in PERIODIC:
-            continue
+    for node in periodic:
         path = _from_positions(nodes, node.input[0].split(":")[0] if node.input else "", MAX_DEPTH, {})
         if path:
             found.setdefault(node.name, node.name)

@@ -48,9 +48,9 @@ def winners_of(times: dict, written: int = LOW) -> dict:
     precision}. Unless the other variant than `written` (what the race chose) was faster beyond the noise at some
     batch (the paired ratio's interval, and more than core.assignment.RESOLUTION), `written` wins everywhere: nothing
     to dispatch (at load 6, MobileNetV2 96x96's two variants tied at every batch, and the medians alone made a
-    different threshold in each of three runs). Where it was, each batch goes to the faster median: a tie between two batches
-    won either way places the threshold by the best estimate there is (five rounds called MobileNetV2 96x96's batch
-    8 a tie that nine showed bfloat16 1.3x faster at, and the dispatch then ran float32 there)."""
+    different threshold in each of three runs). Where it was, each batch goes to the faster median: a tie between
+    two batches won either way places the threshold by the best estimate there is (five rounds called MobileNetV2
+    96x96's batch 8 a tie that nine showed bfloat16 1.3x faster at, and the dispatch then ran float32 there)."""
     other = FLOAT32 if written == LOW else LOW
     races = {b: as_race(t) for b, t in sorted(times.items())}
     if not any(faster(t.ratio(other, written)) for t in races.values()):
