@@ -5,9 +5,10 @@ the batch-rows analysis and checked equal on random inputs, in place or on the f
 (N as asked; for "auto", 2 and the number of cores, at most 8). Each split that was made is verified against the
 original as the candidates were, then the winner and its splits are timed interleaved, in rotated rounds, in WALL
 time (the split buys wall time with a second core, never CPU time, which is what the candidates' race compares).
-A split is written only if it is faster beyond the noise: a tie goes to the unsplit winner (tune.choose, with the
-winner first). The times are taken with this process's intra-op threads: tune under TF_NUM_INTRAOP_THREADS=1 to
-choose for a server that uses one.
+A split is written only if it is faster beyond the noise here (a tie goes to the unsplit winner: tune.choose, with
+the winner first) and not slower beyond it in the other serving setting: the winner and the split are timed again
+in a child process started with the other intra-op threads (split_timing.times_elsewhere, on made-up inputs at the
+tuning batch), as `convert --split auto` does. A child that fails leaves the other setting untimed, said in the line.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import dataclasses
 import time
 from pathlib import Path
 
-from .batch_split import split_candidates
+from .batch_split import FASTER, split_candidates
 from .split_in_place import split_written
 from .split_option import SERVE
-from .split_timing import ONE_THREAD, this_setting
+from .split_timing import ONE_THREAD, other_setting, this_setting, times_elsewhere
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,13 +40,15 @@ class SplitRace:
     record: dict
 
 
-def race_split(winner: str, work: Path, split, race) -> SplitRace:
+def race_split(winner: str, work: Path, split, race, tags=None, batch: int = 8) -> SplitRace:
     """Split the winner (its conversion at `work / winner`) and race it against its splits.
 
     Args:
         split: "auto" or N.
         race: callable({name: directory}, clock) -> (RaceTimes in that order, {name: passed verification}): tune's
             timing and verification of the candidates.
+        tags: the MetaGraph's tags (model.tags.load_tags), for the child process that times the other setting.
+        batch: the batch the candidates were raced at, timed there too.
     """
     splits, said = {}, []
     for n in split_candidates(split):
@@ -67,9 +70,19 @@ def race_split(winner: str, work: Path, split, race) -> SplitRace:
     measured = ", ".join(f"{'whole' if n == winner else n.split(', ')[1]} {ms:.1f} ms" for n, ms in
                          milliseconds.items())
     branches = splits[chosen][0] if chosen in splits else 1
-    if branches > 1:
+    other, elsewhere, untimed = _timed_elsewhere({n: paths[n] for n in (winner, chosen)}, tags, batch) \
+        if branches > 1 else ("", {}, "")
+    there = f"with {other}: whole {elsewhere[winner]:.1f} ms, {branches} branches {elsewhere[chosen]:.1f} ms" \
+        if elsewhere else ""
+    if elsewhere and elsewhere[chosen] / elsewhere[winner] > 1 / FASTER:
+        line = f"--split {split}: '{winner}' not split: {branches} branches measured faster with {setting} but " \
+               f"slower with {other} (median wall time per call with {setting}: {measured}; {there}): the split " \
+               f"would make the model slower served so"
+        chosen, branches = winner, 1
+    elif branches > 1:
+        note = f"; {there}" if there else f"; {other} not timed: {untimed}"
         line = f"--split {split}: '{winner}' split in {branches} branches: faster here with {setting} (median wall " \
-               f"time per call: {measured}); {SERVE}"
+               f"time per call: {measured}{note}); {SERVE}"
     else:
         hint = "" if setting == ONE_THREAD else \
             "; to choose for one intra-op thread, tune with TF_NUM_INTRAOP_THREADS=1"
@@ -79,5 +92,28 @@ def race_split(winner: str, work: Path, split, race) -> SplitRace:
         line = f"--split {split}: '{winner}' not split: {why}" + \
             f" (median wall time per call with {setting}: {measured}){hint}"
     record = {"asked": str(split), "chosen": branches, "setting": setting, "median_wall_ms_per_call": milliseconds,
-              "verified": passed, "tie": tie, "why": line}
+              "verified": passed, "tie": tie, "why": line,
+              **({"other_setting": other, "other_median_wall_ms_per_call": elsewhere} if other else {})}
     return SplitRace(paths[chosen], branches, line, record)
+
+
+def _timed_elsewhere(paths: dict, tags, batch: int) -> tuple[str, dict, str]:
+    """(the other serving setting, {candidate: the median wall ms of one call of each of its signatures, summed,
+    timed there} or {}, why not timed or "") of the SavedModels `paths` ({candidate: directory}, the same
+    signatures in each)."""
+    from ..model.files import read_saved_model
+    from ..model.signatures import signature_keys
+    from ..model.tags import single_meta_graph
+    other, env = other_setting(this_setting())
+    _, meta_graph = single_meta_graph(read_saved_model(next(iter(paths.values()))),
+                                      frozenset(tags) if tags else None)
+    summed = dict.fromkeys(paths, 0.0)
+    for key in signature_keys([meta_graph]):
+        places = {name: (str(path), key, tags) for name, path in paths.items()}
+        names = sorted(meta_graph.signature_def[key].inputs)
+        times, why = times_elsewhere(places, names, [(batch, 4, list(paths))], env)
+        if why:
+            return other, {}, why
+        for (_, name), ms in times.items():
+            summed[name] += ms
+    return other, summed, ""

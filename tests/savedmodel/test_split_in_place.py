@@ -108,6 +108,18 @@ def test_tune_split_races_the_winners_split_and_records_the_choice(mlp, tmp_path
     written_split = any("split_batch_in_2" in name for name in _functions(tmp_path / "tuned"))
     assert written_split == (result.split == 2)
     assert ("split in 2 branches" in result.summary()) == (result.split == 2)
+    if result.split == 2:  # written only if not slower beyond the noise in the other serving setting, timed there
+        assert record["split"]["other_median_wall_ms_per_call"], record["split"]
+
+
+def test_tune_split_times_the_winner_and_its_split_in_the_other_serving_setting(converted):
+    from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS, ONE_THREAD, this_setting
+    from mp_rewrite.savedmodel.tune_split import _timed_elsewhere
+    whole, split, _ = converted
+    other, times, why = _timed_elsewhere({"whole": whole, "split": split}, None, 8)
+    assert why == "" and {this_setting(), other} == {DEFAULT_THREADS, ONE_THREAD}
+    # Both signatures (serving_default and serve) of each, summed: a positive time per candidate.
+    assert set(times) == {"whole", "split"} and all(ms > 0 for ms in times.values()), times
 
 
 def test_auto_in_place_times_the_staged_copies_in_both_serving_settings(mlp, tmp_path):
