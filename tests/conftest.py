@@ -5,7 +5,10 @@ that wheel is built with CUDA and leaves oneDNN off by default, and TF's own bfl
 bfloat16 CPU kernels need oneDNN. `mp-rewrite` turns it on the same way (mp_rewrite/commands/cli.py).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -15,6 +18,10 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 # conversion writes check Grappler's lists, the same on every machine (tests/savedmodel/test_default_assign.py
 # checks the default itself).
 os.environ["MP_REWRITE_ASSIGN"] = "lists"
+# What conversions keep between runs (measured costs, split timings) goes to a cache of the tests' own, removed at
+# exit: the tests neither read what a user's conversions measured nor leave theirs in the user's cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mp_rewrite-test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 
 @pytest.fixture(scope="session")

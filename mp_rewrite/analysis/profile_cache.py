@@ -80,12 +80,16 @@ def from_text(text: str):
 
 def save(key: str, table: CostTable, fp32_ms: float, lists_ms: float) -> None:
     """Write the measured costs under `key` (atomically; a cache that cannot be written is skipped)."""
-    path = _path(key)
+    write_atomically(_path(key), as_text(table, fp32_ms, lists_ms))
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write a cache file whole or not at all (a cache that cannot be written is skipped, not an error)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(as_text(table, fp32_ms, lists_ms))
+            f.write(text)
         os.replace(tmp, path)
     except OSError:
         pass

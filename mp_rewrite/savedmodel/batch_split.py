@@ -25,6 +25,7 @@ import dataclasses
 import os
 
 from ..analysis.batch_rows import batch_rows
+from ..analysis.profile_cache import graph_bytes
 from ..analysis.shapes import node_shapes
 from .frozen_function import imported_function
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
@@ -34,6 +35,7 @@ from .split_timing import CALLS, ONE_THREAD, SETTINGS, feeds, saved_functions, t
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
 TIMED_BATCHES = (8, 32)
 FASTER = 0.97  # a split within 3% of the whole call is a tie: the graph stays whole
+NOT_JUDGED = "convert again on a quiet machine, or --split N writes N branches without timing them"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +93,8 @@ def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact
     runners = {1: whole, ROW_PARTS: candidate}
     say(f"timing batch 1 in token rows, {SETTINGS}")
     with saved_functions(runners, captured) as places:
-        choice = row_verdict(*times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])], places))
+        timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])], places, graph_bytes(graph_def))
+    choice = row_verdict(timed.times, timed.untimed, timed.busy, timed.note())
     return (routed if choice.rows > 1 else imported), choice
 
 
@@ -113,7 +116,7 @@ def _batch_split(graph_def, frozen, captured, imported, specs, split, say):
         return made[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
     say(f"timing the split, {SETTINGS}")
     with saved_functions({1: whole, **made}, captured) as places:
-        return chosen_split(whole, made, specs, places)
+        return chosen_split(whole, made, specs, places, graph_bytes(graph_def))
 
 
 def split_candidates(split) -> list[int]:
@@ -230,17 +233,19 @@ def _same(a, b) -> bool:
     return a.shape == b.shape and np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.inexact))
 
 
-def chosen_split(whole, made: dict, specs, places):
+def chosen_split(whole, made: dict, specs, places, graph: bytes):
     """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES, in this process's
     serving setting and in the other one (split_timing: `places` are the candidates' SavedModels for its child
-    process, keyed as `made` and 1 for the whole call, or why there are none); keep what split_verdict says: (the
-    function kept, its SplitChoice)."""
+    process, keyed as `made` and 1 for the whole call, or why there are none), or read an earlier conversion's
+    times of the same `graph` (the bytes the candidates are made from: split_cache); keep what split_verdict says:
+    (the function kept, its SplitChoice)."""
     races = [(batch, CALLS, [1, *made]) for batch in TIMED_BATCHES]
-    choice = split_verdict(*times_in_both({1: whole, **made}, specs, races, places))
+    timed = times_in_both({1: whole, **made}, specs, races, places, graph)
+    choice = split_verdict(timed.times, timed.untimed, timed.busy, timed.note())
     return (made[choice.branches] if choice.branches > 1 else whole), choice
 
 
-def split_verdict(times: dict, untimed: str = "") -> SplitChoice:
+def split_verdict(times: dict, untimed: str = "", busy: str = "", note: str = "") -> SplitChoice:
     """The split to keep from measured times: a number of branches faster than the whole call (1) by more than the
     noise (FASTER) at every batch timed in some serving setting, and not slower beyond the noise at any batch in
     any setting timed -- a split that wins with one intra-op thread and loses with TF's default threads would make
@@ -251,7 +256,12 @@ def split_verdict(times: dict, untimed: str = "") -> SplitChoice:
         times: {setting: {(batch, branches): median ms per call}}, with branches 1 for the whole call at every
             batch; this process's setting first.
         untimed: why a setting was not timed ("" where both were), said in the line.
+        busy: why the timing cannot judge a split (split_timing.busy_timing), or "": then the graph stays whole.
+        note: where the times were read from (split_timing.Timed.note), said after them.
     """
+    if busy:
+        return SplitChoice(1, f"not split: {busy} ({'; '.join(f'with {s}: {_measured(t)}' for s, t in times.items())})"
+                              f"; {NOT_JUDGED}", times)
     ratios = {s: {(b, n): ms / t[b, 1] for (b, n), ms in t.items() if n > 1} for s, t in times.items()}
     splits = sorted({n for r in ratios.values() for _, n in r})
     faster = {n: [s for s, r in ratios.items() if all(x < FASTER for (_, m), x in r.items() if m == n)]
@@ -260,7 +270,7 @@ def split_verdict(times: dict, untimed: str = "") -> SplitChoice:
               for n in splits}
     measured = "; ".join(f"with {s}: {_measured(t)}" for s, t in times.items())
     winners = [n for n in splits if faster[n] and not slower[n]]
-    hint = _hint(untimed, next(iter(times)))
+    hint = _hint(untimed, next(iter(times))) + note
     if not winners:
         mixed = next((n for n in splits if faster[n] and slower[n]), None)
         if mixed is None:
@@ -292,19 +302,23 @@ def _hint(untimed: str, here: str) -> str:
                              "TF_NUM_INTRAOP_THREADS=1")
 
 
-def row_verdict(times: dict, untimed: str = "") -> RowChoice:
+def row_verdict(times: dict, untimed: str = "", busy: str = "", note: str = "") -> RowChoice:
     """Batch 1's choice from measured times, by split_verdict's rule: the token-row split if faster than the whole
     call beyond the noise (FASTER) in some serving setting timed and not slower beyond it in any; else whole.
 
     Args:
         times: {setting: {(1, 1): whole ms per call, (1, ROW_PARTS): the row split's}}, this process's first.
         untimed: why a setting was not timed ("" where both were), said in the line.
+        busy: why the timing cannot judge the split (split_timing.busy_timing), or "": then batch 1 runs whole.
+        note: where the times were read from (split_timing.Timed.note), said after them.
     """
     ratio = {s: t[1, ROW_PARTS] / t[1, 1] for s, t in times.items()}
     faster = [s for s, x in ratio.items() if x < FASTER]
     slower = [s for s, x in ratio.items() if x > 1 / FASTER]
     measured = "; ".join(f"{t[1, ROW_PARTS]:.2f} ms against whole {t[1, 1]:.2f} ms with {s}" for s, t in times.items())
-    hint = _hint(untimed, next(iter(times)))
+    if busy:
+        return RowChoice(1, f"runs whole: {busy} ({measured}); {NOT_JUDGED}", times)
+    hint = _hint(untimed, next(iter(times))) + note
     if faster and not slower:
         return RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches, {measured}{hint}", times)
     if faster:

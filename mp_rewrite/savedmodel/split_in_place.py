@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..analysis.batch_rows import batch_rows
 from ..analysis.grappler import FOLDING, optimize_graph
+from ..analysis.profile_cache import graph_bytes
 from ..analysis.shapes import node_shapes
 from ..errors import ModelError
 from ..model.files import read_saved_model
@@ -140,7 +141,8 @@ def _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries, 
     tags = load_tags(meta_graph)
     places = {1: (stack.enter_context(_staged(files, saved_model)), key, tags),
               **{n: (staged[n], key, tags) for n in candidates}}
-    _, choice = chosen_split(whole, functions, specs, places)
+    graph = graph_bytes(meta_graph.graph_def) + f"\0{key}\0{wrapper}".encode()  # what the times are kept under
+    _, choice = chosen_split(whole, functions, specs, places, graph)
     return (candidates[choice.branches] if choice.branches > 1 else meta_graph), choice
 
 

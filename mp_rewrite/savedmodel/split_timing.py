@@ -12,11 +12,18 @@ The child loads the candidates from SavedModel directories, one signature per ca
 copies the check already loaded; frozen, the candidate functions saved to a temporary directory (saved_functions).
 It reads its races as JSON on stdin and writes the times as JSON on stdout. Nothing else is written, and a child
 that fails or runs past CHILD_TIMEOUT leaves the other setting untimed, said in the line.
+
+A split buys wall time with cores that are free. With one intra-op thread a split's branches are its only
+parallelism, so the process's CPU time over the wall time of a split's calls (its overlap) tells how many cores the
+branches got. Where they got fewer than OVERLAP -- another process held the CPU while they were timed -- the
+timing says nothing about the split, and a verdict that read it would write a different model each time the
+machine is busy: the split is then not judged (busy_timing), and the graph stays whole with that reason.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -34,6 +41,7 @@ DEFAULT_THREADS = "TF's default intra-op threads"
 SETTINGS = "here and in a child process in the other serving setting"  # what a progress bar says of the timing
 CHILD_TIMEOUT = 600  # seconds: ResNet-50's races at batch 8 and 32 with one thread take about 30 s here
 THREADS_VARIABLE = "TF_NUM_INTRAOP_THREADS"
+OVERLAP = 1.25  # cores a split's branches must get, with one intra-op thread, for its timing to judge it
 
 
 def feeds(specs, batch: int, seed: int = 0) -> list:
@@ -41,19 +49,42 @@ def feeds(specs, batch: int, seed: int = 0) -> list:
     return made_tensors(specs, batch, seed, label="split")
 
 
-def interleaved_times(runners: dict, tensors, calls: int = CALLS) -> dict:
-    """{key: median ms per call} of the functions `runners` ({key: function}) called on `tensors`: ROUNDS rounds,
-    each timing a block of `calls` calls of every runner in turn, after one warming call each."""
-    samples = {n: [] for n in runners}
+def interleaved_times(runners: dict, tensors, calls: int = CALLS) -> tuple[dict, dict]:
+    """({key: median wall ms per call}, {key: median overlap: this process's CPU time over the wall time}) of the
+    functions `runners` ({key: function}) called on `tensors`: ROUNDS rounds, each timing a block of `calls` calls
+    of every runner in turn, after one warming call each."""
+    samples, overlaps = {n: [] for n in runners}, {n: [] for n in runners}
     for function in runners.values():
         function(*tensors)  # warm: oneDNN's primitives and TF's kernels are made at the first call
     for _ in range(ROUNDS):
         for n, function in runners.items():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             for _ in range(calls):
                 function(*tensors)
-            samples[n].append((time.perf_counter() - start) / calls * 1e3)
-    return {n: statistics.median(samples[n]) for n in runners}
+            wall = time.perf_counter() - start
+            samples[n].append(wall / calls * 1e3)
+            overlaps[n].append((time.process_time() - cpu) / wall)
+    return ({n: statistics.median(samples[n]) for n in runners},
+            {n: statistics.median(overlaps[n]) for n in runners})
+
+
+def busy_timing(overlaps: dict, setting: str, cores: int | None = None) -> str:
+    """Why the timing in `setting` cannot judge a split -- its branches, with one intra-op thread, got fewer than
+    OVERLAP cores: another process held the CPU -- or "".
+
+    Args:
+        overlaps: {(batch, branches): median CPU time over wall time}, branches 1 for the whole call.
+        cores: the CPUs this process may run on (os.sched_getaffinity's count where there is one).
+    """
+    cores = cores or len(getattr(os, "sched_getaffinity", lambda _: range(os.cpu_count() or 1))(0))
+    if setting != ONE_THREAD or cores < 2:
+        return ""  # with TF's threads the whole call overlaps too; on one core nothing can
+    short = [(b, n, x) for (b, n), x in sorted(overlaps.items()) if n > 1 and x < OVERLAP]
+    if not short:
+        return ""
+    batch, branches, overlap = min(short, key=lambda item: item[2])
+    return f"with {ONE_THREAD} the {branches} branches ran on {overlap:.2f} cores at batch {batch} (another " \
+           f"process held the CPU while they were timed), so the timing cannot judge the split"
 
 
 def this_setting() -> str:
@@ -102,26 +133,59 @@ def saved_functions(functions: dict, captured=()):
         remove_tree(directory)
 
 
-def times_in_both(runners: dict, specs, races: list, places) -> tuple[dict, str]:
-    """({setting: {(batch, key): median ms per call}}, why a setting went untimed or ""): the `races` [(batch,
-    calls, [keys])] of the functions `runners` ({key: function}, called on inputs made from the TensorSpecs
-    `specs`) run here, interleaved, and then in the other serving setting on the same candidates saved at `places`
-    (times_elsewhere's). This process's setting comes first."""
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """What times_in_both measured.
+
+    Attributes:
+        times: {setting: {(batch, key): median ms per call}}, this process's setting first.
+        untimed: why a setting went untimed, or "".
+        busy: why the timing cannot judge a split (busy_timing's), or "".
+        cached: the cache file the times were read from (split_cache: timed by an earlier conversion), or "".
+    """
+
+    times: dict
+    untimed: str = ""
+    busy: str = ""
+    cached: str = ""
+
+    def note(self) -> str:
+        """The line's note on times read from the cache."""
+        return f"; times measured by an earlier conversion on this machine, read from {self.cached} (delete it to " \
+               "time again)" if self.cached else ""
+
+
+def times_in_both(runners: dict, specs, races: list, places, graph: bytes | None = None) -> Timed:
+    """The `races` [(batch, calls, [keys])] of the functions `runners` ({key: function}, called on inputs made from
+    the TensorSpecs `specs`, key 1 the whole call, others a number of branches) run here, interleaved, and then in
+    the other serving setting on the same candidates saved at `places` (times_elsewhere's). Where `graph` (the
+    bytes the candidates are made from) is given, times an earlier conversion kept for it on this machine are read
+    instead (split_cache), and times that can judge the split are kept."""
+    from . import split_cache
     here = this_setting()
-    times = {here: {}}
+    cache_key = split_cache.split_key(graph, races, here) if graph is not None else None
+    kept = split_cache.load(cache_key) if cache_key else None
+    if kept and here in kept:
+        return Timed({here: kept.pop(here), **kept}, cached=split_cache.path(cache_key))
+    times, overlaps = {here: {}}, {}
     for batch, calls, keys in races:
-        raced = interleaved_times({key: runners[key] for key in keys}, feeds(specs, batch), calls)
+        raced, overlap = interleaved_times({key: runners[key] for key in keys}, feeds(specs, batch), calls)
         times[here].update({(batch, key): ms for key, ms in raced.items()})
+        overlaps.update({(batch, key): x for key, x in overlap.items()})
+    busy = busy_timing(overlaps, here)
     other, env = other_setting(here)
-    elsewhere, why = times_elsewhere(places, [spec.name for spec in specs], races, env)
+    elsewhere, elsewhere_overlaps, why = times_elsewhere(places, [spec.name for spec in specs], races, env)
     if elsewhere:
         times[other] = elsewhere
-    return times, (f"{other} not timed: {why}" if why else "")
+        busy = busy or busy_timing(elsewhere_overlaps, other)
+    if cache_key and not why and not busy:
+        split_cache.save(cache_key, times)
+    return Timed(times, f"{other} not timed: {why}" if why else "", busy)
 
 
-def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, str]:
-    """({(batch, key): median ms per call}, "") timed in a child process with the environment `env`, or ({}, why
-    not).
+def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, dict, str]:
+    """({(batch, key): median ms per call}, {(batch, key): median overlap (interleaved_times')}, "") timed in a
+    child process with the environment `env`, or ({}, {}, why not).
 
     Args:
         places: {key: (SavedModel directory, signature key, its MetaGraph's tags)} of each candidate, or a str
@@ -130,7 +194,7 @@ def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, 
         races: [(batch, calls, [keys])]: each an interleaved race of those candidates at that batch.
     """
     if isinstance(places, str):
-        return {}, places
+        return {}, {}, places
     request = {"places": {str(k): list(v) for k, v in places.items()}, "names": names,
                "races": [[batch, calls, [str(k) for k in keys]] for batch, calls, keys in races]}
     keys = {str(k): k for k in places}
@@ -138,17 +202,20 @@ def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, 
         done = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True,
                               text=True, env=env, timeout=CHILD_TIMEOUT)
     except subprocess.TimeoutExpired:
-        return {}, f"its timing process ran past {CHILD_TIMEOUT} s"
+        return {}, {}, f"its timing process ran past {CHILD_TIMEOUT} s"
     except OSError as e:
-        return {}, f"its timing process did not start ({e})"
+        return {}, {}, f"its timing process did not start ({e})"
     if done.returncode != 0:
         last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
-        return {}, f"its timing process failed ({last.strip()[:200]})"
-    return {(batch, keys[key]): ms for batch, key, ms in json.loads(done.stdout.strip().splitlines()[-1])}, ""
+        return {}, {}, f"its timing process failed ({last.strip()[:200]})"
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    return ({(batch, keys[key]): ms for batch, key, ms, _ in rows},
+            {(batch, keys[key]): overlap for batch, key, _, overlap in rows}, "")
 
 
 def _child() -> None:
-    """The child's side: read the request (times_elsewhere's) on stdin, time, print [[batch, key, ms], ...]."""
+    """The child's side: read the request (times_elsewhere's) on stdin, time, print [[batch, key, ms, overlap],
+    ...]."""
     import tensorflow as tf
 
     from ..model.runtime import load_saved_model
@@ -164,8 +231,8 @@ def _child() -> None:
         functions[key] = (lambda f: lambda *tensors: f(**dict(zip(names, tensors))))(function)
     out = []
     for batch, calls, keys in request["races"]:
-        times = interleaved_times({key: functions[key] for key in keys}, feeds(specs, batch), calls)
-        out += [[batch, key, ms] for key, ms in times.items()]
+        times, overlaps = interleaved_times({key: functions[key] for key in keys}, feeds(specs, batch), calls)
+        out += [[batch, key, ms, overlaps[key]] for key, ms in times.items()]
     print(json.dumps(out))
 
 

@@ -17,10 +17,10 @@ import dataclasses
 import time
 from pathlib import Path
 
-from .batch_split import FASTER, split_candidates
+from .batch_split import FASTER, NOT_JUDGED, split_candidates
 from .split_in_place import split_written
 from .split_option import SERVE
-from .split_timing import ONE_THREAD, other_setting, this_setting, times_elsewhere
+from .split_timing import CALLS, ONE_THREAD, busy_timing, other_setting, this_setting, times_elsewhere
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +70,16 @@ def race_split(winner: str, work: Path, split, race, tags=None, batch: int = 8) 
     measured = ", ".join(f"{'whole' if n == winner else n.split(', ')[1]} {ms:.1f} ms" for n, ms in
                          milliseconds.items())
     branches = splits[chosen][0] if chosen in splits else 1
-    other, elsewhere, untimed = _timed_elsewhere({n: paths[n] for n in (winner, chosen)}, tags, batch) \
-        if branches > 1 else ("", {}, "")
+    raced = {winner: paths[winner], chosen: paths[chosen]}
+    other, elsewhere, untimed, busy = _timed_elsewhere(raced, {chosen: branches}, tags, batch) if branches > 1 \
+        else ("", {}, "", "")
     there = f"with {other}: whole {elsewhere[winner]:.1f} ms, {branches} branches {elsewhere[chosen]:.1f} ms" \
         if elsewhere else ""
-    if elsewhere and elsewhere[chosen] / elsewhere[winner] > 1 / FASTER:
+    if busy:
+        line = f"--split {split}: '{winner}' not split: {busy} (median wall time per call with {setting}: " \
+               f"{measured}; {there}); {NOT_JUDGED}"
+        chosen, branches = winner, 1
+    elif elsewhere and elsewhere[chosen] / elsewhere[winner] > 1 / FASTER:
         line = f"--split {split}: '{winner}' not split: {branches} branches measured faster with {setting} but " \
                f"slower with {other} (median wall time per call with {setting}: {measured}; {there}): the split " \
                f"would make the model slower served so"
@@ -97,23 +102,25 @@ def race_split(winner: str, work: Path, split, race, tags=None, batch: int = 8) 
     return SplitRace(paths[chosen], branches, line, record)
 
 
-def _timed_elsewhere(paths: dict, tags, batch: int) -> tuple[str, dict, str]:
+def _timed_elsewhere(paths: dict, branches: dict, tags, batch: int) -> tuple[str, dict, str, str]:
     """(the other serving setting, {candidate: the median wall ms of one call of each of its signatures, summed,
-    timed there} or {}, why not timed or "") of the SavedModels `paths` ({candidate: directory}, the same
-    signatures in each)."""
+    timed there} or {}, why not timed or "", why that timing cannot judge the split or "" (busy_timing's)) of the
+    SavedModels `paths` ({candidate: directory}, the same signatures in each; `branches` {candidate: N} of the
+    splits among them)."""
     from ..model.files import read_saved_model
     from ..model.signatures import signature_keys
     from ..model.tags import single_meta_graph
     other, env = other_setting(this_setting())
     _, meta_graph = single_meta_graph(read_saved_model(next(iter(paths.values()))),
                                       frozenset(tags) if tags else None)
-    summed = dict.fromkeys(paths, 0.0)
+    summed, busy = dict.fromkeys(paths, 0.0), ""
     for key in signature_keys([meta_graph]):
         places = {name: (str(path), key, tags) for name, path in paths.items()}
         names = sorted(meta_graph.signature_def[key].inputs)
-        times, why = times_elsewhere(places, names, [(batch, 4, list(paths))], env)
+        times, overlaps, why = times_elsewhere(places, names, [(batch, CALLS, list(paths))], env)
         if why:
-            return other, {}, why
+            return other, {}, why, ""
         for (_, name), ms in times.items():
             summed[name] += ms
-    return other, summed, ""
+        busy = busy or busy_timing({(b, branches.get(name, 1)): x for (b, name), x in overlaps.items()}, other)
+    return other, summed, "", busy

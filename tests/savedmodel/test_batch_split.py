@@ -172,7 +172,39 @@ def test_auto_never_keeps_a_split_that_is_slower_in_the_other_serving_setting():
     assert "TF_NUM_INTRAOP_THREADS=1" in choice.why  # how to serve it
 
 
-def test_convert_freeze_split_auto_times_both_serving_settings_and_says_them(tmp_path):
+def test_a_timing_whose_branches_got_no_second_core_does_not_judge_the_split():
+    from mp_rewrite.savedmodel.batch_split import row_verdict
+    from mp_rewrite.savedmodel.split_timing import busy_timing
+    # Run 3 of three conversions beside the catalog sweep (load 3.3, docs/batch_split.md): with one intra-op thread
+    # the split measured slower because its branches could not run at once. Such a timing says nothing of the split.
+    overlaps = {(8, 1): 0.98, (8, 2): 1.04, (32, 1): 0.99, (32, 2): 1.71}
+    busy = busy_timing(overlaps, ONE, cores=2)
+    assert "2 branches ran on 1.04 cores at batch 8" in busy and "another process held the CPU" in busy
+    assert busy_timing(overlaps, DEFAULT, cores=2) == ""  # with TF's threads the whole call overlaps too
+    assert busy_timing(overlaps, ONE, cores=1) == ""  # on one core nothing can
+    assert busy_timing({**overlaps, (8, 2): 1.8}, ONE, cores=2) == ""
+    faster = {(8, 1): 20.0, (8, 2): 13.0, (32, 1): 80.0, (32, 2): 50.0}
+    choice = split_verdict({DEFAULT: faster, ONE: {**faster, (8, 2): 24.0}}, "", busy)
+    assert choice.branches == 1 and busy in choice.why and "quiet machine" in choice.why and "24.0 ms" in choice.why
+    rows = row_verdict({ONE: {(1, 1): 3.7, (1, 2): 2.9}}, "", busy)
+    assert rows.rows == 1 and busy in rows.why and "2.90 ms against whole 3.70 ms" in rows.why
+
+
+def test_the_overlap_of_a_timed_call_is_its_cpu_time_over_its_wall_time():
+    import time
+
+    from mp_rewrite.savedmodel.split_timing import interleaved_times
+
+    def spin():
+        end = time.process_time() + 0.01
+        while time.process_time() < end:
+            pass
+    _, overlaps = interleaved_times({"sleeps": lambda: time.sleep(0.01), "spins": spin}, [], calls=2)
+    assert overlaps["sleeps"] < 0.3 and 0.3 < overlaps["spins"] < 1.3, overlaps
+
+
+def test_convert_freeze_split_auto_times_both_serving_settings_and_says_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # timed from scratch, as on a new machine
     source = tmp_path / "mlp"
     example_models.mlp().export(str(source), verbose=False)
     before = set(os.listdir(tempfile.gettempdir()))
@@ -185,6 +217,17 @@ def test_convert_freeze_split_auto_times_both_serving_settings_and_says_them(tmp
     assert f"with {DEFAULT}: batch 8: whole" in line and f"with {ONE}: batch 8: whole" in line, line
     assert "not timed" not in line
     assert not [p for p in set(os.listdir(tempfile.gettempdir())) - before if p.startswith("mp_rewrite-timing-")]
+    # Converted again on this machine: a timing that could judge the split was kept, and is read, not redone (the
+    # same verdict and bytes however busy the machine is now); one whose branches got no second core was not kept.
+    again = convert_saved_model(source, tmp_path / "again", "bfloat16", freeze=True, split="auto")
+    [second] = {id(g): g for g in again.graphs.values()}.values()
+    kept = list((tmp_path / "cache" / "mp_rewrite" / "splits").glob("*.json"))
+    if "another process held the CPU" in graph.split.why:
+        assert not kept and "earlier conversion" not in second.split.why
+    else:
+        assert len(kept) == 1, kept  # one graph (both signatures call it), the same key both times
+        assert "times measured by an earlier conversion on this machine" in second.split.why, second.split.why
+        assert second.split.times == graph.split.times and second.split.branches == graph.split.branches
 
 
 def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_an_unknown_one(tmp_path, capsys):

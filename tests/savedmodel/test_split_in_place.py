@@ -116,13 +116,14 @@ def test_tune_split_times_the_winner_and_its_split_in_the_other_serving_setting(
     from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS, ONE_THREAD, this_setting
     from mp_rewrite.savedmodel.tune_split import _timed_elsewhere
     whole, split, _ = converted
-    other, times, why = _timed_elsewhere({"whole": whole, "split": split}, None, 8)
+    other, times, why, _ = _timed_elsewhere({"whole": whole, "split": split}, {"split": 3}, None, 8)
     assert why == "" and {this_setting(), other} == {DEFAULT_THREADS, ONE_THREAD}
     # Both signatures (serving_default and serve) of each, summed: a positive time per candidate.
     assert set(times) == {"whole", "split"} and all(ms > 0 for ms in times.values()), times
 
 
-def test_auto_in_place_times_the_staged_copies_in_both_serving_settings(mlp, tmp_path):
+def test_auto_in_place_times_the_staged_copies_in_both_serving_settings(mlp, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # timed, not read from an earlier test's times
     from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS, ONE_THREAD
     result = convert_saved_model(mlp, tmp_path / "auto", "bfloat16", split="auto")
     [line] = set(result.split)
