@@ -33,11 +33,21 @@ def profile_key(*parts) -> str:
 
 def graph_bytes(graph_def) -> bytes:
     """A graph's bytes without its nodes' debug info (which names the functions TF traced them in, with a counter
-    that differs every time a model is loaded)."""
+    that differs every time a model is loaded), and without attrs that hold no value or their op's default one:
+    TensorFlow's import_graph_def writes the defaults into the very GraphDef it is given, and reading an absent
+    attr of a NodeDef (`node.attr["transpose_a"].b`) adds an empty one, so one graph would read differently once
+    something has run it (a conversion that measured the graph, and one that read the measurement)."""
+    from tensorflow.python.framework import op_def_registry
     copy = type(graph_def)()
     copy.CopyFrom(graph_def)
     for node in [*copy.node, *(n for f in copy.library.function for n in f.node_def)]:
         node.ClearField("experimental_debug_info")
+        op_def = op_def_registry.get(node.op)
+        defaults = {a.name: a.default_value for a in (op_def.attr if op_def is not None else ())
+                    if a.HasField("default_value")}
+        for name in [n for n, value in node.attr.items()
+                     if value.WhichOneof("value") is None or defaults.get(n) == value]:
+            del node.attr[name]
     return copy.SerializeToString(deterministic=True)
 
 
