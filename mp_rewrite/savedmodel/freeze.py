@@ -37,6 +37,7 @@ from ..model.tags import load_tags, single_meta_graph
 from ..rules import canonicalize, check_weights_low, fold_constant_casts
 from .batch_dispatch import dispatched
 from .batch_split import split_lines, split_signature
+from .function_names import canonical_names
 from .frozen_function import compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
 from .keras_metadata import METADATA_FILE
@@ -87,6 +88,7 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
             tf.saved_model.save(module, directory, options=save_options,
                                 signatures={k: f.get_concrete_function() for k, f in functions.items()})
             new = with_effects_restored(_with_source_files(directory, source_dir, tags))
+            canonical_names(new)  # the same conversion writes the same bytes, whatever this process traced before
         except (ValueError, TypeError, OSError, tf.errors.OpError) as e:
             remove_tree(directory)
             raise ModelError(f"TensorFlow cannot save the frozen signatures: {str(e).splitlines()[0]}") from None
