@@ -149,8 +149,9 @@ def _run(args, given: str) -> int:
         stdout_console().print(f"both sides ran float32 (no node was converted to {result.precision}): the "
                                "verification checked the graph rules' rewrites, not the low precision", soft_wrap=True)
     if not report.passed:
+        find = "" if guarded is not None else "; --guard finds them and keeps them float32"
         stdout_console().print(f"the converted model is kept at {args.output}; loosen --rtol/--atol if the errors "
-                               "are acceptable, or keep the offending nodes in float32 with --keep-fp32",
+                               f"are acceptable, or keep the offending nodes in float32 with --keep-fp32{find}",
                                soft_wrap=True)
         return 1
     return 0

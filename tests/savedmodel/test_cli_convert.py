@@ -178,6 +178,7 @@ def test_convert_verify_failure_exits_1_and_keeps_the_output(source, tmp_path, c
                      str(tmp_path / "in.npz"), "--atol", "1e-6", "--rtol", "1e-6"])
     text = capsys.readouterr().out
     assert code == 1 and "verification FAILED" in text and "the converted model is kept at" in text
+    assert "--guard finds them and keeps them float32" in text  # what finds the offending nodes
     assert (out / "saved_model.pb").is_file()
 
 
