@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import re
 
-TRACED = re.compile(r"^(__inference_.*)_(\d+)$")
+TRACED = re.compile(r"^(.+)_(\d+)$")  # __inference_run_9550, and tf.cond's cond_true_9438: all traced here
 
 
 def canonical_names(saved_model) -> dict:
-    """Rename, in place, the traced functions of every MetaGraph of the SavedModel proto; return {old: new}."""
+    """Rename, in place, the traced functions of every MetaGraph of the SavedModel proto (a frozen model's: every
+    function in it was traced by this process); return {old: new}."""
     renamed = {}
     for meta_graph in saved_model.meta_graphs:
         traced = [(int(m.group(2)), m.group(1), f.signature.name) for f in meta_graph.graph_def.library.function

@@ -182,12 +182,13 @@ def test_an_output_name_at_the_file_system_limit(source, tmp_path):
     assert entries(tmp_path) == [name] and load_and_run(out)["y"].shape == (2, 16)
 
 
-@pytest.mark.parametrize("freeze", [False, True], ids=["in place", "frozen"])
-def test_the_same_model_converted_twice_has_the_same_bytes(source, tmp_path, freeze):
-    # In one process: a frozen model is traced anew, and TensorFlow names traced functions after a process-wide
-    # counter; the second conversion's names (and bytes) must not depend on what the first one traced.
+@pytest.mark.parametrize("freeze, split", [(False, "off"), (True, "off"), (True, 2)],
+                         ids=["in place", "frozen", "frozen, split"])
+def test_the_same_model_converted_twice_has_the_same_bytes(source, tmp_path, freeze, split):
+    # In one process: a frozen model is traced anew, and TensorFlow names traced functions (tf.cond's branches too:
+    # the split's) after a process-wide counter; the second conversion's bytes must not depend on the first's.
     for name in ("a", "b"):
-        convert_saved_model(source, tmp_path / name, "bfloat16", freeze=freeze)
+        convert_saved_model(source, tmp_path / name, "bfloat16", freeze=freeze, split=split)
     files = ("saved_model.pb", "fingerprint.pb")
     assert [(tmp_path / "a" / f).read_bytes() for f in files] == [(tmp_path / "b" / f).read_bytes() for f in files]
     if freeze:
