@@ -12,7 +12,9 @@ samples change, the split equals the graph called on each slice, a batch smaller
 the whole call and the splits here and, in a child process, in the other serving setting (split_timing.py: one
 intra-op thread, TF's default threads), and keeps a split only where it measured faster than the whole call beyond
 the noise at every batch timed in one setting and not slower in the other (a tie keeps the graph whole): the split
-never makes a model slower in either setting.
+never makes a model slower in either setting. A timing whose branches got no second core cannot judge the split
+(split_timing.busy_timing: the graph stays whole, said); times that could are kept per graph and machine
+(split_cache.py), so the same graph converted again here gets the same verdict however busy the machine is then.
 
 Batch 1 is decided apart (row_choice.py): one sample's token rows in 2 branches, routed to inside the frozen graph
 (a Switch on the batch) where the plan exists, the check passes at batch 1 and, for "auto", it measured faster

@@ -8,7 +8,9 @@ time (the split buys wall time with a second core, never CPU time, which is what
 A split is written only if it is faster beyond the noise here (a tie goes to the unsplit winner: tune.choose, with
 the winner first) and not slower beyond it in the other serving setting: the winner and the split are timed again
 in a child process started with the other intra-op threads (split_timing.times_elsewhere, on made-up inputs at the
-tuning batch), as `convert --split auto` does. A child that fails leaves the other setting untimed, said in the line.
+tuning batch), as `convert --split auto` does. A child that fails leaves the other setting untimed, said in the line;
+one whose split's branches got no second core (split_timing.busy_timing) cannot judge it, and the winner is written
+unsplit with that reason.
 """
 
 from __future__ import annotations
