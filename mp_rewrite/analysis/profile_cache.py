@@ -51,14 +51,15 @@ def graph_bytes(graph_def) -> bytes:
     return copy.SerializeToString(deterministic=True)
 
 
-def _path(key: str) -> str:
-    return os.path.join(cache_dir(), "profiles", f"{key}.json")
+def cache_file(folder: str, key: str) -> str:
+    """Where a cache keeps the file of `key`: `folder` ("profiles", "splits") under the cost tables' directory."""
+    return os.path.join(cache_dir(), folder, f"{key}.json")
 
 
 def load(key: str):
     """(CostTable, float32 ms, lists ms, path) cached under `key`, or None (also for an unreadable file). A file an
     earlier version wrote has no "runs" (run_times.RunTimes): its table's runs are None."""
-    path = _path(key)
+    path = cache_file("profiles", key)
     try:
         with open(path, encoding="utf-8") as f:
             found = from_text(f.read())
@@ -90,7 +91,7 @@ def from_text(text: str):
 
 def save(key: str, table: CostTable, fp32_ms: float, lists_ms: float) -> None:
     """Write the measured costs under `key` (atomically; a cache that cannot be written is skipped)."""
-    write_atomically(_path(key), as_text(table, fp32_ms, lists_ms))
+    write_atomically(cache_file("profiles", key), as_text(table, fp32_ms, lists_ms))
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -24,6 +24,7 @@ there (row_verdict).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 from ..analysis.batch_rows import batch_rows
@@ -72,16 +73,17 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     if split == "off":
         return whole, SplitChoice(1, "off")
-    imported, at_one = _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact, say)
-    function, choice = _batch_split(graph_def, frozen, captured, imported, specs, split, say)
+    graph = functools.cache(lambda: graph_bytes(graph_def))  # what timed splits are kept under: read once, if timed
+    imported, at_one = _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact, say)
+    function, choice = _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say)
     times = {s: {**at_one.times.get(s, {}), **choice.times.get(s, {})} for s in {**at_one.times, **choice.times}}
     return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one), times=times,
                                          rows=at_one.rows)
 
 
-def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact: bool, say):
+def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact: bool, say):
     """(the frozen graph to call: `imported`, or the one routing batch 1 to its token rows (row_choice's), a
-    RowChoice): what batch 1 runs."""
+    RowChoice): what batch 1 runs. `graph()` gives the graph's bytes, what its times are kept under."""
     routed, why = row_function(graph_def, frozen, captured)
     if routed is None:
         return imported, RowChoice(1, f"runs whole: {why}")
@@ -94,14 +96,17 @@ def _batch_one(graph_def, frozen, captured, imported, specs, whole, split, exact
                                                      "the whole graph at batch 1)")
     runners = {1: whole, ROW_PARTS: candidate}
     say(f"timing batch 1 in token rows, {SETTINGS}")
+    # Saved even when earlier times are read: saving traces the candidates, and the written functions are named
+    # by their rank in tracing order (function_names.py).
     with saved_functions(runners, captured) as places:
-        timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])], places, graph_bytes(graph_def))
+        timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])], places, graph())
     choice = row_verdict(timed.times, timed.untimed, timed.busy, timed.note())
     return (routed if choice.rows > 1 else imported), choice
 
 
-def _batch_split(graph_def, frozen, captured, imported, specs, split, say):
-    """(the function, a SplitChoice): `imported` called whole, or once per slice of the batch in N branches."""
+def _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say):
+    """(the function, a SplitChoice): `imported` called whole, or once per slice of the batch in N branches.
+    `graph()` gives the graph's bytes, what its times are kept under."""
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
     found = batch_rows(graph_def, inputs, frozen.fetches, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
@@ -117,8 +122,8 @@ def _batch_split(graph_def, frozen, captured, imported, specs, split, say):
     if split != "auto":
         return made[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
     say(f"timing the split, {SETTINGS}")
-    with saved_functions({1: whole, **made}, captured) as places:
-        return chosen_split(whole, made, specs, places, graph_bytes(graph_def))
+    with saved_functions({1: whole, **made}, captured) as places:  # saved even when earlier times are read: as above
+        return chosen_split(whole, made, specs, places, graph())
 
 
 def split_candidates(split) -> list[int]:

@@ -17,21 +17,15 @@ import re
 TRACED = re.compile(r"^(.+)_(\d+)$")  # __inference_run_9550, and tf.cond's cond_true_9438: all traced here
 
 
-def canonical_names(saved_model) -> dict:
+def canonical_names(saved_model) -> None:
     """Rename, in place, the traced functions of every MetaGraph of the SavedModel proto (a frozen model's: every
-    function in it was traced by this process); return {old: new}."""
-    renamed = {}
+    function in it was traced by this process)."""
     for meta_graph in saved_model.meta_graphs:
         traced = [(int(m.group(2)), m.group(1), f.signature.name) for f in meta_graph.graph_def.library.function
                   for m in [TRACED.match(f.signature.name)] if m]
-        names = {old: f"{base}_{rank}" for rank, (_, base, old) in enumerate(sorted(traced))}
-        names = {old: new for old, new in names.items() if old != new}
-        if names:
-            _rename(meta_graph, names)
-            renamed.update(names)
+        _rename(meta_graph, {old: f"{base}_{rank}" for rank, (_, base, old) in enumerate(sorted(traced))})
         # TensorFlow lists the library in the order of the names it gave: by the new names, the same every time.
         meta_graph.graph_def.library.function.sort(key=lambda f: f.signature.name)
-    return renamed
 
 
 def _rename(message, names: dict) -> None:

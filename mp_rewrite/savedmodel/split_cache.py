@@ -12,10 +12,9 @@ on a quiet machine decides. `rm -r ~/.cache/mp_rewrite/splits` times everything 
 from __future__ import annotations
 
 import json
-import os
 
-from ..analysis.op_costs import cache_dir, machine_facts
-from ..analysis.profile_cache import profile_key, write_atomically
+from ..analysis.op_costs import machine_facts
+from ..analysis.profile_cache import cache_file, profile_key, write_atomically
 
 FORMAT = "mp_rewrite-split-times"
 
@@ -28,7 +27,7 @@ def split_key(graph: bytes, races: list, setting: str) -> str:
 
 
 def path(key: str) -> str:
-    return os.path.join(cache_dir(), "splits", f"{key}.json")
+    return cache_file("splits", key)
 
 
 def load(key: str) -> dict | None:

@@ -90,8 +90,8 @@ def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[obj
         return saved_model, lines
     split_any, said, decided = False, {}, {}
     with contextlib.ExitStack() as stack:
-        loaded = load_saved_model(stack.enter_context(_staged(files, saved_model)), "converted",
-                                  load_tags(meta_graph))
+        original = stack.enter_context(_staged(files, saved_model))  # loaded here, timed as the whole model
+        loaded = load_saved_model(original, "converted", load_tags(meta_graph))
         for wrapper, entries in wrappers.items():
             # Wrappers of one body (Keras' "serve" and "serving_default") are analysed and timed once, split alike
             # (each split copy still checked).
@@ -99,8 +99,8 @@ def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[obj
             if earlier is not None and earlier.branches == 1:
                 made, choice = meta_graph, earlier
             else:
-                made, choice = _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries,
-                                          earlier.branches if earlier else split, stack)
+                made, choice = _split_one(files, saved_model, index, meta_graph, (original, loaded), wrapper,
+                                          entries, earlier.branches if earlier else split, stack)
                 choice = earlier if earlier is not None and choice.branches > 1 else choice
             decided.setdefault(_callees(meta_graph, wrapper), choice)
             meta_graph, split_any = made, split_any or choice.branches > 1
@@ -109,11 +109,13 @@ def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[obj
     return (_with_meta_graph(saved_model, index, meta_graph) if split_any else saved_model), lines
 
 
-def _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries, split, stack):
+def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, entries, split, stack):
     """(the MetaGraph with `wrapper` split or as it was, the SplitChoice) for the signatures `entries` [(key,
-    {input: argument position})] that call it."""
+    {input: argument position})] that call it; `staged_original` is (the directory `saved_model` was staged in, its
+    loaded copy)."""
     import tensorflow as tf
 
+    original, loaded = staged_original
     key, positions = entries[0]
     carried, why = _carried(loaded, key, positions, files, meta_graph, wrapper)
     if why:
@@ -139,8 +141,7 @@ def _split_one(files, saved_model, index, meta_graph, loaded, wrapper, entries, 
     if split != "auto":
         return candidates[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
     tags = load_tags(meta_graph)
-    places = {1: (stack.enter_context(_staged(files, saved_model)), key, tags),
-              **{n: (staged[n], key, tags) for n in candidates}}
+    places = {1: (original, key, tags), **{n: (staged[n], key, tags) for n in candidates}}
     graph = graph_bytes(meta_graph.graph_def) + f"\0{key}\0{wrapper}".encode()  # what the times are kept under
     _, choice = chosen_split(whole, functions, specs, places, graph)
     return (candidates[choice.branches] if choice.branches > 1 else meta_graph), choice

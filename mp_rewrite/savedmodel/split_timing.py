@@ -155,16 +155,16 @@ class Timed:
                "time again)" if self.cached else ""
 
 
-def times_in_both(runners: dict, specs, races: list, places, graph: bytes | None = None) -> Timed:
+def times_in_both(runners: dict, specs, races: list, places, graph: bytes) -> Timed:
     """The `races` [(batch, calls, [keys])] of the functions `runners` ({key: function}, called on inputs made from
     the TensorSpecs `specs`, key 1 the whole call, others a number of branches) run here, interleaved, and then in
-    the other serving setting on the same candidates saved at `places` (times_elsewhere's). Where `graph` (the
-    bytes the candidates are made from) is given, times an earlier conversion kept for it on this machine are read
-    instead (split_cache), and times that can judge the split are kept."""
+    the other serving setting on the same candidates saved at `places` (times_elsewhere's). Times an earlier
+    conversion kept on this machine for `graph` (the bytes the candidates are made from) are read instead
+    (split_cache), and times that can judge the split are kept."""
     from . import split_cache
     here = this_setting()
-    cache_key = split_cache.split_key(graph, races, here) if graph is not None else None
-    kept = split_cache.load(cache_key) if cache_key else None
+    cache_key = split_cache.split_key(graph, races, here)
+    kept = split_cache.load(cache_key)
     if kept and here in kept:
         return Timed({here: kept.pop(here), **kept}, cached=split_cache.path(cache_key))
     times, overlaps = {here: {}}, {}
@@ -178,7 +178,7 @@ def times_in_both(runners: dict, specs, races: list, places, graph: bytes | None
     if elsewhere:
         times[other] = elsewhere
         busy = busy or busy_timing(elsewhere_overlaps, other)
-    if cache_key and not why and not busy:
+    if not why and not busy:
         split_cache.save(cache_key, times)
     return Timed(times, f"{other} not timed: {why}" if why else "", busy)
 
