@@ -4,6 +4,7 @@ cache), a few epochs of `model.fit` on the synthetic digits. The full run (3 see
 seeds' spread) is the tool's, with its results in docs/bench_training.md."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -27,8 +28,17 @@ def test_the_default_rewrite_trains_to_float32s_accuracy(tmp_path, monkeypatch):
     float32 = parity_training.train_once("float32", 1, **size)
     rewrite = parity_training.train_once("rewrite bfloat16", 1, **size)
     assert rewrite["step"] not in rewrite["pending"]  # the measured decision was swapped in within the first epoch
-    # The step trained in bfloat16 (a decision to keep float32 would make this test say nothing).
-    assert rewrite["low_contractions"] > 0 and rewrite["fused_batch_norms"] > 0, rewrite
+    if rewrite["low_contractions"] == 0:
+        # This machine measured float32 faster for this small step (it can, on an EPYC with AVX512-BF16): a decision,
+        # not a fault -- the race kept float32 as traced, or the cut kept every candidate float32 -- but one that
+        # trains nothing in bfloat16. The bfloat16 step's accuracy is then checked on Grappler's lists, which do
+        # not measure (and leave Keras 3's BatchNorms as traced).
+        assert rewrite["chose"] == "float32 as traced" or re.fullmatch(r"the cut \((\d+) of \1 kept float32\)",
+                                                                       rewrite["chose"]), rewrite
+        rewrite = parity_training.train_once("rewrite bfloat16", 1, assign="lists", **size)
+        assert rewrite["chose"] == "Grappler's lists" and rewrite["low_contractions"] > 0, rewrite
+    else:  # the step trained in bfloat16, with its BatchNorms fused
+        assert rewrite["fused_batch_norms"] > 0, rewrite
     assert float32["test_accuracy"] >= 0.8 and rewrite["test_accuracy"] >= 0.8, (float32, rewrite)
     # One seed each, 160 steps (float32 ends near 90%): a loose bound; bfloat16 gradients that were wrong, or a
     # swapped-in step that dropped an update, cost far more.
