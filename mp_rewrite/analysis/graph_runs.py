@@ -324,6 +324,21 @@ def traced_times(runners, runs: int, progress=None):
     return samples, walls
 
 
+class Calls:
+    """A race's runner: `calls` calls of a function on fixed inputs per run, keeping each run's overlap -- this
+    process's CPU time over the run's wall time: how many cores the calls got."""
+
+    def __init__(self, function, feeds, calls: int):
+        self.function, self.feeds, self.calls = function, feeds, calls
+        self.overlaps = []
+
+    def run(self) -> None:
+        start, cpu = time.perf_counter(), time.process_time()
+        for _ in range(self.calls):
+            self.function(*self.feeds)
+        self.overlaps.append((time.process_time() - cpu) / max(time.perf_counter() - start, 1e-9))
+
+
 def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS, most: int | None = None,
          settled=RaceTimes.settled) -> RaceTimes:
     """Wall ms of each runner's untraced runs, round by round: `runs` alternated rounds after `warmup`, then more,

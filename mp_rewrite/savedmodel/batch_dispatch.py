@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..analysis.graph_runs import VariantError, race
+from ..analysis.graph_runs import Calls, VariantError, race
 from ..analysis.variant_race import RACE_BATCHES, RACE_RUNS
 from ..core.assignment import SOURCE
 from ..core.effects import effects_policy, graph_effects
@@ -110,6 +110,7 @@ class Variants:
         low: the low precision's RewriteResult (its graph_def compacted as written).
         sizes: (float32's, the low precision's) frozen graph in MB.
         written: FLOAT32 or LOW, the one the race chose (what is written without the dispatch).
+        graphs: (float32's, the low precision's) GraphDef as imported: what their times are kept under.
     """
 
     imported: tuple
@@ -121,6 +122,7 @@ class Variants:
     low: object
     sizes: tuple
     written: int
+    graphs: tuple
 
 
 def dispatched(function, result, float32_graph, frozen, captured, options, machine=None, weights: str = "keep",
@@ -150,33 +152,85 @@ def dispatched(function, result, float32_graph, frozen, captured, options, machi
     dim = getattr(costs, "dim", None) or DEFAULT_DIM  # as the race made them (measured_costs.measured_dim)
     feeds = {b: made_tensors(variants.specs, b, dim=dim) for b in RACE_BATCHES}
     try:
-        choice, dispatch = _raced_choice(variants, feeds, mode, options.precision)
+        choice, dispatch = _raced_choice(variants, feeds, mode, options.precision, dim)
     except VariantError as e:
         result.dispatch = DispatchChoice(False, f"not tried: {e}")
         return function, result
     return _written(function, result, variants, choice, dispatch)
 
 
-def _raced_choice(variants: Variants, feeds: dict, mode: str, precision: str) -> tuple:
+def _raced_choice(variants: Variants, feeds: dict, mode: str, precision: str, dim: int) -> tuple:
     """(DispatchChoice, the dispatch's tf.function or None): the variants raced alone at each batch; where the
-    winner changes (or forced), the dispatch at that batch raced against them, and what dispatch_verdict says."""
-    alone = {b: raced_calls(variants.alone, feeds[b], b, LOCATING_ROUNDS) for b in RACE_BATCHES}
+    winner changes (or forced), the dispatch at that batch raced against them, and what dispatch_verdict says
+    (races an earlier conversion kept: KeptRaces)."""
+    from ..analysis.profile_cache import graph_bytes
+    races = KeptRaces(*map(graph_bytes, variants.graphs), dim, mode)
+    alone = races.alone(lambda: {b: raced_calls(variants.alone, feeds[b], b, LOCATING_ROUNDS) for b in RACE_BATCHES})
     segments = segments_of(winners_of(alone, variants.written))
     if len(segments) == 1 and mode != "force":
         name, other = ("float32", precision)[variants.written], ("float32", precision)[1 - variants.written]
         return DispatchChoice(False, f"{other} ran faster than {name} (alone, beyond the noise) at no batch raced: "
-                                     "nothing to dispatch", (), alone), None
+                                     f"nothing to dispatch{races.note}", (), alone), None
     segments = segments if mode != "force" else ((1, FLOAT32), (RACE_BATCHES[1], LOW))
     dispatch = dispatch_function(variants.imported, variants.specs, variants.keys, variants.shapes, segments,
                                  variants.carried)
-    times = {b: raced_calls([*variants.alone, dispatch], feeds[b], b) for b in RACE_BATCHES}
+    times = races.with_dispatch(lambda: {b: raced_calls([*variants.alone, dispatch], feeds[b], b)
+                                         for b in RACE_BATCHES})
     verdict = dispatch_verdict(times)
     if verdict.kept or mode == "force":
         forced = "" if verdict.kept else f"written as {DISPATCH_ENV}=force asks, though its times would not keep it"
-        line = kept_line(verdict, times, segments, precision, variants.sizes, forced)
+        line = kept_line(verdict, times, segments, precision, variants.sizes, forced) + races.note
         return DispatchChoice(True, line, segments, alone, times), dispatch
-    line = refused_line(verdict, times, segments, precision, variants.written).removeprefix("; ")
+    line = refused_line(verdict, times, segments, precision, variants.written).removeprefix("; ") + races.note
     return DispatchChoice(False, line, segments, alone, times), None
+
+
+class KeptRaces:
+    """A dispatch's races -- the variants alone, then with the dispatch -- read from the timing cache where an
+    earlier conversion on this machine, in this serving setting, ran them on the same graphs (the dispatch then
+    built but not raced: the same verdict, the same bytes, however busy the machine is now), else run and kept
+    (timing_cache).
+
+    Args:
+        *parts: what the races depend on besides the machine and the serving setting: the variants' graphs'
+            bytes (profile_cache.graph_bytes), the unknown dimensions' size, the dispatch mode.
+    """
+
+    def __init__(self, *parts):
+        from . import timing_cache
+        from .split_timing import this_setting
+        self._cache = timing_cache
+        self._key = timing_cache.timing_key("dispatch", *parts, RACE_BATCHES, LOCATING_ROUNDS, this_setting())
+        self._kept = _kept_races(timing_cache.load("dispatch", self._key)) or {}
+        self._timed = {}
+        self.note = timing_cache.read_note(timing_cache.path("dispatch", self._key)) if self._kept else ""
+
+    def alone(self, time) -> dict:
+        """{batch: RaceTimes of the variants alone}: kept, else `time()`'s."""
+        return self._get("alone", time)
+
+    def with_dispatch(self, time) -> dict:
+        """{batch: RaceTimes of the variants and the dispatch}: kept, else `time()`'s."""
+        return self._get("times", time)
+
+    def _get(self, part: str, time) -> dict:
+        if part in self._kept:
+            return self._kept[part]
+        self._timed[part] = time()
+        self._cache.save("dispatch", self._key, {p: {str(b): [list(w) for w in t.walls] for b, t in races.items()}
+                                                 for p, races in {**self._kept, **self._timed}.items()})
+        return self._timed[part]
+
+
+def _kept_races(found) -> dict | None:
+    """{"alone": {batch: RaceTimes}, and "times" where the dispatch was raced} of what KeptRaces kept, or None."""
+    from ..analysis.race_times import RaceTimes
+    try:
+        kept = {part: {int(batch): RaceTimes(tuple(tuple(float(ms) for ms in w) for w in walls))
+                       for batch, walls in found[part].items()} for part in ("alone", "times") if part in found}
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None
+    return kept if "alone" in kept else None
 
 
 def _written(function, result, variants: Variants, choice: DispatchChoice, dispatch):
@@ -245,7 +299,8 @@ def _variants(result, float32_graph, frozen, captured, options) -> Variants | No
     keys = list(frozen.outputs)
     alone = tuple(_alone(f, specs, keys, frozen.shapes) for f in (f32_call, low_call))
     return Variants((f32_call, low_call), alone, specs, keys, frozen.shapes, _batch_input(frozen.inputs), low,
-                    (f32.ByteSize() / 1e6, low.graph_def.ByteSize() / 1e6), LOW if low is result else FLOAT32)
+                    (f32.ByteSize() / 1e6, low.graph_def.ByteSize() / 1e6), LOW if low is result else FLOAT32,
+                    (f32, low.graph_def))
 
 
 def _batch_input(inputs):
@@ -261,22 +316,11 @@ def _alone(imported, specs, keys, shapes):
                        autograph=False)
 
 
-class _Calls:
-    """A race's runner: `calls` calls of a function on fixed inputs per run."""
-
-    def __init__(self, function, feeds, calls: int):
-        self.function, self.feeds, self.calls = function, feeds, calls
-
-    def run(self) -> None:
-        for _ in range(self.calls):
-            self.function(*self.feeds)
-
-
 def raced_calls(functions, feeds, batch: int, rounds: int | None = None):
     """The RaceTimes (ms per call) of `functions` called on `feeds` in alternated rounds: `rounds` of them, else
     RACE_RUNS and more, up to twice as many, while a ratio is not known to within race_times.SETTLED."""
     from ..analysis.race_times import RaceTimes
     calls = max(1, CALLS // batch)
-    times = race([_Calls(f, feeds, calls) for f in functions], rounds or RACE_RUNS, most=rounds,
+    times = race([Calls(f, feeds, calls) for f in functions], rounds or RACE_RUNS, most=rounds,
                  names=["float32", "the low precision", "the dispatch"])
     return RaceTimes(tuple(tuple(w / calls for w in walls) for walls in times.walls))

@@ -14,7 +14,7 @@ intra-op thread, TF's default threads), and keeps a split only where it measured
 the noise at every batch timed in one setting and not slower in the other (a tie keeps the graph whole): the split
 never makes a model slower in either setting. A timing whose branches got no second core cannot judge the split
 (split_timing.busy_timing: the graph stays whole, said); times that could are kept per graph and machine
-(split_cache.py), so the same graph converted again here gets the same verdict however busy the machine is then.
+(timing_cache.py), so the same graph converted again here gets the same verdict however busy the machine is then.
 
 Batch 1 is decided apart (row_choice.py): one sample's token rows in 2 branches, routed to inside the frozen graph
 (a Switch on the batch) where the plan exists, the check passes at batch 1 and, for "auto", it measured faster
@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import statistics
 
 from ..analysis.batch_rows import batch_rows
 from ..analysis.profile_cache import graph_bytes
@@ -33,11 +34,10 @@ from ..analysis.shapes import node_shapes
 from .frozen_function import imported_function
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
 from .split_option import SERVE, SPLIT_FUNCTION
-from .split_timing import CALLS, ONE_THREAD, SETTINGS, feeds, saved_functions, times_in_both
+from .split_timing import CALLS, FASTER, ONE_THREAD, SETTINGS, feeds, saved_functions, split_ratio, times_in_both
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
 TIMED_BATCHES = (8, 32)
-FASTER = 0.97  # a split within 3% of the whole call is a tie: the graph stays whole
 NOT_JUDGED = "convert again on a quiet machine, or --split N writes N branches without timing them"
 
 
@@ -48,8 +48,8 @@ class SplitChoice:
     Attributes:
         branches: N slices (1: the graph runs whole).
         why: the reason, with what was measured.
-        times: {serving setting: {(batch, branches): median ms per call}} measured for "auto" (empty otherwise);
-            at batch 1, branches N is the token-row split in N.
+        times: {serving setting: {(batch, branches): [ms per call, round by round]}} measured for "auto" (empty
+            otherwise); at batch 1, branches N is the token-row split in N.
         rows: token-row branches at batch 1 (row_choice.py; 1: batch 1 runs whole).
     """
 
@@ -244,7 +244,7 @@ def chosen_split(whole, made: dict, specs, places, graph: bytes):
     """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES, in this process's
     serving setting and in the other one (split_timing: `places` are the candidates' SavedModels for its child
     process, keyed as `made` and 1 for the whole call, or why there are none), or read an earlier conversion's
-    times of the same `graph` (the bytes the candidates are made from: split_cache); keep what split_verdict says:
+    times of the same `graph` (the bytes the candidates are made from: timing_cache); keep what split_verdict says:
     (the function kept, its SplitChoice)."""
     races = [(batch, CALLS, [1, *made]) for batch in TIMED_BATCHES]
     timed = times_in_both({1: whole, **made}, specs, races, places, graph)
@@ -253,52 +253,75 @@ def chosen_split(whole, made: dict, specs, places, graph: bytes):
 
 
 def split_verdict(times: dict, untimed: str = "", busy: str = "", note: str = "") -> SplitChoice:
-    """The split to keep from measured times: a number of branches faster than the whole call (1) by more than the
-    noise (FASTER) at every batch timed in some serving setting, and not slower beyond the noise at any batch in
-    any setting timed -- a split that wins with one intra-op thread and loses with TF's default threads would make
-    the model slower where it is served so --; the least in sum of its ratios to the whole call of those; else 1
-    (a tie keeps the graph whole).
+    """The split to keep from measured times: a number of branches faster than the whole call (1) beyond the noise
+    at every batch timed in some serving setting, and not slower at any batch in any setting timed -- a split that
+    wins with one intra-op thread and loses with TF's default threads would make the model slower where it is
+    served so --; the least in sum of its ratios to the whole call of those; else 1 (a tie keeps the graph whole).
+    Faster and slower are _faster's and _slower's: read round by round (split_timing.split_ratio).
 
     Args:
-        times: {setting: {(batch, branches): median ms per call}}, with branches 1 for the whole call at every
-            batch; this process's setting first.
+        times: {setting: {(batch, branches): [ms per call, round by round]}}, with branches 1 for the whole call
+            at every batch; this process's setting first.
         untimed: why a setting was not timed ("" where both were), said in the line.
         busy: why the timing cannot judge a split (split_timing.busy_timing), or "": then the graph stays whole.
         note: where the times were read from (split_timing.Timed.note), said after them.
     """
-    if busy:
-        return SplitChoice(1, f"not split: {busy} ({'; '.join(f'with {s}: {_measured(t)}' for s, t in times.items())})"
-                              f"; {NOT_JUDGED}", times)
-    ratios = {s: {(b, n): ms / t[b, 1] for (b, n), ms in t.items() if n > 1} for s, t in times.items()}
-    splits = sorted({n for r in ratios.values() for _, n in r})
-    faster = {n: [s for s, r in ratios.items() if all(x < FASTER for (_, m), x in r.items() if m == n)]
-              for n in splits}
-    slower = {n: [s for s, r in ratios.items() if any(x > 1 / FASTER for (_, m), x in r.items() if m == n)]
-              for n in splits}
     measured = "; ".join(f"with {s}: {_measured(t)}" for s, t in times.items())
+    if busy:
+        return SplitChoice(1, f"not split: {busy} ({measured}); {NOT_JUDGED}", times)
+    ratios = {s: {(b, n): split_ratio(t[b, 1], walls) for (b, n), walls in t.items() if n > 1}
+              for s, t in times.items()}
+    splits = sorted({n for r in ratios.values() for _, n in r})
+    faster = {n: [s for s, r in ratios.items() if all(_faster(x) for (_, m), x in r.items() if m == n)]
+              for n in splits}
+    slower = {n: [s for s, r in ratios.items() if any(_slower(x) for (_, m), x in r.items() if m == n)]
+              for n in splits}
     winners = [n for n in splits if faster[n] and not slower[n]]
     hint = _hint(untimed, next(iter(times))) + note
     if not winners:
         mixed = next((n for n in splits if faster[n] and slower[n]), None)
         if mixed is None:
-            return SplitChoice(1, f"not split: no split measured faster with {' or '.join(times)} ({measured})"
-                                  f"{hint}", times)
+            return SplitChoice(1, f"not split: no split measured faster beyond the noise with {' or '.join(times)} "
+                                  f"({measured}){hint}", times)
         return SplitChoice(1, f"not split: {mixed} branches measured faster with {' and '.join(faster[mixed])} but "
                               f"slower with {' and '.join(slower[mixed])} ({measured}): the split would make the model "
                               f"slower served so; --split {mixed} writes it for {' and '.join(faster[mixed])}{hint}",
                            times)
-    best = min(winners, key=lambda n: sum(x for r in ratios.values() for (_, m), x in r.items() if m == n))
+    best = min(winners, key=lambda n: sum(x.mid for r in ratios.values() for (_, m), x in r.items() if m == n))
     level = [s for s in times if s not in faster[best]]
     return SplitChoice(best, f"split in {best} branches: faster at every batch timed with {' and '.join(faster[best])}"
                              + (f", not slower with {' and '.join(level)}" if level else "")
                              + f" ({measured}){hint}; {SERVE}", times)
 
 
+def _faster(ratio) -> bool:
+    """Whether a split's time over the whole call's (a Ratio) is below 1 beyond the noise -- every round but the
+    interval's outliers faster -- and by more than the tie (FASTER)."""
+    return ratio.high < 1 and ratio.mid < FASTER
+
+
+def _slower(ratio) -> bool:
+    """Whether a split's time over the whole call's is above the tie (1 / FASTER): its median, so that "never
+    slower" does not lean on the noise."""
+    return ratio.mid > 1 / FASTER
+
+
 def _measured(times: dict) -> str:
-    """"batch 8: whole 14.4 ms, 2 branches 8.3 ms; batch 32: ..." of {(batch, branches): ms}."""
+    """"batch 8: whole 14.4 ms, 2 branches 8.3 ms (0.58x, 0.55-0.61x); batch 32: ..." of {(batch, branches): [ms
+    per call, round by round]}: medians, and each split's ratio to the whole call with its interval."""
+    def one(b, n):
+        if n == 1:
+            return f"whole {statistics.median(times[b, n]):.1f} ms"
+        return f"{n} branches {statistics.median(times[b, n]):.1f} ms ({_ratio_text(times[b, 1], times[b, n])})"
     batches = sorted({b for b, _ in times})
-    return "; ".join(f"batch {b}: " + ", ".join(f"{'whole' if n == 1 else f'{n} branches'} {times[b, n]:.1f} ms"
-                                               for n in sorted(m for c, m in times if c == b)) for b in batches)
+    return "; ".join(f"batch {b}: " + ", ".join(one(b, n) for n in sorted(m for c, m in times if c == b))
+                     for b in batches)
+
+
+def _ratio_text(whole, split) -> str:
+    """"0.58x, 0.55-0.61x": a split's time over the whole call's, and its interval."""
+    r = split_ratio(whole, split)
+    return f"{r.mid:.2f}x, {r.low:.2f}-{r.high:.2f}x"
 
 
 def _hint(untimed: str, here: str) -> str:
@@ -311,18 +334,20 @@ def _hint(untimed: str, here: str) -> str:
 
 def row_verdict(times: dict, untimed: str = "", busy: str = "", note: str = "") -> RowChoice:
     """Batch 1's choice from measured times, by split_verdict's rule: the token-row split if faster than the whole
-    call beyond the noise (FASTER) in some serving setting timed and not slower beyond it in any; else whole.
+    call beyond the noise in some serving setting timed and not slower in any; else whole.
 
     Args:
-        times: {setting: {(1, 1): whole ms per call, (1, ROW_PARTS): the row split's}}, this process's first.
+        times: {setting: {(1, 1): the whole call's ms per call round by round, (1, ROW_PARTS): the row split's}},
+            this process's first.
         untimed: why a setting was not timed ("" where both were), said in the line.
         busy: why the timing cannot judge the split (split_timing.busy_timing), or "": then batch 1 runs whole.
         note: where the times were read from (split_timing.Timed.note), said after them.
     """
-    ratio = {s: t[1, ROW_PARTS] / t[1, 1] for s, t in times.items()}
-    faster = [s for s, x in ratio.items() if x < FASTER]
-    slower = [s for s, x in ratio.items() if x > 1 / FASTER]
-    measured = "; ".join(f"{t[1, ROW_PARTS]:.2f} ms against whole {t[1, 1]:.2f} ms with {s}" for s, t in times.items())
+    ratio = {s: split_ratio(t[1, 1], t[1, ROW_PARTS]) for s, t in times.items()}
+    faster = [s for s, x in ratio.items() if _faster(x)]
+    slower = [s for s, x in ratio.items() if _slower(x)]
+    measured = "; ".join(f"{statistics.median(t[1, ROW_PARTS]):.2f} ms against whole {statistics.median(t[1, 1]):.2f}"
+                         f" ms with {s} ({_ratio_text(t[1, 1], t[1, ROW_PARTS])})" for s, t in times.items())
     if busy:
         return RowChoice(1, f"runs whole: {busy} ({measured}); {NOT_JUDGED}", times)
     hint = _hint(untimed, next(iter(times))) + note

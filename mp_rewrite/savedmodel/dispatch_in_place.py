@@ -215,28 +215,35 @@ def _measured(float32_mg, low_mg, entries, key, source_dir, work, mode, precisio
     import os
 
     from ..analysis.graph_runs import VariantError, saved_model_copy
+    from ..analysis.profile_cache import graph_bytes
     from ..analysis.variant_race import RACE_BATCHES
-    from .batch_dispatch import DISPATCH_ENV, DispatchChoice, raced_calls
+    from .batch_dispatch import DISPATCH_ENV, LOCATING_ROUNDS, DispatchChoice, KeptRaces, raced_calls
     from .inputs import DEFAULT_DIM, made_tensors
     copies = [saved_model_copy(str(source_dir), mg, tempfile.mkdtemp(dir=work)) for mg in (float32_mg, low_mg)]
     calls = [_signature_call(path, key, float32_mg) for path in copies]
     specs = calls[0][1]
     feeds = {b: made_tensors(specs, b, dim=dim or DEFAULT_DIM) for b in RACE_BATCHES}
+    races = KeptRaces(graph_bytes(float32_mg.graph_def), graph_bytes(low_mg.graph_def), key, dim or DEFAULT_DIM,
+                      mode, "in place")
     try:
-        alone = {b: raced_calls([c for c, _ in calls], feeds[b], b, 5) for b in RACE_BATCHES}
+        alone = races.alone(lambda: {b: raced_calls([c for c, _ in calls], feeds[b], b, LOCATING_ROUNDS)
+                                     for b in RACE_BATCHES})
         segments = segments_of(winners_of(alone, written))
         if mode == "force":
             segments = ((1, FLOAT32), (RACE_BATCHES[1], LOW))
         if len(segments) != 2:
             why = ("the other variant ran faster (alone, beyond the noise) at no batch raced" if len(segments) == 1
                    else "more than one threshold")
-            return DispatchChoice(False, f"{why}: nothing dispatched in place", (), alone), None
+            return DispatchChoice(False, f"{why}: nothing dispatched in place{races.note}", (), alone), None
         written_mg = dispatch_meta_graph(float32_mg, low_mg, entries, segments[1][0], first_low=segments[0][1] == LOW)
         if written_mg is None:
             return None, None
-        path = saved_model_copy(str(source_dir), written_mg, tempfile.mkdtemp(dir=work))
-        dispatch, _ = _signature_call(path, key, float32_mg)
-        times = {b: raced_calls([*(c for c, _ in calls), dispatch], feeds[b], b) for b in RACE_BATCHES}
+
+        def race_it():  # the dispatch timed as served: a SavedModel copy of its own
+            dispatch, _ = _signature_call(saved_model_copy(str(source_dir), written_mg, tempfile.mkdtemp(dir=work)),
+                                          key, float32_mg)
+            return {b: raced_calls([*(c for c, _ in calls), dispatch], feeds[b], b) for b in RACE_BATCHES}
+        times = races.with_dispatch(race_it)
     except VariantError as e:
         return DispatchChoice(False, f"not tried: {e}"), None
     verdict = dispatch_verdict(times)
@@ -246,8 +253,8 @@ def _measured(float32_mg, low_mg, entries, key, source_dir, work, mode, precisio
         forced = "" if verdict.kept else f"written as {DISPATCH_ENV}=force asks, though its times would not keep it"
         line = kept_line(verdict, times, segments, precision, sizes, forced,
                          "both bodies of the functions are stored and read the same variables (saved_model.pb)")
-        return DispatchChoice(True, line, segments, alone, times), written_mg
-    line = refused_line(verdict, times, segments, precision, written).removeprefix("; ")
+        return DispatchChoice(True, line + races.note, segments, alone, times), written_mg
+    line = refused_line(verdict, times, segments, precision, written).removeprefix("; ") + races.note
     return DispatchChoice(False, line, segments, alone, times), None
 
 

@@ -18,6 +18,11 @@ parallelism, so the process's CPU time over the wall time of a split's calls (it
 branches got. Where they got fewer than OVERLAP -- another process held the CPU while they were timed -- the
 timing says nothing about the split, and a verdict that read it would write a different model each time the
 machine is busy: the split is then not judged (busy_timing), and the graph stays whole with that reason.
+
+Each candidate's times are kept round by round, so that a split's time over the whole call's is read as
+analysis.race_times reads a precision race's: paired by round, with an interval (split_ratio). A race goes on past
+ROUNDS, up to MOST_ROUNDS, while some split's interval straddles 1 or 1 / FASTER -- where a verdict would turn on
+the noise -- so a noisy timing takes longer rather than deciding differently.
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
+from ..analysis.race_times import RaceTimes, Ratio
 from .frozen_function import remove_tree
 from .inputs import made_tensors
 
-ROUNDS, CALLS = 5, 4
+ROUNDS, MOST_ROUNDS, CALLS = 5, 10, 4
+FASTER = 0.97  # a split within 3% of the whole call is a tie: the graph stays whole
 ONE_THREAD = "one intra-op thread"  # the setting a split model is served in (split_option.SERVE)
 DEFAULT_THREADS = "TF's default intra-op threads"
 SETTINGS = "here and in a child process in the other serving setting"  # what a progress bar says of the timing
@@ -50,22 +56,30 @@ def feeds(specs, batch: int, seed: int = 0) -> list:
 
 
 def interleaved_times(runners: dict, tensors, calls: int = CALLS) -> tuple[dict, dict]:
-    """({key: median wall ms per call}, {key: median overlap: this process's CPU time over the wall time}) of the
-    functions `runners` ({key: function}) called on `tensors`: ROUNDS rounds, each timing a block of `calls` calls
-    of every runner in turn, after one warming call each."""
-    samples, overlaps = {n: [] for n in runners}, {n: [] for n in runners}
+    """({key: [wall ms per call, round by round]}, {key: median overlap: this process's CPU time over the wall
+    time}) of the functions `runners` ({key: function}, the first the whole call the others are read against)
+    called on `tensors`, after one warming call each: a race (analysis.graph_runs.race) whose every run is a block
+    of `calls` calls, ROUNDS rounds and more, up to MOST_ROUNDS, while some ratio to the first is not `decided`."""
+    from ..analysis.graph_runs import Calls, race
     for function in runners.values():
         function(*tensors)  # warm: oneDNN's primitives and TF's kernels are made at the first call
-    for _ in range(ROUNDS):
-        for n, function in runners.items():
-            start, cpu = time.perf_counter(), time.process_time()
-            for _ in range(calls):
-                function(*tensors)
-            wall = time.perf_counter() - start
-            samples[n].append(wall / calls * 1e3)
-            overlaps[n].append((time.process_time() - cpu) / wall)
-    return ({n: statistics.median(samples[n]) for n in runners},
-            {n: statistics.median(overlaps[n]) for n in runners})
+    timed = [Calls(function, tensors, calls) for function in runners.values()]
+    times = race(timed, ROUNDS, warmup=0, names=[str(key) for key in runners], most=MOST_ROUNDS, settled=decided)
+    return ({key: [ms / calls for ms in times.walls[i]] for i, key in enumerate(runners)},
+            {key: statistics.median(timed[i].overlaps) for i, key in enumerate(runners)})
+
+
+def split_ratio(whole, split) -> Ratio:
+    """A split's time over the whole call's (analysis.race_times.Ratio), from each one's ms per call round by
+    round, as timed together."""
+    return RaceTimes((tuple(whole), tuple(split))).ratio(1, 0)
+
+
+def decided(times: RaceTimes) -> bool:
+    """Whether every later candidate's time over the first's (the whole call's) lies clear of 1 and of 1 / FASTER,
+    where the verdicts (batch_split.split_verdict, row_verdict) turn."""
+    return all(not (r.low < 1 < r.high or r.low < 1 / FASTER < r.high)
+               for r in (times.ratio(i, 0) for i in range(1, len(times.walls))))
 
 
 def busy_timing(overlaps: dict, setting: str, cores: int | None = None) -> str:
@@ -138,10 +152,10 @@ class Timed:
     """What times_in_both measured.
 
     Attributes:
-        times: {setting: {(batch, key): median ms per call}}, this process's setting first.
+        times: {setting: {(batch, key): [ms per call, round by round]}}, this process's setting first.
         untimed: why a setting went untimed, or "".
         busy: why the timing cannot judge a split (busy_timing's), or "".
-        cached: the cache file the times were read from (split_cache: timed by an earlier conversion), or "".
+        cached: the cache file the times were read from (timing_cache: timed by an earlier conversion), or "".
     """
 
     times: dict
@@ -151,8 +165,8 @@ class Timed:
 
     def note(self) -> str:
         """The line's note on times read from the cache."""
-        return f"; times measured by an earlier conversion on this machine, read from {self.cached} (delete it to " \
-               "time again)" if self.cached else ""
+        from .timing_cache import read_note
+        return read_note(self.cached) if self.cached else ""
 
 
 def times_in_both(runners: dict, specs, races: list, places, graph: bytes) -> Timed:
@@ -160,17 +174,17 @@ def times_in_both(runners: dict, specs, races: list, places, graph: bytes) -> Ti
     the TensorSpecs `specs`, key 1 the whole call, others a number of branches) run here, interleaved, and then in
     the other serving setting on the same candidates saved at `places` (times_elsewhere's). Times an earlier
     conversion kept on this machine for `graph` (the bytes the candidates are made from) are read instead
-    (split_cache), and times that can judge the split are kept."""
-    from . import split_cache
+    (timing_cache), and times that can judge the split are kept."""
+    from . import timing_cache
     here = this_setting()
-    cache_key = split_cache.split_key(graph, races, here)
-    kept = split_cache.load(cache_key)
+    key = timing_cache.timing_key("splits", graph, [[b, c, [str(k) for k in keys]] for b, c, keys in races], here)
+    kept = _kept_times(timing_cache.load("splits", key))
     if kept and here in kept:
-        return Timed({here: kept.pop(here), **kept}, cached=split_cache.path(cache_key))
+        return Timed({here: kept.pop(here), **kept}, cached=timing_cache.path("splits", key))
     times, overlaps = {here: {}}, {}
     for batch, calls, keys in races:
         raced, overlap = interleaved_times({key: runners[key] for key in keys}, feeds(specs, batch), calls)
-        times[here].update({(batch, key): ms for key, ms in raced.items()})
+        times[here].update({(batch, key): walls for key, walls in raced.items()})
         overlaps.update({(batch, key): x for key, x in overlap.items()})
     busy = busy_timing(overlaps, here)
     other, env = other_setting(here)
@@ -179,19 +193,33 @@ def times_in_both(runners: dict, specs, races: list, places, graph: bytes) -> Ti
         times[other] = elsewhere
         busy = busy or busy_timing(elsewhere_overlaps, other)
     if not why and not busy:
-        split_cache.save(cache_key, times)
+        timing_cache.save("splits", key, [[setting, batch, name, walls] for setting, timed in times.items()
+                                          for (batch, name), walls in timed.items()])
     return Timed(times, f"{other} not timed: {why}" if why else "", busy)
 
 
+def _kept_times(rows) -> dict | None:
+    """{setting: {(batch, key): [ms per call, round by round]}} of the rows times_in_both kept (keys as the races
+    gave them: ints stay ints), or None."""
+    times = {}
+    for row in rows if isinstance(rows, list) else ():
+        if not (isinstance(row, list) and len(row) == 4 and isinstance(row[3], list) and row[3]):
+            return None
+        setting, batch, name, walls = row
+        times.setdefault(setting, {})[batch, name] = walls
+    return times or None
+
+
 def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, dict, str]:
-    """({(batch, key): median ms per call}, {(batch, key): median overlap (interleaved_times')}, "") timed in a
-    child process with the environment `env`, or ({}, {}, why not).
+    """({(batch, key): [ms per call, round by round]}, {(batch, key): median overlap (interleaved_times')}, "")
+    timed in a child process with the environment `env`, or ({}, {}, why not).
 
     Args:
         places: {key: (SavedModel directory, signature key, its MetaGraph's tags)} of each candidate, or a str
             (why there are none).
         names: the signatures' input names, in the order the candidates take them.
-        races: [(batch, calls, [keys])]: each an interleaved race of those candidates at that batch.
+        races: [(batch, calls, [keys])]: each an interleaved race of those candidates at that batch, the first
+            the whole call.
     """
     if isinstance(places, str):
         return {}, {}, places
@@ -209,13 +237,13 @@ def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, 
         last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
         return {}, {}, f"its timing process failed ({last.strip()[:200]})"
     rows = json.loads(done.stdout.strip().splitlines()[-1])
-    return ({(batch, keys[key]): ms for batch, key, ms, _ in rows},
+    return ({(batch, keys[key]): walls for batch, key, walls, _ in rows},
             {(batch, keys[key]): overlap for batch, key, _, overlap in rows}, "")
 
 
 def _child() -> None:
-    """The child's side: read the request (times_elsewhere's) on stdin, time, print [[batch, key, ms, overlap],
-    ...]."""
+    """The child's side: read the request (times_elsewhere's) on stdin, time, print [[batch, key, [ms per round],
+    overlap], ...]."""
     import tensorflow as tf
 
     from ..model.runtime import load_saved_model
@@ -232,7 +260,7 @@ def _child() -> None:
     out = []
     for batch, calls, keys in request["races"]:
         times, overlaps = interleaved_times({key: functions[key] for key in keys}, feeds(specs, batch), calls)
-        out += [[batch, key, ms, overlaps[key]] for key, ms in times.items()]
+        out += [[batch, key, walls, overlaps[key]] for key, walls in times.items()]
     print(json.dumps(out))
 
 

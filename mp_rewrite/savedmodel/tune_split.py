@@ -16,13 +16,14 @@ unsplit with that reason.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from pathlib import Path
 
-from .batch_split import FASTER, NOT_JUDGED, split_candidates
+from .batch_split import NOT_JUDGED, split_candidates
 from .split_in_place import split_written
 from .split_option import SERVE
-from .split_timing import CALLS, ONE_THREAD, busy_timing, other_setting, this_setting, times_elsewhere
+from .split_timing import CALLS, FASTER, ONE_THREAD, busy_timing, other_setting, this_setting, times_elsewhere
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _timed_elsewhere(paths: dict, branches: dict, tags, batch: int) -> tuple[str
         times, overlaps, why = times_elsewhere(places, names, [(batch, CALLS, list(paths))], env)
         if why:
             return other, {}, why, ""
-        for (_, name), ms in times.items():
-            summed[name] += ms
+        for (_, name), walls in times.items():
+            summed[name] += statistics.median(walls)
         busy = busy or busy_timing({(b, branches.get(name, 1)): x for (b, name), x in overlaps.items()}, other)
     return other, summed, "", busy

@@ -1,6 +1,7 @@
-"""What a conversion keeps between runs (measured costs: analysis/profile_cache.py; split timings:
-savedmodel/split_cache.py) is keyed on the graph's bytes, read the same whatever has run the graph before: TensorFlow's
-import_graph_def writes default attrs into the GraphDef it is given, and reading an absent attr adds an empty one."""
+"""What a conversion keeps between runs (measured costs: analysis/profile_cache.py; split and dispatch timings:
+savedmodel/timing_cache.py) is keyed on the graph's bytes, read the same whatever has run the graph before:
+TensorFlow's import_graph_def writes default attrs into the GraphDef it is given, and reading an absent attr adds an
+empty one."""
 
 from __future__ import annotations
 

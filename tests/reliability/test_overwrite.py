@@ -182,13 +182,22 @@ def test_an_output_name_at_the_file_system_limit(source, tmp_path):
     assert entries(tmp_path) == [name] and load_and_run(out)["y"].shape == (2, 16)
 
 
-@pytest.mark.parametrize("freeze, split", [(False, "off"), (True, "off"), (True, 2)],
-                         ids=["in place", "frozen", "frozen, split"])
-def test_the_same_model_converted_twice_has_the_same_bytes(source, tmp_path, freeze, split):
+@pytest.mark.parametrize("freeze, split, dispatch", [(False, "off", "off"), (True, "off", "off"), (True, 2, "off"),
+                                                     (False, "off", "force"), (True, "off", "force")],
+                         ids=["in place", "frozen", "frozen, split", "in place, dispatch", "frozen, dispatch"])
+def test_the_same_model_converted_twice_has_the_same_bytes(source, tmp_path, monkeypatch, freeze, split, dispatch):
     # In one process: a frozen model is traced anew, and TensorFlow names traced functions (tf.cond's branches too:
-    # the split's) after a process-wide counter; the second conversion's bytes must not depend on the first's.
-    for name in ("a", "b"):
-        convert_saved_model(source, tmp_path / name, "bfloat16", freeze=freeze, split=split)
+    # the split's) after a process-wide counter; the second conversion's bytes must not depend on the first's. A
+    # batch dispatch's races are kept: the second conversion reads them (and so cannot decide otherwise).
+    monkeypatch.setenv("MP_REWRITE_DISPATCH", dispatch)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing kept by an earlier test
+    results = [convert_saved_model(source, tmp_path / name, "bfloat16", freeze=freeze, split=split)
+               for name in ("a", "b")]
+    if dispatch == "force":
+        first, second = (next(iter(r.graphs.values())).dispatch for r in results)
+        assert first.kept and "earlier conversion" not in first.why, first.why
+        assert second.kept and "times measured by an earlier conversion on this machine" in second.why, second.why
+        assert second.times == first.times and second.segments == first.segments
     files = ("saved_model.pb", "fingerprint.pb")
     assert [(tmp_path / "a" / f).read_bytes() for f in files] == [(tmp_path / "b" / f).read_bytes() for f in files]
     if freeze:

@@ -23,6 +23,7 @@ from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS as DEFAULT, ONE_T
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
 from mp_rewrite.testing import example_models  # noqa: E402
+from split_times import in_rounds  # noqa: E402
 
 
 def _analysed(function, *specs):
@@ -144,15 +145,42 @@ def test_an_unknown_split_is_refused_before_anything_is_done(tmp_path):
 
 def test_auto_keeps_a_split_only_where_it_is_faster_at_every_batch_beyond_the_noise():
     faster = {(8, 1): 20.0, (8, 2): 13.0, (32, 1): 80.0, (32, 2): 50.0}
-    assert split_verdict({ONE: faster}).branches == 2
+    assert split_verdict(in_rounds({ONE: faster})).branches == 2
     slower_once = {**faster, (8, 2): 21.0}  # never slower at any batch timed
-    assert split_verdict({DEFAULT: slower_once}).branches == 1
+    assert split_verdict(in_rounds({DEFAULT: slower_once})).branches == 1
     tie = {**faster, (8, 2): 19.8}  # 1% faster: inside the noise, the graph stays whole
-    choice = split_verdict({DEFAULT: tie}, f"{ONE} not timed: its timing process failed (boom)")
+    choice = split_verdict(in_rounds({DEFAULT: tie}), f"{ONE} not timed: its timing process failed (boom)")
     assert choice.branches == 1 and "TF_NUM_INTRAOP_THREADS=1" in choice.why and "19.8 ms" in choice.why
     assert "not timed: its timing process failed (boom)" in choice.why
-    choice = split_verdict({ONE: tie})  # measured in the serving setting: nothing more to try
+    choice = split_verdict(in_rounds({ONE: tie}))  # measured in the serving setting: nothing more to try
     assert choice.branches == 1 and "TF_NUM_INTRAOP_THREADS" not in choice.why
+
+
+def test_a_split_faster_by_its_median_only_is_a_tie():
+    # 10% faster by the median of five rounds, but two rounds slower: the interval holds 1, the noise decides.
+    noisy = {ONE: {(8, 1): [20.0] * 5, (8, 2): [15.0, 16.0, 18.0, 21.0, 22.0],
+                   (32, 1): [80.0] * 5, (32, 2): [50.0] * 5}}
+    choice = split_verdict(noisy)
+    assert choice.branches == 1 and "no split measured faster beyond the noise" in choice.why, choice.why
+    assert "2 branches 18.0 ms (0.90x, 0.75-1.10x)" in choice.why, choice.why
+    steady = {ONE: {**noisy[ONE], (8, 2): [18.0, 17.8, 18.3, 18.1, 17.9]}}  # the same median, every round faster
+    assert split_verdict(steady).branches == 2
+
+
+def test_a_timing_goes_on_while_a_ratio_is_undecided():
+    from mp_rewrite.analysis.race_times import RaceTimes
+    from mp_rewrite.savedmodel.split_timing import MOST_ROUNDS, ROUNDS, decided, interleaved_times
+    whole = (20.0,) * ROUNDS
+    assert decided(RaceTimes((whole, (12.0, 12.5, 11.8, 12.2, 12.1))))
+    assert not decided(RaceTimes((whole, (19.0, 21.0, 20.0, 19.5, 20.5))))  # across 1: faster or slower, by the noise
+    assert not decided(RaceTimes((whole, (20.5, 20.8, 20.4, 20.9, 20.3))))  # across 1 / FASTER: slower, or a tie
+    import itertools
+    import time
+    times, _ = interleaved_times({1: lambda: time.sleep(0.01), 2: lambda: time.sleep(0.002)}, [], calls=1)
+    assert len(times[1]) == len(times[2]) == ROUNDS  # 5x faster: decided at once
+    swings = itertools.cycle([0.006, 0.014])  # 0.6x, then 1.4x the whole call: undecided however long it runs
+    times, _ = interleaved_times({1: lambda: time.sleep(0.01), 2: lambda: time.sleep(next(swings))}, [], calls=1)
+    assert len(times[1]) == len(times[2]) == MOST_ROUNDS
 
 
 def test_auto_never_keeps_a_split_that_is_slower_in_the_other_serving_setting():
@@ -160,13 +188,13 @@ def test_auto_never_keeps_a_split_that_is_slower_in_the_other_serving_setting():
     # TF's default threads. Served with the default threads the split would make the model slower: kept whole.
     one = {(8, 1): 15.4, (8, 2): 9.4, (32, 1): 58.5, (32, 2): 32.7}
     default = {(8, 1): 15.6, (8, 2): 18.7, (32, 1): 43.8, (32, 2): 41.7}
-    choice = split_verdict({DEFAULT: default, ONE: one})
-    assert choice.branches == 1 and choice.times == {DEFAULT: default, ONE: one}
+    choice = split_verdict(in_rounds({DEFAULT: default, ONE: one}))
+    assert choice.branches == 1 and choice.times == in_rounds({DEFAULT: default, ONE: one})
     assert f"2 branches measured faster with {ONE} but slower with {DEFAULT}" in choice.why
     assert "--split 2 writes it" in choice.why and "18.7 ms" in choice.why and "9.4 ms" in choice.why
     # Level with the default threads (within the noise), faster with one: kept, and the line says both.
     default = {**default, (8, 2): 15.8}
-    choice = split_verdict({DEFAULT: default, ONE: one})
+    choice = split_verdict(in_rounds({DEFAULT: default, ONE: one}))
     assert choice.branches == 2
     assert f"faster at every batch timed with {ONE}, not slower with {DEFAULT}" in choice.why
     assert "TF_NUM_INTRAOP_THREADS=1" in choice.why  # how to serve it
@@ -184,9 +212,9 @@ def test_a_timing_whose_branches_got_no_second_core_does_not_judge_the_split():
     assert busy_timing(overlaps, ONE, cores=1) == ""  # on one core nothing can
     assert busy_timing({**overlaps, (8, 2): 1.8}, ONE, cores=2) == ""
     faster = {(8, 1): 20.0, (8, 2): 13.0, (32, 1): 80.0, (32, 2): 50.0}
-    choice = split_verdict({DEFAULT: faster, ONE: {**faster, (8, 2): 24.0}}, "", busy)
+    choice = split_verdict(in_rounds({DEFAULT: faster, ONE: {**faster, (8, 2): 24.0}}), "", busy)
     assert choice.branches == 1 and busy in choice.why and "quiet machine" in choice.why and "24.0 ms" in choice.why
-    rows = row_verdict({ONE: {(1, 1): 3.7, (1, 2): 2.9}}, "", busy)
+    rows = row_verdict(in_rounds({ONE: {(1, 1): 3.7, (1, 2): 2.9}}), "", busy)
     assert rows.rows == 1 and busy in rows.why and "2.90 ms against whole 3.70 ms" in rows.why
 
 
@@ -212,7 +240,8 @@ def test_convert_freeze_split_auto_times_both_serving_settings_and_says_them(tmp
     [graph] = {id(g): g for g in result.graphs.values()}.values()
     assert set(graph.split.times) == {DEFAULT, ONE}, graph.split.why  # the child process timed the other one
     for times in graph.split.times.values():
-        assert set(times) >= {(8, 1), (8, 2), (32, 1), (32, 2)} and all(ms > 0 for ms in times.values())
+        assert set(times) >= {(8, 1), (8, 2), (32, 1), (32, 2)}
+        assert all(len(walls) >= 5 and min(walls) > 0 for walls in times.values()), times
     line = next(note for note in result.notes if "branches" in note or "not split" in note)
     assert f"with {DEFAULT}: batch 8: whole" in line and f"with {ONE}: batch 8: whole" in line, line
     assert "not timed" not in line
