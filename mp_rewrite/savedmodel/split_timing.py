@@ -21,8 +21,8 @@ machine is busy: the split is then not judged (busy_timing), and the graph stays
 
 Each candidate's times are kept round by round, so that a split's time over the whole call's is read as
 analysis.race_times reads a precision race's: paired by round, with an interval (split_ratio). A race goes on past
-ROUNDS, up to MOST_ROUNDS, while some split's interval straddles 1 or 1 / FASTER -- where a verdict would turn on
-the noise -- so a noisy timing takes longer rather than deciding differently.
+ROUNDS, up to MOST_ROUNDS, while some split's interval straddles FASTER, 1 or 1 / FASTER -- where a verdict would
+turn on the noise -- so a noisy timing takes longer rather than deciding differently.
 """
 
 from __future__ import annotations
@@ -76,10 +76,10 @@ def split_ratio(whole, split) -> Ratio:
 
 
 def decided(times: RaceTimes) -> bool:
-    """Whether every later candidate's time over the first's (the whole call's) lies clear of 1 and of 1 / FASTER,
-    where the verdicts (batch_split.split_verdict, row_verdict) turn."""
-    return all(not (r.low < 1 < r.high or r.low < 1 / FASTER < r.high)
-               for r in (times.ratio(i, 0) for i in range(1, len(times.walls))))
+    """Whether every later candidate's time over the first's (the whole call's) lies clear of FASTER, 1 and
+    1 / FASTER, where the verdicts (batch_split.split_verdict, row_verdict) turn."""
+    return all(not r.low < edge < r.high for r in (times.ratio(i, 0) for i in range(1, len(times.walls)))
+               for edge in (FASTER, 1, 1 / FASTER))
 
 
 def busy_timing(overlaps: dict, setting: str, cores: int | None = None) -> str:
