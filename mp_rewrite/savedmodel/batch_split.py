@@ -96,10 +96,8 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
                                                      "the whole graph at batch 1)")
     runners = {1: whole, ROW_PARTS: candidate}
     say(f"timing batch 1 in token rows, {SETTINGS}")
-    # Saved even when earlier times are read: saving traces the candidates, and the written functions are named
-    # by their rank in tracing order (function_names.py).
-    with saved_functions(runners, captured) as places:
-        timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])], places, graph())
+    timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])],
+                          lambda: saved_functions(runners, captured), graph())
     choice = row_verdict(timed.times, timed.untimed, timed.busy, timed.note())
     return (routed if choice.rows > 1 else imported), choice
 
@@ -122,8 +120,7 @@ def _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say
     if split != "auto":
         return made[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
     say(f"timing the split, {SETTINGS}")
-    with saved_functions({1: whole, **made}, captured) as places:  # saved even when earlier times are read: as above
-        return chosen_split(whole, made, specs, places, graph())
+    return chosen_split(whole, made, specs, lambda: saved_functions({1: whole, **made}, captured), graph())
 
 
 def split_candidates(split) -> list[int]:
@@ -242,8 +239,9 @@ def _same(a, b) -> bool:
 
 def chosen_split(whole, made: dict, specs, places, graph: bytes):
     """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES, in this process's
-    serving setting and in the other one (split_timing: `places` are the candidates' SavedModels for its child
-    process, keyed as `made` and 1 for the whole call, or why there are none), or read an earlier conversion's
+    serving setting and in the other one (split_timing: `places()` is a context yielding the candidates' SavedModels
+    for its child process, keyed as `made` and 1 for the whole call, or why there are none), or read an earlier
+    conversion's
     times of the same `graph` (the bytes the candidates are made from: timing_cache); keep what split_verdict says:
     (the function kept, its SplitChoice)."""
     races = [(batch, CALLS, [1, *made]) for batch in TIMED_BATCHES]

@@ -143,7 +143,7 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
     tags = load_tags(meta_graph)
     places = {1: (original, key, tags), **{n: (staged[n], key, tags) for n in candidates}}
     graph = graph_bytes(meta_graph.graph_def) + f"\0{key}\0{wrapper}".encode()  # what the times are kept under
-    _, choice = chosen_split(whole, functions, specs, places, graph)
+    _, choice = chosen_split(whole, functions, specs, lambda: contextlib.nullcontext(places), graph)
     return (candidates[choice.branches] if choice.branches > 1 else meta_graph), choice
 
 

@@ -172,8 +172,9 @@ class Timed:
 def times_in_both(runners: dict, specs, races: list, places, graph: bytes) -> Timed:
     """The `races` [(batch, calls, [keys])] of the functions `runners` ({key: function}, called on inputs made from
     the TensorSpecs `specs`, key 1 the whole call, others a number of branches) run here, interleaved, and then in
-    the other serving setting on the same candidates saved at `places` (times_elsewhere's). Times an earlier
-    conversion kept on this machine for `graph` (the bytes the candidates are made from) are read instead
+    the other serving setting on the same candidates saved where `places()` says (a context yielding
+    times_elsewhere's `places`: entered only to time, as saving a frozen model's candidates takes a while). Times an
+    earlier conversion kept on this machine for `graph` (the bytes the candidates are made from) are read instead
     (timing_cache), and times that can judge the split are kept."""
     from . import timing_cache
     here = this_setting()
@@ -188,7 +189,8 @@ def times_in_both(runners: dict, specs, races: list, places, graph: bytes) -> Ti
         overlaps.update({(batch, key): x for key, x in overlap.items()})
     busy = busy_timing(overlaps, here)
     other, env = other_setting(here)
-    elsewhere, elsewhere_overlaps, why = times_elsewhere(places, [spec.name for spec in specs], races, env)
+    with places() as where:
+        elsewhere, elsewhere_overlaps, why = times_elsewhere(where, [spec.name for spec in specs], races, env)
     if elsewhere:
         times[other] = elsewhere
         busy = busy or busy_timing(elsewhere_overlaps, other)

@@ -202,7 +202,7 @@ def test_the_same_model_converted_twice_has_the_same_bytes(source, tmp_path, mon
     assert [(tmp_path / "a" / f).read_bytes() for f in files] == [(tmp_path / "b" / f).read_bytes() for f in files]
     if freeze:
         names = {f.signature.name for f in read_saved_model(tmp_path / "b").meta_graphs[0].graph_def.library.function}
-        assert "__inference_body_0" in names, names  # ranked in tracing order, not numbered by the counter
+        assert "__inference_body_0" in names, names  # ranked by a walk of the model, not numbered by the counter
         assert load_and_run(tmp_path / "b")["y"].shape == (2, 16)
 
 

@@ -258,6 +258,8 @@ def test_convert_freeze_split_auto_times_both_serving_settings_and_says_them(tmp
         assert len(kept) == 1, kept  # one graph (both signatures call it), the same key both times
         assert "times measured by an earlier conversion on this machine" in second.split.why, second.split.why
         assert second.split.times == graph.split.times and second.split.branches == graph.split.branches
+        # The same bytes, though the cached conversion neither timed nor saved the candidates (function_names.py)
+        assert (tmp_path / "auto" / "saved_model.pb").read_bytes() == (tmp_path / "again" / "saved_model.pb").read_bytes()
 
 
 def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_an_unknown_one(tmp_path, capsys):
