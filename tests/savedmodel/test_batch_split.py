@@ -167,17 +167,14 @@ def test_a_split_faster_by_its_median_only_is_a_tie():
     assert split_verdict(steady).branches == 2
 
 
-def test_a_split_is_slower_in_the_other_setting_only_beyond_the_noise():
-    # keras-hub BERT with TF's default threads at batch 8, two conversions: 1.01x and 1.03x by the median, intervals
-    # 0.91-1.16x and 0.86-1.26x. Read by the median alone, one kept the split and the other refused it.
-    one = {(8, 1): [25.0] * 5, (8, 2): [14.6] * 5, (32, 1): [92.0] * 5, (32, 2): [53.4] * 5}
-    level = {(8, 1): [20.0] * 5, (8, 2): [17.2, 19.8, 20.6, 23.0, 25.2], (32, 1): [60.0] * 5, (32, 2): [56.0] * 5}
-    choice = split_verdict({DEFAULT: level, ONE: one})
-    assert choice.branches == 2 and f"not slower with {DEFAULT}" in choice.why, choice.why
-    assert "2 branches 20.6 ms (1.03x, 0.86-1.26x)" in choice.why, choice.why
-    slower = {**level, (8, 2): [21.2, 21.6, 22.0, 22.4, 24.0]}  # every round more than 3% slower
-    choice = split_verdict({DEFAULT: slower, ONE: one})
+def test_a_split_slower_by_its_median_in_the_other_setting_is_refused_however_wide_the_noise():
+    # keras-hub GPT-2 with TF's default threads at batch 8: 1.07x by the median, interval 0.91-1.25x. Kept (read
+    # beyond the noise), it ran 1.22x --freeze's time served with the default threads (docs/batch_split.md).
+    one = {(8, 1): [21.9] * 5, (8, 2): [13.7] * 5, (32, 1): [93.2] * 5, (32, 2): [52.1] * 5}
+    default = {(8, 1): [20.0] * 5, (8, 2): [18.2, 19.6, 21.4, 23.0, 25.0], (32, 1): [60.0] * 5, (32, 2): [57.0] * 5}
+    choice = split_verdict({DEFAULT: default, ONE: one})
     assert choice.branches == 1 and f"slower with {DEFAULT}" in choice.why, choice.why
+    assert "2 branches 21.4 ms (1.07x, 0.91-1.25x)" in choice.why, choice.why
 
 
 def test_a_timing_goes_on_while_a_ratio_is_undecided():
