@@ -162,7 +162,7 @@ def test_a_split_faster_by_its_median_only_is_a_tie():
                    (32, 1): [80.0] * 5, (32, 2): [50.0] * 5}}
     choice = split_verdict(noisy)
     assert choice.branches == 1 and "no split measured faster beyond the noise" in choice.why, choice.why
-    assert "2 branches 18.0 ms (0.90x, 0.75-1.10x)" in choice.why, choice.why
+    assert "2 branches 18.0 ms (per round 0.90x, 0.75-1.10x)" in choice.why, choice.why
     steady = {ONE: {**noisy[ONE], (8, 2): [18.0, 17.8, 18.3, 18.1, 17.9]}}  # the same median, every round faster
     assert split_verdict(steady).branches == 2
 
@@ -174,7 +174,7 @@ def test_a_split_slower_by_its_median_in_the_other_setting_is_refused_however_wi
     default = {(8, 1): [20.0] * 5, (8, 2): [18.2, 19.6, 21.4, 23.0, 25.0], (32, 1): [60.0] * 5, (32, 2): [57.0] * 5}
     choice = split_verdict({DEFAULT: default, ONE: one})
     assert choice.branches == 1 and f"slower with {DEFAULT}" in choice.why, choice.why
-    assert "2 branches 21.4 ms (1.07x, 0.91-1.25x)" in choice.why, choice.why
+    assert "2 branches 21.4 ms (per round 1.07x, 0.91-1.25x)" in choice.why, choice.why
 
 
 def test_a_timing_goes_on_while_a_ratio_is_undecided():
