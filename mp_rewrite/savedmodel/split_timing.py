@@ -30,17 +30,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from ..analysis.race_times import RaceTimes, Ratio
 from .frozen_function import remove_tree
 from .inputs import made_tensors
 
 ROUNDS, MOST_ROUNDS, CALLS = 5, 10, 4
+# Each timed block lasts this long at least (more calls than asked where one call is short): in blocks of 4 calls
+# (60 ms) keras-hub GPT-2's split read 1.05x the whole call at batch 8 with TF's default threads, in blocks of
+# 0.25 s 1.08-1.09x, in the benchmark's 1 s blocks 1.10-1.11x -- short blocks under-read what serving costs.
+BLOCK_SECONDS = 0.25
 FASTER = 0.97  # a split within 3% of the whole call is a tie: the graph stays whole
 ONE_THREAD = "one intra-op thread"  # the setting a split model is served in (split_option.SERVE)
 DEFAULT_THREADS = "TF's default intra-op threads"
@@ -55,14 +61,18 @@ def feeds(specs, batch: int, seed: int = 0) -> list:
     return made_tensors(specs, batch, seed, label="split")
 
 
-def interleaved_times(runners: dict, tensors, calls: int = CALLS) -> tuple[dict, dict]:
+def interleaved_times(runners: dict, tensors, calls: int = CALLS, block: float = BLOCK_SECONDS) -> tuple[dict, dict]:
     """({key: [wall ms per call, round by round]}, {key: median overlap: this process's CPU time over the wall
     time}) of the functions `runners` ({key: function}, the first the whole call the others are read against)
     called on `tensors`, after one warming call each: a race (analysis.graph_runs.race) whose every run is a block
-    of `calls` calls, ROUNDS rounds and more, up to MOST_ROUNDS, while some ratio to the first is not `decided`."""
+    of `calls` calls or more, as many as the first function takes `block` seconds to run, ROUNDS rounds and more,
+    up to MOST_ROUNDS, while some ratio to the first is not `decided`."""
     from ..analysis.graph_runs import Calls, race
     for function in runners.values():
         function(*tensors)  # warm: oneDNN's primitives and TF's kernels are made at the first call
+    start = time.perf_counter()
+    next(iter(runners.values()))(*tensors)
+    calls = max(calls, math.ceil(block / max(time.perf_counter() - start, 1e-6)))
     timed = [Calls(function, tensors, calls) for function in runners.values()]
     times = race(timed, ROUNDS, warmup=0, names=[str(key) for key in runners], most=MOST_ROUNDS, settled=decided)
     return ({key: [ms / calls for ms in times.walls[i]] for i, key in enumerate(runners)},
