@@ -188,7 +188,8 @@ def times_in_both(runners: dict, specs, races: list, places, graph: bytes) -> Ti
     (timing_cache), and times that can judge the split are kept."""
     from . import timing_cache
     here = this_setting()
-    key = timing_cache.timing_key("splits", graph, [[b, c, [str(k) for k in keys]] for b, c, keys in races], here)
+    key = timing_cache.timing_key("splits", graph, [[b, c, [str(k) for k in keys]] for b, c, keys in races], here,
+                                  [BLOCK_SECONDS, ROUNDS, MOST_ROUNDS])  # how it was timed: another way times again
     kept = _kept_times(timing_cache.load("splits", key))
     if kept and here in kept:
         return Timed({here: kept.pop(here), **kept}, cached=timing_cache.path("splits", key))
