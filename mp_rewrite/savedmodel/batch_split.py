@@ -241,9 +241,8 @@ def chosen_split(whole, made: dict, specs, places, graph: bytes):
     """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES, in this process's
     serving setting and in the other one (split_timing: `places()` is a context yielding the candidates' SavedModels
     for its child process, keyed as `made` and 1 for the whole call, or why there are none), or read an earlier
-    conversion's
-    times of the same `graph` (the bytes the candidates are made from: timing_cache); keep what split_verdict says:
-    (the function kept, its SplitChoice)."""
+    conversion's times of the same `graph` (the bytes the candidates are made from: timing_cache); keep what
+    split_verdict says: (the function kept, its SplitChoice)."""
     races = [(batch, CALLS, [1, *made]) for batch in TIMED_BATCHES]
     timed = times_in_both({1: whole, **made}, specs, races, places, graph)
     choice = split_verdict(timed.times, timed.untimed, timed.busy, timed.note())

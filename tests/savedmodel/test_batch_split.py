@@ -178,14 +178,15 @@ def test_a_split_slower_by_its_median_in_the_other_setting_is_refused_however_wi
 
 
 def test_a_timing_goes_on_while_a_ratio_is_undecided():
+    import itertools
+    import time
+
     from mp_rewrite.analysis.race_times import RaceTimes
     from mp_rewrite.savedmodel.split_timing import MOST_ROUNDS, ROUNDS, decided, interleaved_times
     whole = (20.0,) * ROUNDS
     assert decided(RaceTimes((whole, (12.0, 12.5, 11.8, 12.2, 12.1))))
     assert not decided(RaceTimes((whole, (19.0, 21.0, 20.0, 19.5, 20.5))))  # across 1: faster or slower, by the noise
     assert not decided(RaceTimes((whole, (20.5, 20.8, 20.4, 20.9, 20.3))))  # across 1 / FASTER: slower, or a tie
-    import itertools
-    import time
     times, _ = interleaved_times({1: lambda: time.sleep(0.01), 2: lambda: time.sleep(0.002)}, [], calls=1, block=0)
     assert len(times[1]) == len(times[2]) == ROUNDS  # 5x faster: decided at once
     swings = itertools.cycle([0.006, 0.014])  # 0.6x, then 1.4x the whole call: undecided however long it runs

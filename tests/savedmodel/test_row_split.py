@@ -191,12 +191,14 @@ def test_a_model_with_nothing_to_split_on_its_rows_is_refused_naming_the_node(fr
 
 
 def test_batch_one_keeps_the_row_split_only_where_faster_beyond_the_noise_and_says_so():
-    faster = row_verdict(in_rounds({ONE_THREAD: {(1, 1): 3.3, (1, 2): 2.4}, DEFAULT_THREADS: {(1, 1): 5.1, (1, 2): 5.0}}))
+    faster = row_verdict(in_rounds({ONE_THREAD: {(1, 1): 3.3, (1, 2): 2.4},
+                                    DEFAULT_THREADS: {(1, 1): 5.1, (1, 2): 5.0}}))
     assert faster.rows == 2 and "2.40 ms against whole 3.30 ms" in faster.why and "5.00 ms against" in faster.why
     tie = row_verdict(in_rounds({DEFAULT_THREADS: {(1, 1): 3.3, (1, 2): 3.25}}), f"{ONE_THREAD} not timed: a reason")
     assert tie.rows == 1 and "TF_NUM_INTRAOP_THREADS=1" in tie.why and "not timed: a reason" in tie.why
     # BERT's rows (docs/batch_split.md): level with one thread, 1.09x slower with the default ones: whole.
-    slower = row_verdict(in_rounds({ONE_THREAD: {(1, 1): 3.7, (1, 2): 3.0}, DEFAULT_THREADS: {(1, 1): 6.6, (1, 2): 7.1}}))
+    slower = row_verdict(in_rounds({ONE_THREAD: {(1, 1): 3.7, (1, 2): 3.0},
+                                    DEFAULT_THREADS: {(1, 1): 6.6, (1, 2): 7.1}}))
     assert slower.rows == 1 and f"faster with {ONE_THREAD} but slower with {DEFAULT_THREADS}" in slower.why
     # The batch not split, its rows split: the line opens with what splits.
     line = joined("not split: no split measured faster here (...)", 1, faster)
