@@ -141,8 +141,10 @@ def say_split(model) -> None:
     (convert --split): how to serve it."""
     from ..savedmodel.split_option import SERVE, row_branches, split_branches
     functions = model.graph_def.library.function
-    branches, rows = split_branches(f.signature.name for f in functions), row_branches(functions)
-    said = ([f"split each batch into {branches} concurrent branches"] if branches else []) + \
+    split, rows = split_branches(f.signature.name for f in functions), row_branches(functions)
+    branches, least = split or (0, 0)
+    batches = "each batch" if least == branches else f"each batch of {least} or more"
+    said = ([f"split {batches} into {branches} concurrent branches"] if branches else []) + \
         ([f"run batch 1 as its token rows in {rows} concurrent branches"] if rows else [])
     if said:
         say(f"its signatures {' and '.join(said)} (convert --split): {SERVE}")

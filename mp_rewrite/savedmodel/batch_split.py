@@ -33,7 +33,7 @@ from ..analysis.profile_cache import graph_bytes
 from ..analysis.shapes import node_shapes
 from .frozen_function import imported_function
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
-from .split_option import SERVE, SPLIT_FUNCTION
+from .split_option import SERVE, split_function
 from .split_timing import CALLS, FASTER, ONE_THREAD, SETTINGS, feeds, saved_functions, split_ratio, times_in_both
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
@@ -51,12 +51,15 @@ class SplitChoice:
         times: {serving setting: {(batch, branches): [ms per call, round by round]}} measured for "auto" (empty
             otherwise); at batch 1, branches N is the token-row split in N.
         rows: token-row branches at batch 1 (row_choice.py; 1: batch 1 runs whole).
+        least: the smallest batch split (0: N -- a batch smaller than the branches runs whole); for "auto", the
+            smallest batch timed from which the split measured faster, where it did not at a smaller one.
     """
 
     branches: int
     why: str
     times: dict = dataclasses.field(default_factory=dict)
     rows: int = 1
+    least: int = 0
 
 
 def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda what: None):
@@ -120,7 +123,14 @@ def _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say
     if split != "auto":
         return made[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
     say(f"timing the split, {SETTINGS}")
-    return chosen_split(whole, made, specs, lambda: saved_functions({1: whole, **made}, captured), graph())
+    choice = chosen_split(whole, made, specs, lambda: saved_functions({1: whole, **made}, captured), graph())
+    if choice.branches == 1:
+        return whole, choice
+    if not choice.least:
+        return made[choice.branches], choice
+    # The checked split with its first split batch raised: the same branches, called from there.
+    return _function(imported, specs, list(frozen.outputs), frozen.shapes, carried, choice.branches,
+                     choice.least), choice
 
 
 def split_candidates(split) -> list[int]:
@@ -138,8 +148,9 @@ def split_lines(graphs: dict) -> list[str]:
             if getattr(result, "split", None) is not None and result.split.why != "off"]
 
 
-def _function(imported, specs, keys, shapes, carried, branches: int):
-    """A tf.function calling `imported` whole (branches 1) or once per slice of the `carried` inputs' batch."""
+def _function(imported, specs, keys, shapes, carried, branches: int, least: int = 0):
+    """A tf.function calling `imported` whole (branches 1) or once per slice of the `carried` inputs' batch, where
+    the batch has `least` samples or more (0: `branches`)."""
     import tensorflow as tf
 
     def whole(args):
@@ -155,16 +166,16 @@ def _function(imported, specs, keys, shapes, carried, branches: int):
     def run(*args):
         if branches == 1:
             outputs = whole(args)
-        else:  # a batch smaller than the branches runs whole
+        else:  # a batch smaller than the branches, or than `least`, runs whole
             batch = tf.shape(args[carried.index(True)])[0]
-            outputs = tf.cond(batch >= branches, lambda: sliced(args), lambda: whole(args))
+            outputs = tf.cond(batch >= (least or branches), lambda: sliced(args), lambda: whole(args))
         results = dict(zip(keys, outputs))
         for key, shape in (shapes or {}).items():
             results[key].set_shape(shape)  # a shape Grappler computed from folded weights, kept when they are not
         return results
 
     if branches > 1:  # a name `inspect` finds in the written model
-        run.__name__ = SPLIT_FUNCTION.format(branches)
+        run.__name__ = split_function(branches, least)
     return tf.function(run, input_signature=specs, autograph=False)
 
 
@@ -237,24 +248,26 @@ def _same(a, b) -> bool:
     return a.shape == b.shape and np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.inexact))
 
 
-def chosen_split(whole, made: dict, specs, places, graph: bytes):
+def chosen_split(whole, made: dict, specs, places, graph: bytes) -> SplitChoice:
     """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES, in this process's
     serving setting and in the other one (split_timing: `places()` is a context yielding the candidates' SavedModels
     for its child process, keyed as `made` and 1 for the whole call, or why there are none), or read an earlier
-    conversion's times of the same `graph` (the bytes the candidates are made from: timing_cache); keep what
-    split_verdict says: (the function kept, its SplitChoice)."""
+    conversion's times of the same `graph` (the bytes the candidates are made from: timing_cache): what
+    split_verdict says of them."""
     races = [(batch, CALLS, [1, *made]) for batch in TIMED_BATCHES]
     timed = times_in_both({1: whole, **made}, specs, races, places, graph)
-    choice = split_verdict(timed.times, timed.untimed, timed.busy, timed.note())
-    return (made[choice.branches] if choice.branches > 1 else whole), choice
+    return split_verdict(timed.times, timed.untimed, timed.busy, timed.note())
 
 
 def split_verdict(times: dict, untimed: str = "", busy: str = "", note: str = "") -> SplitChoice:
-    """The split to keep from measured times: a number of branches faster than the whole call (1) beyond the noise
-    at every batch timed in some serving setting, and not slower at any batch in any setting timed -- a split that
-    wins with one intra-op thread and loses with TF's default threads would make the model slower where it is
-    served so --; the least in sum of its ratios to the whole call of those; else 1 (a tie keeps the graph whole).
-    Faster and slower are _faster's and _slower's: read round by round (split_timing.split_ratio).
+    """The split to keep from measured times: a number of branches and the smallest batch timed B from which it
+    measured faster than the whole call (1) beyond the noise at every batch timed in some serving setting, and not
+    slower at any of those batches in any setting timed -- a split that wins with one intra-op thread and loses
+    with TF's default threads would make the model slower where it is served so --; of those, the smallest B, then
+    the least in sum of its ratios to the whole call from B up; else 1 (a tie keeps the graph whole). Where B is
+    not the smallest batch timed, the batches below B run whole (SplitChoice.least: keras-hub BERT and GPT-2 split
+    slower at batch 8 with TF's default threads and faster at 32, docs/batch_split.md). Faster and slower are
+    _faster's and _slower's: read round by round (split_timing.split_ratio).
 
     Args:
         times: {setting: {(batch, branches): [ms per call, round by round]}}, with branches 1 for the whole call
@@ -269,26 +282,47 @@ def split_verdict(times: dict, untimed: str = "", busy: str = "", note: str = ""
     ratios = {s: {(b, n): split_ratio(t[b, 1], walls) for (b, n), walls in t.items() if n > 1}
               for s, t in times.items()}
     splits = sorted({n for r in ratios.values() for _, n in r})
-    faster = {n: [s for s, r in ratios.items() if all(_faster(x) for (_, m), x in r.items() if m == n)]
-              for n in splits}
-    slower = {n: [s for s, r in ratios.items() if any(_slower(x) for (_, m), x in r.items() if m == n)]
-              for n in splits}
-    winners = [n for n in splits if faster[n] and not slower[n]]
+    batches = sorted({b for r in ratios.values() for b, _ in r})
+
+    def faster_in(n: int, least: int) -> list[str]:  # the settings where n branches win at every batch from `least`
+        return [s for s, r in ratios.items() if all(_faster(x) for (b, m), x in r.items() if m == n and b >= least)]
+
+    def slower_in(n: int, least: int) -> list[str]:  # the settings where n branches lose at some batch from `least`
+        return [s for s, r in ratios.items() if any(_slower(x) for (b, m), x in r.items() if m == n and b >= least)]
+
+    winners = [(least, n) for n in splits for least in batches if faster_in(n, least) and not slower_in(n, least)]
     hint = _hint(untimed, next(iter(times))) + note
     if not winners:
-        mixed = next((n for n in splits if faster[n] and slower[n]), None)
+        first = batches[0]
+        mixed = next((n for n in splits if faster_in(n, first) and slower_in(n, first)), None)
         if mixed is None:
             return SplitChoice(1, f"not split: no split measured faster beyond the noise with {' or '.join(times)} "
                                   f"({measured}){hint}", times)
-        return SplitChoice(1, f"not split: {mixed} branches measured faster with {' and '.join(faster[mixed])} but "
-                              f"slower with {' and '.join(slower[mixed])} ({measured}): the split would make the model "
-                              f"slower served so; --split {mixed} writes it for {' and '.join(faster[mixed])}{hint}",
-                           times)
-    best = min(winners, key=lambda n: sum(x.mid for r in ratios.values() for (_, m), x in r.items() if m == n))
-    level = [s for s in times if s not in faster[best]]
-    return SplitChoice(best, f"split in {best} branches: faster at every batch timed with {' and '.join(faster[best])}"
+        faster, slower = faster_in(mixed, first), slower_in(mixed, first)
+        return SplitChoice(1, f"not split: {mixed} branches measured faster with {' and '.join(faster)} but "
+                              f"slower with {' and '.join(slower)} ({measured}): the split would make the model "
+                              f"slower served so; --split {mixed} writes it for {' and '.join(faster)}{hint}", times)
+    least, best = min(winners, key=lambda w: (w[0], sum(x.mid for r in ratios.values() for (b, m), x in r.items()
+                                                        if m == w[1] and b >= w[0])))
+    faster = faster_in(best, least)
+    level = [s for s in times if s not in faster]
+    from_here = (f"split in {best} branches: faster at every batch timed" if least == batches[0] else
+                 f"split in {best} branches from batch {least}: faster at every batch timed from {least} up")
+    return SplitChoice(best, f"{from_here} with {' and '.join(faster)}"
                              + (f", not slower with {' and '.join(level)}" if level else "")
-                             + f" ({measured}){hint}; {SERVE}", times)
+                             + _below(best, least, faster, ratios) + f" ({measured}){hint}; {SERVE}", times,
+                       least=0 if least == batches[0] else least)
+
+
+def _below(branches: int, least: int, faster: list, ratios: dict) -> str:
+    """"; smaller batches run whole (batch 8: 2 branches slower with TF's default threads)": why the batches timed
+    below `least` are not split ("" where none is); `faster`: the settings where the split wins from `least` up."""
+    def why(b):
+        slower = [s for s, r in ratios.items() if _slower(r[b, branches])]
+        return (f"batch {b}: {branches} branches slower with {' and '.join(slower)}" if slower else
+                f"batch {b}: {branches} branches not faster beyond the noise with {' and '.join(faster)}")
+    below = [why(b) for b in sorted({b for r in ratios.values() for b, _ in r}) if b < least]
+    return f"; smaller batches run whole ({'; '.join(below)})" if below else ""
 
 
 def _faster(ratio) -> bool:

@@ -100,7 +100,7 @@ def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[obj
                 made, choice = meta_graph, earlier
             else:
                 made, choice = _split_one(files, saved_model, index, meta_graph, (original, loaded), wrapper,
-                                          entries, earlier.branches if earlier else split, stack)
+                                          entries, (earlier.branches, earlier.least) if earlier else (split, 0), stack)
                 choice = earlier if earlier is not None and choice.branches > 1 else choice
             decided.setdefault(_callees(meta_graph, wrapper), choice)
             meta_graph, split_any = made, split_any or choice.branches > 1
@@ -109,13 +109,14 @@ def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[obj
     return (_with_meta_graph(saved_model, index, meta_graph) if split_any else saved_model), lines
 
 
-def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, entries, split, stack):
+def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, entries, asked, stack):
     """(the MetaGraph with `wrapper` split or as it was, the SplitChoice) for the signatures `entries` [(key,
     {input: argument position})] that call it; `staged_original` is (the directory `saved_model` was staged in, its
-    loaded copy)."""
+    loaded copy); `asked` is (split: "auto" or N, the smallest batch split where N is given: SplitChoice.least)."""
     import tensorflow as tf
 
     original, loaded = staged_original
+    split, least = asked
     key, positions = entries[0]
     carried, why = _carried(loaded, key, positions, files, meta_graph, wrapper)
     if why:
@@ -139,12 +140,16 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
         if unequal:
             return meta_graph, SplitChoice(1, f"not split: {unequal}")
     if split != "auto":
-        return candidates[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
+        return (split_wrapper(meta_graph, wrapper, carried, split, output_shapes(meta_graph, key), least) if least
+                else candidates[split]), SplitChoice(split, f"split in {split} branches, as asked; {SERVE}", least=least)
     tags = load_tags(meta_graph)
     places = {1: (original, key, tags), **{n: (staged[n], key, tags) for n in candidates}}
     graph = graph_bytes(meta_graph.graph_def) + f"\0{key}\0{wrapper}".encode()  # what the times are kept under
-    _, choice = chosen_split(whole, functions, specs, lambda: contextlib.nullcontext(places), graph)
-    return (candidates[choice.branches] if choice.branches > 1 else meta_graph), choice
+    choice = chosen_split(whole, functions, specs, lambda: contextlib.nullcontext(places), graph)
+    if choice.branches == 1:
+        return meta_graph, choice
+    return (split_wrapper(meta_graph, wrapper, carried, choice.branches, output_shapes(meta_graph, key), choice.least)
+            if choice.least else candidates[choice.branches]), choice
 
 
 def _carried(loaded, key: str, positions: dict, files, meta_graph, wrapper: str) -> tuple[list | None, str]:

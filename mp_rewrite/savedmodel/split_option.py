@@ -8,10 +8,9 @@ from ..errors import OptionError
 import re
 
 SPLIT_FORMS = ("auto", "off")
-# The name of a split signature's function (its FunctionDef: "__inference_split_batch_in_2_123"): what `inspect`
-# finds in a written model.
-SPLIT_FUNCTION = "split_batch_in_{}"
-_SPLIT_DEF = re.compile(r"__inference_split_batch_in_(\d+)_\d+$")
+# The name of a split signature's function (its FunctionDef: "__inference_split_batch_in_2_123", or
+# "__inference_split_batch_in_2_from_32_123" where batches below 32 run whole): what `inspect` finds in a written model.
+_SPLIT_DEF = re.compile(r"__inference_split_batch_in_(\d+)(?:_from_(\d+))?_\d+$")
 # The Switch that routes batch 1 to a frozen graph's token rows (row_split.routed_rows): "<input>/token_rows_in_2".
 ROW_ROUTE = "token_rows_in_{}"
 _ROW_ROUTE = re.compile(r"/token_rows_in_(\d+)$")
@@ -34,10 +33,15 @@ def parse_split(value) -> str | int:
     raise OptionError(f"unknown --split {value!r}: use auto, off, or a number of branches (2 or more)")
 
 
-def split_branches(function_names) -> int | None:
-    """The number of branches a model's split signatures run (the largest), from its function names; None if none
-    is split."""
-    found = [int(m.group(1)) for m in map(_SPLIT_DEF.match, function_names) if m]
+def split_function(branches: int, least: int = 0) -> str:
+    """The name of the function of a signature split in `branches`, from batch `least` (0: `branches`) up."""
+    return f"split_batch_in_{branches}" + (f"_from_{least}" if least else "")
+
+
+def split_branches(function_names) -> tuple[int, int] | None:
+    """(the number of branches a model's split signatures run, the smallest batch they split) of the split with the
+    most branches, from its function names; None if none is split."""
+    found = [(int(m.group(1)), int(m.group(2) or m.group(1))) for m in map(_SPLIT_DEF.match, function_names) if m]
     return max(found) if found else None
 
 

@@ -6,7 +6,7 @@ runs) into a wrapper function (`__inference_signature_wrapper_123`, what `tf.sav
 restores), which calls the traced function. The split leaves every function the pass rewrote as it is and changes
 only the wrapper:
 
-    wrapper(args) = If(batch >= N, split_batch_in_N(args), whole_batch(args))
+    wrapper(args) = If(batch >= least, split_batch_in_N(args), whole_batch(args))   (least: N, or more)
     split_batch_in_N(args) = concat_0(whole_batch(slice_0(args)), ..., whole_batch(slice_N-1(args)))
 
 `whole_batch` is the wrapper's original body under a new name; the slices are SplitV on axis 0 of the arguments that
@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 from ..errors import ModelError
-from .split_option import SPLIT_FUNCTION
+from .split_option import split_function
 
 CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
 _DIGITS = re.compile(r"_(\d+)$")
@@ -62,7 +62,7 @@ def output_shapes(meta_graph, key: str) -> list | None:
         [info.tensor_shape for info in found]
 
 
-def split_wrapper(meta_graph, wrapper: str, carried: list[bool], branches: int, shapes=None):
+def split_wrapper(meta_graph, wrapper: str, carried: list[bool], branches: int, shapes=None, least: int = 0):
     """A copy of `meta_graph` whose function `wrapper` runs its body once per slice of the batch.
 
     Args:
@@ -72,6 +72,7 @@ def split_wrapper(meta_graph, wrapper: str, carried: list[bool], branches: int, 
         branches: N >= 2.
         shapes: the wrapper's outputs' static shapes (TensorShapeProtos: output_shapes), kept on the If; None:
             unknown.
+        least: the smallest batch split (0: `branches`); a smaller one runs whole.
 
     Returns:
         The new MetaGraphDef.
@@ -85,13 +86,13 @@ def split_wrapper(meta_graph, wrapper: str, carried: list[bool], branches: int, 
     taken = {f.signature.name for f in library.function}
     digits = (_DIGITS.search(wrapper) or [None, "0"])[1]
     whole_name = _unique(f"__inference_whole_batch_{digits}", taken)
-    split_name = _unique(f"__inference_{SPLIT_FUNCTION.format(branches)}_{digits}", taken)
+    split_name = _unique(f"__inference_{split_function(branches, least)}_{digits}", taken)
     whole = library.function.add()
     whole.CopyFrom(original)
     whole.signature.name = whole_name
     split = library.function.add()
     _fill_split(split, original, split_name, whole_name, carried, branches)
-    _fill_dispatch(library.function[index], split_name, whole_name, carried.index(True), branches, shapes)
+    _fill_dispatch(library.function[index], split_name, whole_name, carried.index(True), least or branches, shapes)
     return new
 
 
@@ -111,16 +112,16 @@ def _types(args) -> list[int]:
     return [arg.type for arg in args]
 
 
-def _fill_dispatch(function, split_name: str, whole_name: str, batch_arg: int, branches: int, shapes) -> None:
-    """The wrapper's body replaced (its signature, argument attributes and attributes kept): If(batch >= N)."""
+def _fill_dispatch(function, split_name: str, whole_name: str, batch_arg: int, least: int, shapes) -> None:
+    """The wrapper's body replaced (its signature, argument attributes and attributes kept): If(batch >= least)."""
     args = [arg.name for arg in function.signature.input_arg]
     outputs = function.signature.output_arg
     del function.node_def[:]
     function.ret.clear()
     nodes = _batch_size(args[batch_arg], function.signature.input_arg[batch_arg].type)
-    nodes.append(_node("split_batch/branches", "Const", [], dtype=_type("int32"), value=_int_tensor(branches)))
+    nodes.append(_node("split_batch/least", "Const", [], dtype=_type("int32"), value=_int_tensor(least)))
     nodes.append(_node("split_batch/enough", "GreaterEqual", ["split_batch/batch:output:0",
-                                                              "split_batch/branches:output:0"], T=_type("int32")))
+                                                              "split_batch/least:output:0"], T=_type("int32")))
     dispatch = _node("split_batch/dispatch", "If", ["split_batch/enough:z:0", *args], Tcond=_type("bool"),
                      Tin=_type_list(_types(function.signature.input_arg)), Tout=_type_list(_types(outputs)),
                      then_branch=_func(split_name), else_branch=_func(whole_name), _lower_using_switch_merge=True)

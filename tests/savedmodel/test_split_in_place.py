@@ -72,6 +72,31 @@ def test_the_split_only_wraps_the_signatures_every_rewritten_body_is_kept(conver
     assert sum(n.op == "StatefulPartitionedCall" for n in split_body.node_def) == 3
 
 
+def test_a_wrapper_split_from_a_larger_batch_runs_the_smaller_ones_whole(tmp_path):
+    import shutil
+
+    from mp_rewrite.savedmodel.model_dir import serialize
+    from mp_rewrite.savedmodel.split_option import split_branches
+    from mp_rewrite.savedmodel.split_wrapper import output_shapes, signature_wrapper, split_wrapper
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": x * tf.cast(tf.shape(x)[0], tf.float32)},  # tells how it was called
+                           input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+    tf.saved_model.save(module, str(tmp_path / "counted"), signatures={"serving_default": module.f})
+    saved_model = read_saved_model(tmp_path / "counted")
+    meta_graph = saved_model.meta_graphs[0]
+    wrapper, positions = signature_wrapper(meta_graph, "serving_default")
+    carried = [i == positions["x"] for i in range(len(positions))]
+    meta_graph.CopyFrom(split_wrapper(meta_graph, wrapper, carried, 2, output_shapes(meta_graph, "serving_default"),
+                                      least=6))
+    assert split_branches(f.signature.name for f in meta_graph.graph_def.library.function) == (2, 6)
+    shutil.copytree(tmp_path / "counted", tmp_path / "split")
+    (tmp_path / "split" / "saved_model.pb").write_bytes(serialize(saved_model))
+    signature = tf.saved_model.load(str(tmp_path / "split")).signatures["serving_default"]
+    assert (signature(x=tf.ones([5, 3]))["y"].numpy() == 5).all()  # below 6: whole
+    got = signature(x=tf.ones([7, 3]))["y"].numpy()
+    assert (got[:4] == 4).all() and (got[4:] == 3).all()  # 4 + 3
+
+
 def test_a_model_that_mixes_samples_is_written_whole_with_the_reason(tmp_path):
     import keras
     inp = keras.Input((6,), name="x")
