@@ -236,6 +236,6 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     function, result = dispatched(function, result, folded, frozen, captured, options, machine, weights, split)
     kept = result.dispatch.segments if result.dispatch is not None and result.dispatch.kept else ()
     identity = (result.graph_def.SerializeToString(deterministic=True), repr(frozen.inputs),
-                repr(sorted(frozen.outputs.items())), result.split.branches, result.split.least, result.split.rows, kept,
-                *(id(owner) for _, owner in captured))
+                repr(sorted(frozen.outputs.items())), result.split.branches, result.split.least, result.split.rows,
+                kept, *(id(owner) for _, owner in captured))
     return function, result, identity

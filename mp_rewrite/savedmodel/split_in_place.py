@@ -140,8 +140,9 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
         if unequal:
             return meta_graph, SplitChoice(1, f"not split: {unequal}")
     if split != "auto":
-        return (split_wrapper(meta_graph, wrapper, carried, split, output_shapes(meta_graph, key), least) if least
-                else candidates[split]), SplitChoice(split, f"split in {split} branches, as asked; {SERVE}", least=least)
+        written = split_wrapper(meta_graph, wrapper, carried, split, output_shapes(meta_graph, key), least) \
+            if least else candidates[split]
+        return written, SplitChoice(split, f"split in {split} branches, as asked; {SERVE}", least=least)
     tags = load_tags(meta_graph)
     places = {1: (original, key, tags), **{n: (staged[n], key, tags) for n in candidates}}
     graph = graph_bytes(meta_graph.graph_def) + f"\0{key}\0{wrapper}".encode()  # what the times are kept under
