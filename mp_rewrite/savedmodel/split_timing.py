@@ -13,11 +13,13 @@ copies the check already loaded; frozen, the candidate functions saved to a temp
 It reads its races as JSON on stdin and writes the times as JSON on stdout. Nothing else is written, and a child
 that fails or runs past CHILD_TIMEOUT leaves the other setting untimed, said in the line.
 
-A split buys wall time with cores that are free. With one intra-op thread a split's branches are its only
-parallelism, so the process's CPU time over the wall time of a split's calls (its overlap) tells how many cores the
-branches got. Where they got fewer than OVERLAP -- another process held the CPU while they were timed -- the
-timing says nothing about the split, and a verdict that read it would write a different model each time the
-machine is busy: the split is then not judged (busy_timing), and the graph stays whole with that reason.
+A split buys wall time with cores that are free, and a timing on cores something else used says nothing about
+the split: a verdict that read it would write a different model each time the machine is busy. Two readings catch
+that (busy_timing): the cores the rest of the machine used while each candidate was timed (analysis.machine_load:
+/proc/stat's busy time, steal included, less this process's), in either setting, above OTHERS; and, with one
+intra-op thread, where a split's branches are its only parallelism, this process's CPU time over the wall time of
+a split's calls (its overlap) below OVERLAP. The split is then not judged, and the graph stays whole with that
+reason.
 
 Each candidate's times are kept round by round, so that a split's time over the whole call's is read as
 analysis.race_times reads a precision race's: paired by round, with an interval (split_ratio). A race goes on past
@@ -54,6 +56,16 @@ SETTINGS = "here and in a child process in the other serving setting"  # what a 
 CHILD_TIMEOUT = 600  # seconds: ResNet-50's races at batch 8 and 32 with one thread take about 30 s here
 THREADS_VARIABLE = "TF_NUM_INTRAOP_THREADS"
 OVERLAP = 1.25  # cores a split's branches must get, with one intra-op thread, for its timing to judge it
+OTHERS = 0.25  # cores the rest of the machine may use while a candidate is timed (median of its rounds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """How a candidate's timed calls ran, each the median of its rounds: overlap, this process's CPU time over the
+    wall time; others, the cores the rest of the machine used meanwhile (None where unknown)."""
+
+    overlap: float
+    others: float | None = None
 
 
 def feeds(specs, batch: int, seed: int = 0) -> list:
@@ -62,8 +74,8 @@ def feeds(specs, batch: int, seed: int = 0) -> list:
 
 
 def interleaved_times(runners: dict, tensors, calls: int = CALLS, block: float = BLOCK_SECONDS) -> tuple[dict, dict]:
-    """({key: [wall ms per call, round by round]}, {key: median overlap: this process's CPU time over the wall
-    time}) of the functions `runners` ({key: function}, the first the whole call the others are read against)
+    """({key: [wall ms per call, round by round]}, {key: its Load}) of the functions `runners` ({key: function},
+    the first the whole call the others are read against)
     called on `tensors`, after one warming call each: a race (analysis.graph_runs.race) whose every run is a block
     of `calls` calls or more, as many as the first function takes `block` seconds to run, ROUNDS rounds and more,
     up to MOST_ROUNDS, while some ratio to the first is not `decided`."""
@@ -76,7 +88,8 @@ def interleaved_times(runners: dict, tensors, calls: int = CALLS, block: float =
     timed = [Calls(function, tensors, calls) for function in runners.values()]
     times = race(timed, ROUNDS, warmup=0, names=[str(key) for key in runners], most=MOST_ROUNDS, settled=decided)
     return ({key: [ms / calls for ms in times.walls[i]] for i, key in enumerate(runners)},
-            {key: statistics.median(timed[i].overlaps) for i, key in enumerate(runners)})
+            {key: Load(statistics.median(t.overlaps), statistics.median(t.others) if t.others else None)
+             for key, t in zip(runners, timed)})
 
 
 def split_ratio(whole, split) -> Ratio:
@@ -92,18 +105,25 @@ def decided(times: RaceTimes) -> bool:
                for edge in (FASTER, 1, 1 / FASTER))
 
 
-def busy_timing(overlaps: dict, setting: str, cores: int | None = None) -> str:
-    """Why the timing in `setting` cannot judge a split -- its branches, with one intra-op thread, got fewer than
-    OVERLAP cores: another process held the CPU -- or "".
+def busy_timing(loads: dict, setting: str, cores: int | None = None) -> str:
+    """Why the timing in `setting` cannot judge a split -- the rest of the machine used more than OTHERS cores
+    while a candidate was timed, or, with one intra-op thread, a split's branches got fewer than OVERLAP cores --,
+    or "".
 
     Args:
-        overlaps: {(batch, branches): median CPU time over wall time}, branches 1 for the whole call.
+        loads: {(batch, branches): Load}, branches 1 for the whole call.
         cores: the CPUs this process may run on (os.sched_getaffinity's count where there is one).
     """
+    used = [(x.others, b, n) for (b, n), x in sorted(loads.items()) if x.others is not None and x.others > OTHERS]
+    if used:
+        others, batch, branches = max(used)
+        what = "the whole call" if branches == 1 else f"the {branches} branches"
+        return f"other processes used {others:.2f} cores while {what} ran with {setting} at batch {batch}, so the " \
+               f"timing cannot judge the split"
     cores = cores or len(getattr(os, "sched_getaffinity", lambda _: range(os.cpu_count() or 1))(0))
     if setting != ONE_THREAD or cores < 2:
         return ""  # with TF's threads the whole call overlaps too; on one core nothing can
-    short = [(b, n, x) for (b, n), x in sorted(overlaps.items()) if n > 1 and x < OVERLAP]
+    short = [(b, n, x.overlap) for (b, n), x in sorted(loads.items()) if n > 1 and x.overlap < OVERLAP]
     if not short:
         return ""
     batch, branches, overlap = min(short, key=lambda item: item[2])
@@ -193,18 +213,18 @@ def times_in_both(runners: dict, specs, races: list, places, graph: bytes) -> Ti
     kept = _kept_times(timing_cache.load("splits", key))
     if kept and here in kept:
         return Timed({here: kept.pop(here), **kept}, cached=timing_cache.path("splits", key))
-    times, overlaps = {here: {}}, {}
+    times, loads = {here: {}}, {}
     for batch, calls, keys in races:
-        raced, overlap = interleaved_times({key: runners[key] for key in keys}, feeds(specs, batch), calls)
+        raced, load = interleaved_times({key: runners[key] for key in keys}, feeds(specs, batch), calls)
         times[here].update({(batch, key): walls for key, walls in raced.items()})
-        overlaps.update({(batch, key): x for key, x in overlap.items()})
-    busy = busy_timing(overlaps, here)
+        loads.update({(batch, key): x for key, x in load.items()})
+    busy = busy_timing(loads, here)
     other, env = other_setting(here)
     with places() as where:
-        elsewhere, elsewhere_overlaps, why = times_elsewhere(where, [spec.name for spec in specs], races, env)
+        elsewhere, elsewhere_loads, why = times_elsewhere(where, [spec.name for spec in specs], races, env)
     if elsewhere:
         times[other] = elsewhere
-        busy = busy or busy_timing(elsewhere_overlaps, other)
+        busy = busy or busy_timing(elsewhere_loads, other)
     if not why and not busy:
         timing_cache.save("splits", key, [[setting, batch, name, walls] for setting, timed in times.items()
                                           for (batch, name), walls in timed.items()])
@@ -224,8 +244,8 @@ def _kept_times(rows) -> dict | None:
 
 
 def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, dict, str]:
-    """({(batch, key): [ms per call, round by round]}, {(batch, key): median overlap (interleaved_times')}, "")
-    timed in a child process with the environment `env`, or ({}, {}, why not).
+    """({(batch, key): [ms per call, round by round]}, {(batch, key): its Load}, "") timed in a child process with
+    the environment `env`, or ({}, {}, why not).
 
     Args:
         places: {key: (SavedModel directory, signature key, its MetaGraph's tags)} of each candidate, or a str
@@ -250,13 +270,13 @@ def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, 
         last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
         return {}, {}, f"its timing process failed ({last.strip()[:200]})"
     rows = json.loads(done.stdout.strip().splitlines()[-1])
-    return ({(batch, keys[key]): walls for batch, key, walls, _ in rows},
-            {(batch, keys[key]): overlap for batch, key, _, overlap in rows}, "")
+    return ({(batch, keys[key]): walls for batch, key, walls, _, _ in rows},
+            {(batch, keys[key]): Load(overlap, others) for batch, key, _, overlap, others in rows}, "")
 
 
 def _child() -> None:
     """The child's side: read the request (times_elsewhere's) on stdin, time, print [[batch, key, [ms per round],
-    overlap], ...]."""
+    overlap, others], ...] (Load's)."""
     import tensorflow as tf
 
     from ..model.runtime import load_saved_model
@@ -272,8 +292,8 @@ def _child() -> None:
         functions[key] = (lambda f: lambda *tensors: f(**dict(zip(names, tensors))))(function)
     out = []
     for batch, calls, keys in request["races"]:
-        times, overlaps = interleaved_times({key: functions[key] for key in keys}, feeds(specs, batch), calls)
-        out += [[batch, key, walls, overlaps[key]] for key, walls in times.items()]
+        times, loads = interleaved_times({key: functions[key] for key in keys}, feeds(specs, batch), calls)
+        out += [[batch, key, walls, loads[key].overlap, loads[key].others] for key, walls in times.items()]
     print(json.dumps(out))
 
 

@@ -9,7 +9,7 @@ A split is written only if it is faster beyond the noise here (a tie goes to the
 the winner first) and not slower beyond it in the other serving setting: the winner and the split are timed again
 in a child process started with the other intra-op threads (split_timing.times_elsewhere, on made-up inputs at the
 tuning batch), as `convert --split auto` does. A child that fails leaves the other setting untimed, said in the line;
-one whose split's branches got no second core (split_timing.busy_timing) cannot judge it, and the winner is written
+one disturbed by other processes (split_timing.busy_timing) cannot judge it, and the winner is written
 unsplit with that reason.
 """
 
@@ -120,10 +120,10 @@ def _timed_elsewhere(paths: dict, branches: dict, tags, batch: int) -> tuple[str
     for key in signature_keys([meta_graph]):
         places = {name: (str(path), key, tags) for name, path in paths.items()}
         names = sorted(meta_graph.signature_def[key].inputs)
-        times, overlaps, why = times_elsewhere(places, names, [(batch, CALLS, list(paths))], env)
+        times, loads, why = times_elsewhere(places, names, [(batch, CALLS, list(paths))], env)
         if why:
             return other, {}, why, ""
         for (_, name), walls in times.items():
             summed[name] += statistics.median(walls)
-        busy = busy or busy_timing({(b, branches.get(name, 1)): x for (b, name), x in overlaps.items()}, other)
+        busy = busy or busy_timing({(b, branches.get(name, 1)): x for (b, name), x in loads.items()}, other)
     return other, summed, "", busy

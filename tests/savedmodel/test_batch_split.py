@@ -250,15 +250,15 @@ def test_auto_never_keeps_a_split_that_is_slower_in_the_other_serving_setting():
 
 def test_a_timing_whose_branches_got_no_second_core_does_not_judge_the_split():
     from mp_rewrite.savedmodel.batch_split import row_verdict
-    from mp_rewrite.savedmodel.split_timing import busy_timing
+    from mp_rewrite.savedmodel.split_timing import Load, busy_timing
     # Run 3 of three conversions beside the catalog sweep (load 3.3, docs/batch_split.md): with one intra-op thread
     # the split measured slower because its branches could not run at once. Such a timing says nothing of the split.
-    overlaps = {(8, 1): 0.98, (8, 2): 1.04, (32, 1): 0.99, (32, 2): 1.71}
+    overlaps = {(8, 1): Load(0.98), (8, 2): Load(1.04), (32, 1): Load(0.99), (32, 2): Load(1.71)}
     busy = busy_timing(overlaps, ONE, cores=2)
     assert "2 branches ran on 1.04 cores at batch 8" in busy and "another process held the CPU" in busy
     assert busy_timing(overlaps, DEFAULT, cores=2) == ""  # with TF's threads the whole call overlaps too
     assert busy_timing(overlaps, ONE, cores=1) == ""  # on one core nothing can
-    assert busy_timing({**overlaps, (8, 2): 1.8}, ONE, cores=2) == ""
+    assert busy_timing({**overlaps, (8, 2): Load(1.8)}, ONE, cores=2) == ""
     faster = {(8, 1): 20.0, (8, 2): 13.0, (32, 1): 80.0, (32, 2): 50.0}
     choice = split_verdict(in_rounds({DEFAULT: faster, ONE: {**faster, (8, 2): 24.0}}), "", busy)
     assert choice.branches == 1 and busy in choice.why and "quiet machine" in choice.why and "24.0 ms" in choice.why
@@ -275,8 +275,33 @@ def test_the_overlap_of_a_timed_call_is_its_cpu_time_over_its_wall_time():
         end = time.process_time() + 0.01
         while time.process_time() < end:
             pass
-    _, overlaps = interleaved_times({"sleeps": lambda: time.sleep(0.01), "spins": spin}, [], calls=2, block=0)
-    assert overlaps["sleeps"] < 0.3 and 0.3 < overlaps["spins"] < 1.3, overlaps
+    _, loads = interleaved_times({"sleeps": lambda: time.sleep(0.01), "spins": spin}, [], calls=2, block=0)
+    assert loads["sleeps"].overlap < 0.3 and 0.3 < loads["spins"].overlap < 1.3, loads
+
+
+def test_a_timing_beside_another_process_is_seen_in_either_setting():
+    """With TF's default threads a whole call's overlap cannot tell a disturbed timing: what the rest of the machine
+    used while each candidate ran (analysis/machine_load.py: /proc/stat less this process) can."""
+    import subprocess
+    import sys
+    import time
+
+    from mp_rewrite.savedmodel.split_timing import Load, busy_timing, interleaved_times
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        _, loads = interleaved_times({1: lambda: time.sleep(0.05), 2: lambda: time.sleep(0.03)}, [], calls=2,
+                                     block=0)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert all(load.others is not None and load.others > 0.6 for load in loads.values()), loads  # a core, spun
+    busy = busy_timing({(8, key): load for key, load in loads.items()}, DEFAULT, cores=2)
+    assert busy.startswith("other processes used ") and f"ran with {DEFAULT} at batch 8" in busy, busy
+    quiet = {(8, 1): Load(1.7, 0.04), (8, 2): Load(1.9, 0.1)}
+    assert busy_timing(quiet, DEFAULT, cores=2) == "" and busy_timing(quiet, ONE, cores=2) == ""
+    disturbed = {(8, 1): Load(1.7, 0.04), (32, 1): Load(1.6, 0.93)}
+    assert "used 0.93 cores while the whole call ran" in busy_timing(disturbed, ONE, cores=2)
 
 
 def test_convert_freeze_split_auto_times_both_serving_settings_and_says_them(tmp_path, monkeypatch):
