@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from .machine_load import Others
+from .machine_load import Span
 from .race_times import MORE_ROUNDS, RaceTimes
 from .run_times import op_interval
 
@@ -328,23 +328,19 @@ def traced_times(runners, runs: int, progress=None):
 class Calls:
     """A race's runner: `calls` calls of a function on fixed inputs per run, keeping each run's overlap -- this
     process's CPU time over the run's wall time: how many cores the calls got -- and the cores the rest of the
-    machine used meanwhile (machine_load.Others; not kept where unknown)."""
+    machine used meanwhile (machine_load.Span; not kept where unknown)."""
 
     def __init__(self, function, feeds, calls: int):
         self.function, self.feeds, self.calls = function, feeds, calls
         self.overlaps, self.others = [], []
 
     def run(self) -> None:
-        others = Others()
-        others.start()
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(self.calls):
-            self.function(*self.feeds)
-        wall, mine = max(time.perf_counter() - start, 1e-9), time.process_time() - cpu
-        self.overlaps.append(mine / wall)
-        used = others.used(mine, wall)
-        if used is not None:
-            self.others.append(used)
+        with Span() as span:
+            for _ in range(self.calls):
+                self.function(*self.feeds)
+        self.overlaps.append(span.overlap)
+        if span.others is not None:
+            self.others.append(span.others)
 
 
 def race(runners, runs: int, warmup: int = WARMUP, names=VARIANTS, most: int | None = None,

@@ -6,16 +6,19 @@ call may leave a core idle by itself. Linux counts every CPU's busy time in /pro
 softirq and steal, the time the hypervisor gave the CPU to another guest --; on the CPUs this process may run on,
 that less this process's CPU time over the same wall time is what everything else took.
 
-/proc/stat counts in clock ticks (10 ms here), so a reading over a 0.25 s block is exact to about 0.1 core; read it
-as a median over rounds. Where there is no /proc/stat (not Linux), nothing is known: None.
+/proc/stat counts in clock ticks (10 ms here), so a reading over a 0.25 s block is exact to about 0.1 core: read it
+as a median over rounds, and not at all over a span shorter than SHORTEST. Where there is no /proc/stat (not
+Linux), nothing is known: None.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _BUSY = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal (idle and iowait, 3 and 4, are not)
+SHORTEST = 10 / TICKS  # seconds: over a shorter span, a tick more or less on one CPU would read as 0.1 core or more
 
 
 def busy_seconds() -> float | None:
@@ -35,18 +38,21 @@ def busy_seconds() -> float | None:
     return ticks / TICKS if lines else None
 
 
-class Others:
-    """The cores the rest of the machine used over a span: `start()` before it, `used(cpu_seconds, wall)` after,
-    with this process's CPU seconds and the wall seconds of the span; None where nothing is known."""
+class Span:
+    """A span of this process's work, measured: `with Span() as span: ...`, then span.overlap -- this process's CPU
+    time over the span's wall time: the cores it got -- and span.others -- the cores the rest of the machine used
+    meanwhile (None where unknown, or the span is shorter than SHORTEST)."""
 
-    def __init__(self):
-        self._start = None
+    overlap: float = 0.0
+    others: float | None = None
 
-    def start(self) -> None:
-        self._start = busy_seconds()
+    def __enter__(self):
+        self._busy, self._wall, self._cpu = busy_seconds(), time.perf_counter(), time.process_time()
+        return self
 
-    def used(self, cpu_seconds: float, wall: float) -> float | None:
-        end = busy_seconds()
-        if self._start is None or end is None:
-            return None
-        return max(0.0, (end - self._start - cpu_seconds) / max(wall, 1e-9))
+    def __exit__(self, *exc) -> None:
+        wall, mine = max(time.perf_counter() - self._wall, 1e-9), time.process_time() - self._cpu
+        busy = busy_seconds()
+        self.overlap = mine / wall
+        if self._busy is not None and busy is not None and wall >= SHORTEST:
+            self.others = max(0.0, (busy - self._busy - mine) / wall)

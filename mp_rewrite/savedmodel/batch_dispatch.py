@@ -189,7 +189,8 @@ class KeptRaces:
     """A dispatch's races -- the variants alone, then with the dispatch -- read from the timing cache where an
     earlier conversion on this machine, in this serving setting, ran them on the same graphs (the dispatch then
     built but not raced: the same verdict, the same bytes, however busy the machine is now), else run and kept
-    (timing_cache).
+    (timing_cache) -- unless other processes used more than split_timing.OTHERS cores of this machine while they
+    ran (analysis.machine_load): then `note` says so, and nothing is kept.
 
     Args:
         *parts: what the races depend on besides the machine and the serving setting: the variants' graphs'
@@ -202,7 +203,7 @@ class KeptRaces:
         self._cache = timing_cache
         self._key = timing_cache.timing_key("dispatch", *parts, RACE_BATCHES, LOCATING_ROUNDS, this_setting())
         self._kept = _kept_races(timing_cache.load("dispatch", self._key)) or {}
-        self._timed = {}
+        self._timed, self._disturbed = {}, False
         self.note = timing_cache.read_note(timing_cache.path("dispatch", self._key)) if self._kept else ""
 
     def alone(self, time) -> dict:
@@ -214,11 +215,19 @@ class KeptRaces:
         return self._get("times", time)
 
     def _get(self, part: str, time) -> dict:
+        from ..analysis.machine_load import Span
+        from .split_timing import OTHERS
         if part in self._kept:
             return self._kept[part]
-        self._timed[part] = time()
-        self._cache.save("dispatch", self._key, {p: {str(b): [list(w) for w in t.walls] for b, t in races.items()}
-                                                 for p, races in {**self._kept, **self._timed}.items()})
+        with Span() as span:
+            self._timed[part] = time()
+        if span.others is not None and span.others > OTHERS:  # a disturbed race decides this conversion only
+            self.note += f"; timed while other processes used {span.others:.2f} cores of this machine: not kept, " \
+                         "so the next conversion times again"
+            self._disturbed = True
+        elif not self._disturbed:
+            self._cache.save("dispatch", self._key, {p: {str(b): [list(w) for w in t.walls] for b, t in races.items()}
+                                                     for p, races in {**self._kept, **self._timed}.items()})
         return self._timed[part]
 
 

@@ -214,3 +214,28 @@ def test_convert_in_place_writes_a_forced_dispatch_whose_bodies_share_the_variab
         # The If is lowered and inlined as a tf.cond's is: each side runs its variant's kernels, bit for bit.
         np.testing.assert_array_equal(got, f32 if batch < 8 else low)
         assert not np.array_equal(got, low if batch < 8 else f32)
+
+
+def test_dispatch_races_run_beside_another_process_are_said_and_not_kept(tmp_path, monkeypatch):
+    """A race the rest of the machine disturbed (analysis/machine_load.py) decides this conversion only: the line
+    says so and the timing cache keeps nothing, so the next conversion times again."""
+    import subprocess
+    import sys
+    import time
+
+    from mp_rewrite.savedmodel.batch_dispatch import KeptRaces
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    times = {8: RaceTimes(((1.0, 1.1, 1.0), (2.0, 2.1, 2.0)))}
+    races = KeptRaces(b"a graph", 7, "auto")
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        got = races.alone(lambda: time.sleep(0.6) or times)  # a race that waits while the other process spins
+    finally:
+        hog.kill()
+        hog.wait()
+    assert got is times and "; timed while other processes used " in races.note, races.note
+    assert "not kept, so the next conversion times again" in races.note
+    assert KeptRaces(b"a graph", 7, "auto").note == ""  # nothing was kept
+    KeptRaces(b"a graph", 7, "auto").alone(lambda: time.sleep(0.3) or times)  # quiet: kept
+    assert "times measured by an earlier conversion" in KeptRaces(b"a graph", 7, "auto").note

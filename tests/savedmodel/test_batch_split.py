@@ -290,8 +290,8 @@ def test_a_timing_beside_another_process_is_seen_in_either_setting():
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
-        _, loads = interleaved_times({1: lambda: time.sleep(0.05), 2: lambda: time.sleep(0.03)}, [], calls=2,
-                                     block=0)
+        _, loads = interleaved_times({1: lambda: time.sleep(0.05), 2: lambda: time.sleep(0.03)}, [], calls=5,
+                                     block=0)  # blocks of 0.25 and 0.15 s: read (machine_load.SHORTEST)
     finally:
         hog.kill()
         hog.wait()
