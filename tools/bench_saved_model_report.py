@@ -88,7 +88,9 @@ def chart(rows: list[dict], path: Path) -> str:
         return "matplotlib is not installed: no chart (pip install matplotlib)"
     measured = variants(rows[0])
     # Wide enough for every bar's label, and one distinct color per variant (the default cycle repeats after 10).
-    fig, axes = plt.subplots(2, 1, figsize=(max(11, 0.16 * len(rows) * len(measured)), 9), sharex=True)
+    # Wide enough for every bar's label and every group's name ("transformer / batch 32" needs about 1.4 inches).
+    fig, axes = plt.subplots(2, 1, figsize=(max(11, 0.16 * len(rows) * len(measured), 1.4 * len(rows)), 9),
+                             sharex=True)
     colors = plt.get_cmap("tab20").colors
     width = 0.8 / len(measured)
     for ax, key, what in zip(axes, ("ms", "cpu_ms"), ("wall-clock latency", "CPU time per call")):
@@ -103,9 +105,12 @@ def chart(rows: list[dict], path: Path) -> str:
         ax.axhline(1.0, color="gray", linewidth=0.8)
         ax.set_title(f"SavedModel inference, bfloat16 variants vs float32: {what} (median; higher is better)",
                      fontsize=10)
-    axes[0].legend(fontsize=8, ncol=4, loc="upper left")
+    # Below both charts, in the figure: the variants' names are long, and a legend inside the axes spilled past
+    # the figure's edge (the last name cut off) and squeezed the charts.
+    columns = 3
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, ncol=columns, loc="lower center")
     axes[1].set_xticks(range(len(rows)), [f"{r['model']}\nbatch {r['batch']}" for r in rows])
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.025 * -(-len(measured) // columns), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return f"chart: {path}"

@@ -198,7 +198,7 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult, a key
     equal for signatures whose frozen graphs and interfaces are the same). The resources it captures (tables, and
     kept variables) are appended to `resources`, which the saved module tracks; its node names to `names`; what
-    its batch split became (batch_split.SplitChoice) to the result, as `split`; `say` is told each stage of it."""
+    its batch split became (split_verdict.SplitChoice) to the result, as `split`; `say` is told each stage of it."""
     frozen = freeze_signature(loaded, key, keep_variables)
     fetches = frozen.fetches
     # BatchNorms folded into their convolutions, and the patterns TF's remapper fuses written the way it sees them.

@@ -4,8 +4,8 @@ ROW_PARTS branches (analysis/token_rows.py plans them, row_split.py builds the g
 A batch split cannot help one sample; the token-row split can, on a Transformer served with one intra-op thread
 (docs/batch_one.md: 2.4 ms against 3.3 ms whole). It is written only where the plan exists and the signature with
 it equals the whole one at batch 1 (bit for bit in float32, within round-off in low precision); for "auto" only
-where it also measured faster at batch 1 beyond the noise (batch_split.row_verdict). It is decided apart from the batch
-split: a model may split its batch and not its rows, or its rows alone. The signature then calls one graph, the
+where it also measured faster at batch 1 beyond the noise (split_verdict.row_verdict). It is decided apart from the
+batch split: a model may split its batch and not its rows, or its rows alone. The signature then calls one graph, the
 whole one and its row split side by side (row_split.routed_rows: a Switch on the batch, each output a Merge), which
 shares the weights: they are stored once.
 """

@@ -9,7 +9,7 @@ frozen split is (batch_split.py):
    computes in float32, within round-off where it computes in low precision;
 3. for "auto", timed: the whole and the split signature interleaved at batch 8 and 32, in this process and in the
    other serving setting (split_timing.py), kept only if faster beyond the noise at both batches in one setting
-   and not slower in the other (batch_split.split_verdict).
+   and not slower in the other (split_verdict.split_verdict).
 
 A refusal or a failed check leaves the signature whole, with the reason in the line. Every function the pass
 rewrote is written as it was (the split only wraps the signature): `--assign lists` stays Grappler's, node for node.
@@ -32,12 +32,13 @@ from ..model.files import read_saved_model
 from ..model.runtime import LINKED, first_line, load_saved_model
 from ..model.signatures import signature_keys
 from ..model.tags import load_tags, select_meta_graphs
-from .batch_split import SHAPE_BATCH, SplitChoice, chosen_split, mixed_samples, split_candidates
+from .batch_split import SHAPE_BATCH, chosen_split, mixed_samples, split_candidates
 from .frozen_function import remove_tree
 from .freeze import weights_form
 from .frozen_signature import freeze_signature
 from .model_dir import serialize, write_model_dir
 from .split_option import SERVE
+from .split_verdict import SplitChoice
 from .split_wrapper import output_shapes, signature_wrapper, split_wrapper
 
 

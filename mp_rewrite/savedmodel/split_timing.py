@@ -6,7 +6,7 @@ thread and with TF's default threads, and the converting process cannot know whi
 with. A split that wins with one thread can lose with the default ones (keras-hub BERT at batch 8: 1.64x faster
 with one, 1.20x slower with the default ones; docs/batch_split.md). So `auto` times the candidates here and again
 in a child process started with the other setting -- TF_NUM_INTRAOP_THREADS=1 where this process has more threads,
-TF's default where it has one -- and the verdicts (batch_split.split_verdict, row_verdict) read both.
+TF's default where it has one -- and the verdicts (split_verdict.split_verdict, row_verdict) read both.
 
 The child loads the candidates from SavedModel directories, one signature per candidate: in place, the staged
 copies the check already loaded; frozen, the candidate functions saved to a temporary directory (saved_functions).
@@ -100,7 +100,7 @@ def split_ratio(whole, split) -> Ratio:
 
 def decided(times: RaceTimes) -> bool:
     """Whether every later candidate's time over the first's (the whole call's) lies clear of FASTER, 1 and
-    1 / FASTER, where the verdicts (batch_split.split_verdict, row_verdict) turn."""
+    1 / FASTER, where the verdicts (split_verdict.split_verdict, row_verdict) turn."""
     return all(not r.low < edge < r.high for r in (times.ratio(i, 0) for i in range(1, len(times.walls)))
                for edge in (FASTER, 1, 1 / FASTER))
 

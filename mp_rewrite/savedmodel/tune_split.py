@@ -20,10 +20,11 @@ import statistics
 import time
 from pathlib import Path
 
-from .batch_split import NOT_JUDGED, split_candidates
+from .batch_split import split_candidates
 from .split_in_place import split_written
 from .split_option import SERVE
 from .split_timing import CALLS, FASTER, ONE_THREAD, busy_timing, other_setting, this_setting, times_elsewhere
+from .split_verdict import NOT_JUDGED
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,8 @@ from mp_rewrite.analysis.batch_rows import batch_rows  # noqa: E402
 from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
 from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
 from mp_rewrite.errors import OptionError  # noqa: E402
-from mp_rewrite.savedmodel.batch_split import SHAPE_BATCH, split_signature, split_verdict  # noqa: E402
+from mp_rewrite.savedmodel.batch_split import SHAPE_BATCH, split_signature  # noqa: E402
+from mp_rewrite.savedmodel.split_verdict import split_verdict  # noqa: E402
 from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS as DEFAULT, ONE_THREAD as ONE  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
@@ -184,6 +185,30 @@ def test_a_split_from_a_larger_batch_runs_the_smaller_ones_whole():
     np.testing.assert_array_equal(function(tf.ones([7, 3]))["y"].numpy(), _counts(7, [4, 3]))
 
 
+def test_a_split_that_wins_from_the_larger_batch_is_timed_between_and_begins_where_it_wins(tmp_path, monkeypatch):
+    import contextlib
+    import time
+
+    from mp_rewrite.savedmodel.batch_split import chosen_split
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # timed from scratch
+    spec = tf.TensorSpec([None, 3], tf.float32, name="x")
+    whole = lambda x: time.sleep(x.shape[0] * 5e-4)  # noqa: E731 -- 0.5 ms a sample
+    split = lambda x: time.sleep({8: 6e-3, 16: 5e-3, 32: 9e-3}[x.shape[0]])  # noqa: E731 -- 1.5x, 0.62x, 0.56x
+    no_child = lambda: contextlib.nullcontext("not timed in a child here")  # noqa: E731
+    choice = chosen_split(whole, {2: split}, [spec], no_child, b"a graph")
+    assert (choice.branches, choice.least) == (2, 16), choice.why
+    assert "split in 2 branches from batch 16" in choice.why and "(batch 8: 2 branches slower with" in choice.why
+    assert {b for b, _ in next(iter(choice.times.values()))} == {8, 16, 32}
+    assert "; batch 16: whole " in choice.why, choice.why  # its times said, as the others
+
+
+def test_a_split_not_timed_at_every_batch_from_its_start_is_not_chosen_from_there():
+    times = in_rounds({ONE: {(8, 1): 20.0, (8, 2): 21.0, (8, 4): 21.0, (16, 1): 40.0, (16, 2): 30.0,
+                             (32, 1): 80.0, (32, 2): 50.0, (32, 4): 40.0}})
+    choice = split_verdict(times)  # 4 branches, faster at 32, were not timed at 16: 2 branches from 16 win
+    assert (choice.branches, choice.least) == (2, 16), choice.why
+
+
 def test_a_split_faster_by_its_median_only_is_a_tie():
     # 10% faster by the median of five rounds, but two rounds slower: the interval holds 1, the noise decides.
     noisy = {ONE: {(8, 1): [20.0] * 5, (8, 2): [15.0, 16.0, 18.0, 21.0, 22.0],
@@ -249,7 +274,7 @@ def test_auto_never_keeps_a_split_that_is_slower_in_the_other_serving_setting():
 
 
 def test_a_timing_whose_branches_got_no_second_core_does_not_judge_the_split():
-    from mp_rewrite.savedmodel.batch_split import row_verdict
+    from mp_rewrite.savedmodel.split_verdict import row_verdict
     from mp_rewrite.savedmodel.split_timing import Load, busy_timing
     # Run 3 of three conversions beside the catalog sweep (load 3.3, docs/batch_split.md): with one intra-op thread
     # the split measured slower because its branches could not run at once. Such a timing says nothing of the split.

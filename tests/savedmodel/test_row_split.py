@@ -18,7 +18,7 @@ from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
 from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
 from mp_rewrite.analysis.token_rows import WORK, token_rows  # noqa: E402
 from mp_rewrite.commands import cli  # noqa: E402
-from mp_rewrite.savedmodel.batch_split import row_verdict  # noqa: E402
+from mp_rewrite.savedmodel.split_verdict import row_verdict  # noqa: E402
 from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS, ONE_THREAD  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.frozen_signature import freeze_signature  # noqa: E402
