@@ -46,7 +46,7 @@ def classify(code: int | None, output: str) -> tuple[str, str]:
     if code == 0:
         left = [line for line in lines if " left out of " in line]
         split = [line for line in lines if line.startswith("split: ")]  # what a --split run wrote, or why not
-        said = [f"{len(left)} rule(s) left out: {left[0]}"] * bool(left) + [line[:240] for line in split[:1]]
+        said = [f"{len(left)} rule(s) left out: {left[0]}" for _ in left[:1]] + [line[:240] for line in split[:1]]
         return "ok", "; ".join(said)
     verdict = [line for line in lines if line.startswith("verification FAILED")]
     if code == 1 and verdict:  # written, runs, and --verify found the low precision's errors past the tolerance
