@@ -36,6 +36,7 @@ from pathlib import Path
 from bench_models import (DEFAULT_MODELS, MODELS, PEERS, ROOT, TUNE_BATCH, VARIANTS, cli_convert_seconds,
                           convert_by_cost, prepare)
 from bench_saved_model_report import chart, machine, report, table
+from mp_rewrite.analysis.machine_load import busy_seconds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -243,12 +244,16 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
             workers["openvino"] = processes[-1]
             infos.update(processes[-1].ready())
         calls = max(1, round(block_seconds / max(i["warm_s"] for i in infos.values())))
-        times, cpu = {v: [] for v in variants}, {v: [] for v in variants}
+        times, cpu, others = {v: [] for v in variants}, {v: [] for v in variants}, {v: [] for v in variants}
         for r in range(rounds):
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+                busy, start = busy_seconds(), time.perf_counter()
                 block = workers[v].run(calls, v)
                 times[v] += block["times"]
                 cpu[v] += block["cpu"]
+                after = busy_seconds()
+                if busy is not None and after is not None:  # what the rest of the machine used meanwhile
+                    others[v].append(max(0.0, after - busy - sum(block["cpu"])) / (time.perf_counter() - start))
         kernels = {v: workers[v].profile(PROFILE_CALLS, v) for v in variants if v in PROFILED}
     finally:
         for process in processes:
@@ -259,6 +264,7 @@ def measure(name: str, batch: int, paths: dict, workdir: Path, rounds: int, bloc
     return {"model": name, "batch": batch, "ms": {v: 1000 * statistics.median(t) for v, t in times.items()},
             "cpu_ms": {v: 1000 * statistics.median(t) for v, t in cpu.items()},
             "calls": {v: len(t) for v, t in times.items()}, "diff_vs_fp32": diff,
+            "others": {v: statistics.median(o) for v, o in others.items() if o},
             "kernels": {v: (infos[v]["bf16_kernels"], infos[v]["kernels"]) for v in variants},
             "kernel_ms": kernels,
             "same_graph_as_tf_amp": infos["ours_lists"]["census"] == infos["tf_amp"]["census"]

@@ -140,6 +140,26 @@ def kernel_tables(rows: list[dict]) -> list[str]:
     return lines
 
 
+DISTURBED = 0.25  # cores other processes may use while a variant's blocks run (median) before its times are marked
+
+
+def disturbed(rows: list[dict]) -> str:
+    """The page's line on what other processes used while each variant was timed (the median over its blocks of
+    /proc/stat's busy time less the worker's CPU time, in cores: mp_rewrite.analysis.machine_load), naming every
+    time above DISTURBED: a wall time another process shared its cores with, to be read with care."""
+    found = [(row["model"], row["batch"], LABELS.get(v, v), x)
+             for row in rows for v, x in row.get("others", {}).items()]
+    if not found:
+        return "What other processes used while each variant was timed: not known here (no /proc/stat)."
+    marked = [f"{model} batch {batch} {label}: {x:.2f} cores" for model, batch, label, x in found if x > DISTURBED]
+    most = max(x for *_, x in found)
+    if not marked:
+        return (f"Other processes used at most {most:.2f} cores while any variant was timed (median over its blocks, "
+                "from /proc/stat): no time above was disturbed.")
+    return (f"Disturbed: other processes used more than {DISTURBED} cores (median over the blocks, from /proc/stat) "
+            f"while these were timed, so their times above were shared with another process: {'; '.join(marked)}.")
+
+
 def report(rows, facts, cli_seconds, info, load, command, note) -> str:
     """The markdown page."""
     lines = ["# SavedModel conversion benchmark", "", f"Command: `{command}`", "",
@@ -149,6 +169,7 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
              "blocks keep the comparison fair, absolute numbers vary).", "",
              "Median wall-clock latency of one `serving_default` call (ms), and each variant's speed-up over float32 "
              "(> 1 is faster than float32):", ""] + table(rows)
+    lines += ["", disturbed(rows)]
     lines += ["", "Median CPU time of one call (ms, all threads of the worker process; less sensitive to other "
               "processes on a shared machine):", ""] + table(rows, "cpu_ms")
     lines += ["", "Conversion (`convert_saved_model`, bfloat16, in-process median of 3; CLI wall time includes "
