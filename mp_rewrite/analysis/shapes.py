@@ -61,16 +61,21 @@ def _ancestors(graph_def, roots) -> set:
     return seen
 
 
-def _with_batch(shape: Shape | None, batch: int | None) -> Shape | None:
-    return shape if batch is None or not shape or shape[0] is not None else (batch,) + tuple(shape[1:])
+def _with_batch(shape: Shape | None, batch: int | None, others: int | None = None) -> Shape | None:
+    """`shape` with an unknown leading dimension taken as `batch` and an unknown later one as `others` (where
+    given)."""
+    if not shape:
+        return shape
+    first = batch if shape[0] is None and batch is not None else shape[0]
+    return (first,) + tuple(others if d is None and others is not None else d for d in shape[1:])
 
 
 def _prepared(graph_def, arg_shapes: dict, resource_shapes: dict, keep: set | None,
-              batch: int | None = None) -> graph_pb2.GraphDef:
+              batch: int | None = None, others: int | None = None) -> graph_pb2.GraphDef:
     """A copy of the graph that imports anywhere: only the `keep` nodes (all if None) without control inputs,
     _Arg -> Placeholder (with its shape), no _Retval, and the variable shape of resource arguments as
     `_output_shapes` on the ReadVariableOps that read them. With `batch`, an unknown leading dimension of a
-    Placeholder or argument becomes `batch`."""
+    Placeholder or argument becomes `batch`; with `others`, an unknown later one becomes `others`."""
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     for node in graph_def.node:
@@ -84,12 +89,13 @@ def _prepared(graph_def, arg_shapes: dict, resource_shapes: dict, keep: set | No
             new.input.extend(data)
         if node.op == "_Arg":
             new.op = "Placeholder"
-            shape = _with_batch(arg_shapes.get(node.name, _declared(node, 0)), batch)
+            shape = _with_batch(arg_shapes.get(node.name, _declared(node, 0)), batch, others)
             new.ClearField("attr")
             new.attr["dtype"].type = node.attr.get("T", attr_value_pb2.AttrValue()).type
             new.attr["shape"].shape.CopyFrom(_to_proto(shape))
-        elif node.op == "Placeholder" and batch is not None and "shape" in node.attr:
-            new.attr["shape"].shape.CopyFrom(_to_proto(_with_batch(_to_shape(node.attr["shape"].shape), batch)))
+        elif node.op == "Placeholder" and (batch, others) != (None, None) and "shape" in node.attr:
+            new.attr["shape"].shape.CopyFrom(_to_proto(_with_batch(_to_shape(node.attr["shape"].shape), batch,
+                                                                   others)))
         elif node.op in RESOURCE_READS and node.input:
             var_shape = resource_shapes.get(parse_input(node.input[0])[0])
             if var_shape is not None and "_output_shapes" not in node.attr:
@@ -110,7 +116,8 @@ def _declared(node, port: int) -> Shape | None:
 
 
 def node_shapes(graph_def: graph_pb2.GraphDef, arg_shapes: dict | None = None,
-                resource_shapes: dict | None = None, library=None, needed=None, batch: int | None = None) -> dict:
+                resource_shapes: dict | None = None, library=None, needed=None, batch: int | None = None,
+                others: int | None = None) -> dict:
     """Return {node name: [shape or None per output]} from TensorFlow's shape inference.
 
     Args:
@@ -123,6 +130,8 @@ def node_shapes(graph_def: graph_pb2.GraphDef, arg_shapes: dict | None = None,
             None imports and reads every node.
         batch: if given, an unknown leading dimension of every Placeholder and argument is taken as `batch`, so
             shapes computed from it (reshapes to [batch * time, features]...) become known.
+        others: if given, an unknown later dimension of every Placeholder and argument (a sequence's length) is
+            taken as `others`, the same way.
 
     Returns:
         Every node's output shapes as tuples of ints/None (None for an unknown rank). Nodes not read back, and
@@ -130,7 +139,7 @@ def node_shapes(graph_def: graph_pb2.GraphDef, arg_shapes: dict | None = None,
     """
     import tensorflow as tf
     keep = None if needed is None else _ancestors(graph_def, needed)
-    prepared = _prepared(graph_def, arg_shapes or {}, resource_shapes or {}, keep, batch)
+    prepared = _prepared(graph_def, arg_shapes or {}, resource_shapes or {}, keep, batch, others)
     called = _called_library(prepared, graph_def.library if library is None else library)
     if called is not None:
         prepared.library.CopyFrom(called)

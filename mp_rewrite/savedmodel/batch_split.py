@@ -38,6 +38,7 @@ from .split_timing import CALLS, SETTINGS, feeds, saved_functions, times_in_both
 from .split_verdict import SplitChoice, row_verdict, split_verdict
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
+SHAPE_OTHER = 11  # any other unknown input dimension, there: odd, prime, and not SHAPE_BATCH
 TIMED_BATCHES = (8, 32)
 PROBED_BATCHES = (16,)  # timed too where the split won from a larger batch only: where between does it begin?
 
@@ -89,8 +90,7 @@ def _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say
     """(the function, a SplitChoice): `imported` called whole, or once per slice of the batch in N branches.
     `graph()` gives the graph's bytes, what its times are kept under."""
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
-    inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
-    found = batch_rows(graph_def, inputs, frozen.fetches, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
+    found = analysed(graph_def, frozen)
     if not found.splittable:
         return whole, SplitChoice(1, f"not split: {found.reason}")
     carried = tuple(name in found.batch_inputs for _, name in frozen.inputs)
@@ -111,6 +111,17 @@ def _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say
     # The checked split with its first split batch raised: the same branches, called from there.
     return _function(imported, specs, list(frozen.outputs), frozen.shapes, carried, choice.branches,
                      choice.least), choice
+
+
+def analysed(graph_def, frozen):
+    """The batch-rows analysis (analysis.batch_rows.BatchRows) of a frozen signature's graph, its shapes inferred at
+    batch SHAPE_BATCH and every other unknown input dimension (a sequence's length) at SHAPE_OTHER: a reshape that
+    merges each sample's tokens into rows, or a Tensordot's size computed from the shape, is then read at one known
+    size, as the batch is. That proves the split at those sizes; the check (mixed_samples) runs it on inputs of
+    other sizes, and a graph whose rows depended on the length would not run at every length anyway."""
+    inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
+    shapes = node_shapes(graph_def, batch=SHAPE_BATCH, others=SHAPE_OTHER)
+    return batch_rows(graph_def, inputs, frozen.fetches, shapes, SHAPE_BATCH)
 
 
 def split_candidates(split) -> list[int]:

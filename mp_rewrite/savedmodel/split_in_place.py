@@ -23,16 +23,14 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..analysis.batch_rows import batch_rows
 from ..analysis.grappler import FOLDING, optimize_graph
 from ..analysis.profile_cache import graph_bytes
-from ..analysis.shapes import node_shapes
 from ..errors import ModelError
 from ..model.files import read_saved_model
 from ..model.runtime import LINKED, first_line, load_saved_model
 from ..model.signatures import signature_keys
 from ..model.tags import load_tags, select_meta_graphs
-from .batch_split import SHAPE_BATCH, chosen_split, mixed_samples, split_candidates
+from .batch_split import analysed, chosen_split, mixed_samples, split_candidates
 from .frozen_function import remove_tree
 from .freeze import weights_form
 from .frozen_signature import freeze_signature
@@ -161,9 +159,7 @@ def _carried(loaded, key: str, positions: dict, files, meta_graph, wrapper: str)
         frozen = freeze_signature(loaded, key, keep_variables=weights_form(files, "auto")[0] == "variables")
     except ModelError as e:
         return None, str(e).split("; convert without --freeze")[0]
-    graph_def = optimize_graph(frozen.graph_def, frozen.fetches, FOLDING)
-    inputs = {name: (None if spec.shape.rank is None else tuple(spec.shape.as_list())) for spec, name in frozen.inputs}
-    found = batch_rows(graph_def, inputs, frozen.fetches, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
+    found = analysed(optimize_graph(frozen.graph_def, frozen.fetches, FOLDING), frozen)
     if not found.splittable:
         return None, found.reason
     if set(frozen.feeds) != set(positions):
