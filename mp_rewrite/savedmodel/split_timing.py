@@ -75,10 +75,10 @@ def feeds(specs, batch: int, seed: int = 0) -> list:
 
 def interleaved_times(runners: dict, tensors, calls: int = CALLS, block: float = BLOCK_SECONDS) -> tuple[dict, dict]:
     """({key: [wall ms per call, round by round]}, {key: its Load}) of the functions `runners` ({key: function},
-    the first the whole call the others are read against)
-    called on `tensors`, after one warming call each: a race (analysis.graph_runs.race) whose every run is a block
-    of `calls` calls or more, as many as the first function takes `block` seconds to run, ROUNDS rounds and more,
-    up to MOST_ROUNDS, while some ratio to the first is not `decided`."""
+    the first the whole call the others are read against) called on `tensors`, after one warming call each: a race
+    (analysis.graph_runs.race) whose every run is a block of `calls` calls or more, as many as the first function
+    takes `block` seconds to run, ROUNDS rounds and more, up to MOST_ROUNDS, while some ratio to the first is not
+    `decided`."""
     from ..analysis.graph_runs import Calls, race
     for function in runners.values():
         function(*tensors)  # warm: oneDNN's primitives and TF's kernels are made at the first call
