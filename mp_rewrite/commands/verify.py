@@ -72,7 +72,7 @@ def add_verify_options(parser) -> None:
                    "32 and the best across them kept)")
     g.add_argument("--seq-len", dest="dim", type=int, default=16, metavar="N",
                    help="size of every other undefined dimension in made-up inputs (default 16); for convert's "
-                   "cost assignment, the length it measures at")
+                   "cost assignment and --split auto, the length they measure at")
     g.add_argument("--input-shapes", metavar="NAME=AxB,...",
                    help="shapes of made-up inputs, e.g. token_ids=2x128,padding_mask=2x128")
     g.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")

@@ -34,6 +34,7 @@ from ..analysis.shapes import node_shapes
 from .frozen_function import imported_function
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
 from .split_option import SERVE, split_function
+from .inputs import DEFAULT_DIM
 from .split_timing import CALLS, SETTINGS, feeds, saved_functions, times_in_both
 from .split_verdict import SplitChoice, row_verdict, split_verdict
 
@@ -43,7 +44,7 @@ TIMED_BATCHES = (8, 32)
 PROBED_BATCHES = (16,)  # timed too where the split won from a larger batch only: where between does it begin?
 
 
-def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda what: None):
+def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda what: None, dim: int = DEFAULT_DIM):
     """(the signature's tf.function, a SplitChoice): the frozen graph whole, or split into N branches.
 
     Args:
@@ -52,6 +53,7 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
         split: "off", "auto" or N (split_option.parse_split).
         exact: the graph computes in float32 (batch 1's token rows must then equal the whole graph bit for bit).
         say: told each stage that takes a while ("timing the split ..."), for a progress bar.
+        dim: the length "auto" times an unknown input dimension after the batch at (--seq-len).
     """
     imported, specs = imported_function(graph_def, frozen.inputs, frozen.outputs, captured)
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
@@ -59,7 +61,7 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
         return whole, SplitChoice(1, "off")
     graph = functools.cache(lambda: graph_bytes(graph_def))  # what timed splits are kept under: read once, if timed
     imported, at_one = _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact, say)
-    function, choice = _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say)
+    function, choice = _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say, dim)
     times = {s: {**at_one.times.get(s, {}), **choice.times.get(s, {})} for s in {**at_one.times, **choice.times}}
     return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one), times=times,
                                          rows=at_one.rows)
@@ -86,9 +88,9 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
     return (routed if choice.rows > 1 else imported), choice
 
 
-def _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say):
+def _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say, dim: int):
     """(the function, a SplitChoice): `imported` called whole, or once per slice of the batch in N branches.
-    `graph()` gives the graph's bytes, what its times are kept under."""
+    `graph()` gives the graph's bytes, what its times are kept under; `dim`, the length "auto" times at."""
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     found = analysed(graph_def, frozen)
     if not found.splittable:
@@ -103,7 +105,7 @@ def _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say
     if split != "auto":
         return made[split], SplitChoice(split, f"split in {split} branches, as asked; {SERVE}")
     say(f"timing the split, {SETTINGS}")
-    choice = chosen_split(whole, made, specs, lambda: saved_functions({1: whole, **made}, captured), graph())
+    choice = chosen_split(whole, made, specs, lambda: saved_functions({1: whole, **made}, captured), graph(), dim)
     if choice.branches == 1:
         return whole, choice
     if not choice.least:
@@ -239,23 +241,27 @@ def _same(a, b) -> bool:
     return a.shape == b.shape and np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.inexact))
 
 
-def chosen_split(whole, made: dict, specs, places, graph: bytes) -> SplitChoice:
+def chosen_split(whole, made: dict, specs, places, graph: bytes, dim: int = DEFAULT_DIM) -> SplitChoice:
     """Race the whole call and each split ({branches: function}), interleaved, at TIMED_BATCHES, in this process's
     serving setting and in the other one (split_timing: `places()` is a context yielding the candidates' SavedModels
     for its child process, keyed as `made` and 1 for the whole call, or why there are none), or read an earlier
     conversion's times of the same `graph` (the bytes the candidates are made from: timing_cache): what
     split_verdict says of them. Where the split won only from a larger batch timed, it is timed again at the
-    PROBED_BATCHES between, so that it begins at the first of those where it wins too."""
+    PROBED_BATCHES between, so that it begins at the first of those where it wins too. An unknown input dimension
+    after the batch (a sequence's length) is timed at `dim`, and the line says so."""
     races = [(batch, CALLS, [1, *made]) for batch in TIMED_BATCHES]
-    timed = times_in_both({1: whole, **made}, specs, races, places, graph)
-    choice = split_verdict(timed.times, timed.untimed, timed.busy, timed.note())
+    timed = times_in_both({1: whole, **made}, specs, races, places, graph, dim)
+    length = f"; an unknown length timed as {dim} (--seq-len)" if any(
+        spec.shape.rank and None in spec.shape.as_list()[1:] for spec in specs) else ""
+    choice = split_verdict(timed.times, timed.untimed, timed.busy, timed.note() + length)
     between = [b for b in PROBED_BATCHES if choice.least and TIMED_BATCHES[0] < b < choice.least]
     if not between:
         return choice
     n = choice.branches
-    probed = times_in_both({1: whole, n: made[n]}, specs, [(b, CALLS, [1, n]) for b in between], places, graph)
+    probed = times_in_both({1: whole, n: made[n]}, specs, [(b, CALLS, [1, n]) for b in between], places, graph,
+                           dim)
     if probed.busy or set(probed.times) != set(timed.times):  # the first verdict stands, and the line says why
         why = probed.busy or probed.untimed
         return dataclasses.replace(choice, why=f"{choice.why}; batch {', '.join(map(str, between))} not judged: {why}")
     times = {s: {**t, **probed.times[s]} for s, t in timed.times.items()}
-    return split_verdict(times, timed.untimed, "", timed.note() or probed.note())
+    return split_verdict(times, timed.untimed, "", (timed.note() or probed.note()) + length)

@@ -30,6 +30,7 @@ from .frozen_function import remove_tree
 from .in_place import rewrite_in_place
 from .inputs import InputRecipe
 from .keras_metadata import check_mode
+from .measured_costs import measured_dim
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 from .result import ConversionResult, low_precision_counts
@@ -134,7 +135,7 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                     else:
                         rewritten = rewrite_in_place(source_dir, saved_model, here, keys, tags, progress,
                                                      keras_metadata=keras_metadata, output=output)
-                        rewritten = split_in_place(rewritten, split, tags)
+                        rewritten = split_in_place(rewritten, split, tags, measured_dim(here))
                 try:
                     _say_vanished(here, rewritten.node_names, on_note)
                     check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run

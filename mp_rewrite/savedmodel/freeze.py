@@ -42,7 +42,7 @@ from .frozen_function import compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
 from .keras_metadata import METADATA_FILE
 from .loadable_copy import loadable_copy
-from .measured_costs import frozen_costs
+from .measured_costs import frozen_costs, measured_dim
 from .model_dir import FINGERPRINT_FILE
 from .result import Rewritten
 from .variable_weights import lower_variable_reads, stored_variables
@@ -231,7 +231,7 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     resources.extend(owner for _, owner in captured if all(owner is not r for r in resources))
     result.graph_def = compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)
     function, result.split = split_signature(result.graph_def, frozen, captured, split, exact=not result.retyped,
-                                             say=say)
+                                             say=say, dim=measured_dim(machine))
     # Where float32 and the low precision each won at some batch: both, dispatched on the batch (batch_dispatch.py).
     function, result = dispatched(function, result, folded, frozen, captured, options, machine, weights, split)
     kept = result.dispatch.segments if result.dispatch is not None and result.dispatch.kept else ()

@@ -35,17 +35,19 @@ from .frozen_function import remove_tree
 from .freeze import weights_form
 from .frozen_signature import freeze_signature
 from .model_dir import serialize, write_model_dir
+from .inputs import DEFAULT_DIM
 from .split_option import SERVE
 from .split_verdict import SplitChoice
 from .split_wrapper import output_shapes, signature_wrapper, split_wrapper
 
 
-def split_in_place(rewritten, split, tag_set=None):
-    """The in-place strategy's Rewritten with its signatures split (split_signatures), the lines in its notes and
-    in `split`."""
+def split_in_place(rewritten, split, tag_set=None, dim: int = DEFAULT_DIM):
+    """The in-place strategy's Rewritten with its signatures split (split_signatures; `dim`: the length "auto"
+    times an unknown input dimension after the batch at, --seq-len), the lines in its notes and in `split`."""
     if split == "off":
         return rewritten
-    saved_model, lines = split_signatures(rewritten.files, rewritten.saved_model, rewritten.keys, split, tag_set)
+    saved_model, lines = split_signatures(rewritten.files, rewritten.saved_model, rewritten.keys, split, tag_set,
+                                          dim)
     return dataclasses.replace(rewritten, saved_model=saved_model, notes=[*rewritten.notes, *lines],
                                split=tuple(lines))
 
@@ -64,7 +66,7 @@ def split_written(directory, target, split, tag_set=None) -> tuple[bool, list[st
     return True, lines
 
 
-def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[object, list]:
+def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = DEFAULT_DIM) -> tuple[object, list]:
     """(the SavedModel with each signature of `keys` (None: all) split where proven, checked and, for "auto",
     measured faster; one line per signature wrapper: what it became and why). The proto is returned as given where
     nothing is split; else a copy.
@@ -72,6 +74,7 @@ def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[obj
     Args:
         files: the directory whose variables and assets go with `saved_model` (it is loaded from a copy linking them).
         split: "auto" or N (split_option.parse_split).
+        dim: the length "auto" times an unknown input dimension after the batch at.
     """
     chosen = select_meta_graphs(saved_model, tag_set)
     if len(chosen) != 1:
@@ -99,7 +102,8 @@ def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[obj
                 made, choice = meta_graph, earlier
             else:
                 made, choice = _split_one(files, saved_model, index, meta_graph, (original, loaded), wrapper,
-                                          entries, (earlier.branches, earlier.least) if earlier else (split, 0), stack)
+                                          entries, (earlier.branches, earlier.least) if earlier else (split, 0), stack,
+                                          dim)
                 choice = earlier if earlier is not None and choice.branches > 1 else choice
             decided.setdefault(_callees(meta_graph, wrapper), choice)
             meta_graph, split_any = made, split_any or choice.branches > 1
@@ -108,10 +112,11 @@ def split_signatures(files, saved_model, keys, split, tag_set=None) -> tuple[obj
     return (_with_meta_graph(saved_model, index, meta_graph) if split_any else saved_model), lines
 
 
-def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, entries, asked, stack):
+def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, entries, asked, stack, dim: int):
     """(the MetaGraph with `wrapper` split or as it was, the SplitChoice) for the signatures `entries` [(key,
     {input: argument position})] that call it; `staged_original` is (the directory `saved_model` was staged in, its
-    loaded copy); `asked` is (split: "auto" or N, the smallest batch split where N is given: SplitChoice.least)."""
+    loaded copy); `asked` is (split: "auto" or N, the smallest batch split where N is given: SplitChoice.least);
+    `dim` the length "auto" times at."""
     import tensorflow as tf
 
     original, loaded = staged_original
@@ -145,7 +150,7 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
     tags = load_tags(meta_graph)
     places = {1: (original, key, tags), **{n: (staged[n], key, tags) for n in candidates}}
     graph = graph_bytes(meta_graph.graph_def) + f"\0{key}\0{wrapper}".encode()  # what the times are kept under
-    choice = chosen_split(whole, functions, specs, lambda: contextlib.nullcontext(places), graph)
+    choice = chosen_split(whole, functions, specs, lambda: contextlib.nullcontext(places), graph, dim)
     if choice.branches == 1:
         return meta_graph, choice
     return (split_wrapper(meta_graph, wrapper, carried, choice.branches, output_shapes(meta_graph, key), choice.least)

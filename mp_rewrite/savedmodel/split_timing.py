@@ -42,7 +42,7 @@ import time
 
 from ..analysis.race_times import RaceTimes, Ratio
 from .frozen_function import remove_tree
-from .inputs import made_tensors
+from .inputs import DEFAULT_DIM, made_tensors
 
 ROUNDS, MOST_ROUNDS, CALLS = 5, 10, 4
 # Each timed block lasts this long at least (more calls than asked where one call is short): in blocks of 4 calls
@@ -68,9 +68,10 @@ class Load:
     others: float | None = None
 
 
-def feeds(specs, batch: int, seed: int = 0) -> list:
-    """The made-up inputs a split is checked and timed on (inputs.made_tensors, labelled "split")."""
-    return made_tensors(specs, batch, seed, label="split")
+def feeds(specs, batch: int, seed: int = 0, dim: int = DEFAULT_DIM) -> list:
+    """The made-up inputs a split is checked and timed on (inputs.made_tensors, labelled "split"), every unknown
+    dimension after the first of size `dim`."""
+    return made_tensors(specs, batch, seed, dim=dim, label="split")
 
 
 def interleaved_times(runners: dict, tensors, calls: int = CALLS, block: float = BLOCK_SECONDS) -> tuple[dict, dict]:
@@ -199,29 +200,29 @@ class Timed:
         return read_note(self.cached) if self.cached else ""
 
 
-def times_in_both(runners: dict, specs, races: list, places, graph: bytes) -> Timed:
+def times_in_both(runners: dict, specs, races: list, places, graph: bytes, dim: int = DEFAULT_DIM) -> Timed:
     """The `races` [(batch, calls, [keys])] of the functions `runners` ({key: function}, called on inputs made from
-    the TensorSpecs `specs`, key 1 the whole call, others a number of branches) run here, interleaved, and then in
-    the other serving setting on the same candidates saved where `places()` says (a context yielding
-    times_elsewhere's `places`: entered only to time, as saving a frozen model's candidates takes a while). Times an
-    earlier conversion kept on this machine for `graph` (the bytes the candidates are made from) are read instead
-    (timing_cache), and times that can judge the split are kept."""
+    the TensorSpecs `specs` with an unknown length of `dim`, key 1 the whole call, others a number of branches) run
+    here, interleaved, and then in the other serving setting on the same candidates saved where `places()` says (a
+    context yielding times_elsewhere's `places`: entered only to time, as saving a frozen model's candidates takes a
+    while). Times an earlier conversion kept on this machine for `graph` (the bytes the candidates are made from)
+    are read instead (timing_cache), and times that can judge the split are kept."""
     from . import timing_cache
     here = this_setting()
     key = timing_cache.timing_key("splits", graph, [[b, c, [str(k) for k in keys]] for b, c, keys in races], here,
-                                  [BLOCK_SECONDS, ROUNDS, MOST_ROUNDS])  # how it was timed: another way times again
+                                  [BLOCK_SECONDS, ROUNDS, MOST_ROUNDS, dim])  # how it was timed: else time again
     kept = _kept_times(timing_cache.load("splits", key))
     if kept and here in kept:
         return Timed({here: kept.pop(here), **kept}, cached=timing_cache.path("splits", key))
     times, loads = {here: {}}, {}
     for batch, calls, keys in races:
-        raced, load = interleaved_times({key: runners[key] for key in keys}, feeds(specs, batch), calls)
+        raced, load = interleaved_times({key: runners[key] for key in keys}, feeds(specs, batch, dim=dim), calls)
         times[here].update({(batch, key): walls for key, walls in raced.items()})
         loads.update({(batch, key): x for key, x in load.items()})
     busy = busy_timing(loads, here)
     other, env = other_setting(here)
     with places() as where:
-        elsewhere, elsewhere_loads, why = times_elsewhere(where, [spec.name for spec in specs], races, env)
+        elsewhere, elsewhere_loads, why = times_elsewhere(where, [spec.name for spec in specs], races, env, dim)
     if elsewhere:
         times[other] = elsewhere
         busy = busy or busy_timing(elsewhere_loads, other)
@@ -243,7 +244,7 @@ def _kept_times(rows) -> dict | None:
     return times or None
 
 
-def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, dict, str]:
+def times_elsewhere(places, names: list, races: list, env: dict, dim: int = DEFAULT_DIM) -> tuple[dict, dict, str]:
     """({(batch, key): [ms per call, round by round]}, {(batch, key): its Load}, "") timed in a child process with
     the environment `env`, or ({}, {}, why not).
 
@@ -253,10 +254,11 @@ def times_elsewhere(places, names: list, races: list, env: dict) -> tuple[dict, 
         names: the signatures' input names, in the order the candidates take them.
         races: [(batch, calls, [keys])]: each an interleaved race of those candidates at that batch, the first
             the whole call.
+        dim: the size of every unknown input dimension after the first (--seq-len).
     """
     if isinstance(places, str):
         return {}, {}, places
-    request = {"places": {str(k): list(v) for k, v in places.items()}, "names": names,
+    request = {"places": {str(k): list(v) for k, v in places.items()}, "names": names, "dim": dim,
                "races": [[batch, calls, [str(k) for k in keys]] for batch, calls, keys in races]}
     keys = {str(k): k for k in places}
     try:
@@ -292,7 +294,8 @@ def _child() -> None:
         functions[key] = (lambda f: lambda *tensors: f(**dict(zip(names, tensors))))(function)
     out = []
     for batch, calls, keys in request["races"]:
-        times, loads = interleaved_times({key: functions[key] for key in keys}, feeds(specs, batch), calls)
+        times, loads = interleaved_times({key: functions[key] for key in keys},
+                                         feeds(specs, batch, dim=request["dim"]), calls)
         out += [[batch, key, walls, loads[key].overlap, loads[key].others] for key, walls in times.items()]
     print(json.dumps(out))
 

@@ -227,6 +227,24 @@ def test_a_split_that_wins_from_the_larger_batch_is_timed_between_and_begins_whe
     assert "; batch 16: whole " in choice.why, choice.why  # its times said, as the others
 
 
+def test_an_unknown_length_is_timed_at_seq_len_and_the_line_says_it(tmp_path, monkeypatch):
+    import contextlib
+    import time
+
+    from mp_rewrite.savedmodel import split_timing
+    from mp_rewrite.savedmodel.batch_split import chosen_split
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(split_timing, "OTHERS", float("inf"))  # sleeps: what else runs cannot change their times
+    spec = tf.TensorSpec([None, None, 8], tf.float32, name="tokens")
+    lengths = set()
+    whole = lambda x: lengths.add(x.shape[1]) or time.sleep(x.shape[0] * 4e-4)  # noqa: E731
+    split = lambda x: lengths.add(x.shape[1]) or time.sleep(x.shape[0] * 2e-4)  # noqa: E731
+    no_child = lambda: contextlib.nullcontext("not timed in a child here")  # noqa: E731
+    choice = chosen_split(whole, {2: split}, [spec], no_child, b"a graph", dim=24)  # --seq-len 24
+    assert lengths == {24} and choice.branches == 2, (lengths, choice.why)
+    assert "; an unknown length timed as 24 (--seq-len)" in choice.why, choice.why
+
+
 def test_a_split_not_timed_at_every_batch_from_its_start_is_not_chosen_from_there():
     times = in_rounds({ONE: {(8, 1): 20.0, (8, 2): 21.0, (8, 4): 21.0, (16, 1): 40.0, (16, 2): 30.0,
                              (32, 1): 80.0, (32, 2): 50.0, (32, 4): 40.0}})
