@@ -125,7 +125,8 @@ def einsum(node, data, states, context):
 
 
 def reduction(node, data, states, context):
-    """A reduction over axes other than 0 (or tf.tensordot's product of a shape): rows (or a size)."""
+    """A reduction, or a running sum or product (Cumsum: Falcon's positions from its mask), over axes other than 0
+    (or tf.tensordot's product of a shape): rows (or a size)."""
     if states[0].kind == SHAPE and node.op == "Prod" and states[1] == SAME_STATE:
         return [_shape_product(node, data, states[0], context)]
     if states[0].kind != ROWS or any(s != SAME_STATE for s in states[1:]):
@@ -143,6 +144,16 @@ def _shape_product(node, data, shape: State, context) -> State:
     return State(SHAPE, size.k, ()) if node.attr["keep_dims"].b else size
 
 
+def fourier(node, data, states, context):
+    """An FFT over the innermost 1, 2 or 3 axes (FNet's mixing), of a tensor with the batch above them: rows."""
+    if states[0].kind != ROWS or any(s != SAME_STATE for s in states[1:]):
+        raise Refused(where(node, f"transforms with the batch in a parameter ({', '.join(map(str, states))})"))
+    inner = int(node.op[-2]) if node.op[-1] == "D" else 1  # FFT2D: 2
+    if context.rank(data[0], node) <= inner:
+        raise Refused(where(node, "transforms over axis 0, the batch"))
+    return [states[0]]
+
+
 def lookup(node, data, states, context):
     """A table lookup of rows of keys: rows."""
     if states[0] != SAME_STATE or states[2] != SAME_STATE or states[1].kind != ROWS:
@@ -157,11 +168,11 @@ RULES = {
         "Selu", "LeakyRelu", "Gelu", "Tanh", "Sigmoid", "Exp", "Expm1", "Log", "Log1p", "Sqrt", "Rsqrt", "Square",
         "Neg", "Abs", "Erf", "Erfc", "Softplus", "Softsign", "Floor", "Ceil", "Round", "Rint", "Sign", "Sin", "Cos",
         "Reciprocal", "Inv", "IsNan", "IsFinite", "IsInf", "LogicalNot", "ZerosLike", "OnesLike", "_MklSwish",
-        "Mish", "ClipByValue", "EnsureShape"}), unary),
+        "Mish", "ClipByValue", "EnsureShape", "Real", "Imag", "ComplexAbs", "Angle", "Conj"}), unary),
     **dict.fromkeys(("Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "Maximum", "Minimum",
                      "Pow", "SquaredDifference", "FloorDiv", "FloorMod", "TruncateDiv", "Mod", "Less", "LessEqual",
                      "Greater", "GreaterEqual", "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "SelectV2", "Atan2",
-                     "BiasAdd", "AddN", "Xlogy", "Xdivy"), broadcasting),
+                     "BiasAdd", "AddN", "Xlogy", "Xdivy", "Complex"), broadcasting),
     **dict.fromkeys(("Conv2D", "Conv3D", "DepthwiseConv2dNative", "_FusedConv2D", "_FusedDepthwiseConv2dNative",
                      "MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D", "FusedBatchNorm", "FusedBatchNormV2",
                      "FusedBatchNormV3", "_FusedBatchNormEx", "_MklLayerNorm", "Softmax", "LogSoftmax", "LRN"),
@@ -169,8 +180,10 @@ RULES = {
     **dict.fromkeys(("MatMul", "_FusedMatMul"), matmul),
     **dict.fromkeys(("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"), batch_matmul),
     "Einsum": einsum,
-    **dict.fromkeys(("Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm", "ArgMax", "ArgMin"),
-                    reduction),
+    **dict.fromkeys(("Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm", "ArgMax", "ArgMin",
+                     "Cumsum", "Cumprod", "CumulativeLogsumexp"), reduction),
+    **dict.fromkeys(("FFT", "IFFT", "RFFT", "IRFFT", "FFT2D", "IFFT2D", "RFFT2D", "IRFFT2D", "FFT3D", "IFFT3D",
+                     "RFFT3D", "IRFFT3D"), fourier),
     "Shape": shape_of, "ShapeN": shape_of,
     "StridedSlice": strided_slice, "Pack": pack, "ConcatV2": concat, "Reshape": reshape,
     "Fill": fill, "BroadcastTo": fill,

@@ -5,8 +5,8 @@ frozen split is (batch_split.py):
 1. proven: the batch-rows analysis (analysis/batch_rows.py) runs on the frozen, folded graph of the same signature
    of the converted model (frozen here only to be analysed; the written model keeps its functions and variables);
 2. checked: the converted model and its split copy (both loaded, as written) are called on the same random inputs,
-   at an odd batch split unevenly and at a batch smaller than N (run whole): equal bit for bit where the model
-   computes in float32, within round-off where it computes in low precision;
+   at an odd batch split unevenly and at a batch smaller than N (run whole), as batch_split.mixed_samples checks
+   the frozen split;
 3. for "auto", timed: the whole and the split signature interleaved at batch 8 and 32, in this process and in the
    other serving setting (split_timing.py), kept only if faster beyond the noise at both batches in one setting
    and not slower in the other (split_verdict.split_verdict).

@@ -18,7 +18,7 @@ from mp_rewrite.analysis.batch_rows import batch_rows  # noqa: E402
 from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
 from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
 from mp_rewrite.errors import OptionError  # noqa: E402
-from mp_rewrite.savedmodel.batch_split import SHAPE_BATCH, split_signature  # noqa: E402
+from mp_rewrite.savedmodel.batch_split import SHAPE_BATCH, SHAPE_OTHER, split_signature  # noqa: E402
 from mp_rewrite.savedmodel.split_verdict import split_verdict  # noqa: E402
 from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS as DEFAULT, ONE_THREAD as ONE  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
@@ -33,7 +33,8 @@ def _analysed(function, *specs):
     graph_def = concrete.graph.as_graph_def()
     inputs = {t.name: tuple(t.shape.as_list()) for t in concrete.inputs[:len(specs)]}  # captures are weights
     outputs = [t.name for t in concrete.outputs]
-    return batch_rows(graph_def, inputs, outputs, node_shapes(graph_def, batch=SHAPE_BATCH), SHAPE_BATCH)
+    return batch_rows(graph_def, inputs, outputs, node_shapes(graph_def, batch=SHAPE_BATCH, others=SHAPE_OTHER),
+                      SHAPE_BATCH)
 
 
 ROWS = tf.TensorSpec([None, 6], tf.float32)
@@ -48,6 +49,19 @@ def test_a_reduction_over_the_batch_is_refused_with_the_node_and_the_reason():
 def test_a_reduction_over_features_is_accepted():
     found = _analysed(lambda x: x - tf.reduce_mean(x, axis=-1, keepdims=True), ROWS)
     assert found.splittable, found.reason
+
+
+def test_running_sums_and_fourier_transforms_above_the_batch_are_accepted():
+    """Falcon's positions from its mask (a Cumsum over the tokens) and FNet's token mixing (an FFT over the
+    innermost axes of a complex tensor) keep the samples apart; the same ops over axis 0 do not."""
+    assert _analysed(lambda x: tf.cumsum(x, axis=1), ROWS).splittable
+    found = _analysed(lambda x: tf.cumsum(x, axis=0), ROWS)
+    assert not found.splittable and "axis 0, the batch" in found.reason
+    tokens = tf.TensorSpec([None, None, 6], tf.float32)  # a length unknown, as keras-hub exports it
+    found = _analysed(lambda x: tf.math.real(tf.signal.fft2d(tf.complex(x, tf.zeros_like(x)))), tokens)
+    assert found.splittable, found.reason
+    found = _analysed(lambda x: tf.math.real(tf.signal.fft2d(tf.complex(x, tf.zeros_like(x)))), ROWS)
+    assert not found.splittable and "transforms over axis 0" in found.reason
 
 
 def test_a_reshape_that_merges_samples_is_refused():
