@@ -72,7 +72,7 @@ def test_the_split_only_wraps_the_signatures_every_rewritten_body_is_kept(conver
     assert sum(n.op == "StatefulPartitionedCall" for n in split_body.node_def) == 3
 
 
-def test_a_wrapper_split_from_a_larger_batch_runs_the_smaller_ones_whole(tmp_path):
+def test_a_wrapper_split_from_a_larger_batch_runs_the_smaller_ones_whole(tmp_path, capsys):
     import shutil
 
     from mp_rewrite.savedmodel.model_dir import serialize
@@ -95,6 +95,9 @@ def test_a_wrapper_split_from_a_larger_batch_runs_the_smaller_ones_whole(tmp_pat
     assert (signature(x=tf.ones([5, 3]))["y"].numpy() == 5).all()  # below 6: whole
     got = signature(x=tf.ones([7, 3]))["y"].numpy()
     assert (got[:4] == 4).all() and (got[4:] == 3).all()  # 4 + 3
+    from mp_rewrite.commands import cli
+    assert cli.main(["inspect", str(tmp_path / "split"), "--precision", "bfloat16"]) == 0
+    assert "split each batch of 6 or more into 2 concurrent branches" in capsys.readouterr().err
 
 
 def test_a_model_that_mixes_samples_is_written_whole_with_the_reason(tmp_path):
