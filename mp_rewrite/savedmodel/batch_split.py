@@ -203,8 +203,8 @@ def mixed_samples(whole, split, specs, branches: int) -> str:
     2. at B, the split call (`split(*tensors)` -> {key: tensor}, as `whole`) equals the whole graph called on each
        slice (4 + 3 for two branches), concatenated: the slices are cut and put back in order. To ULPS units in
        the last place of the output's type: in place, keras-hub BERT's float32 pooled output came out 1 unit
-       (6e-8) apart, though the same body ran on the same rows (a slice cut inside its batch's buffer can take
-       another kernel path); cut or put back out of order, the rows would differ by their values;
+       (6e-8) apart, though the same body ran on the same rows (why is not known: perhaps a slice cut inside its
+       batch's buffer takes another kernel path); cut or put back out of order, rows would differ by their values;
     3. at N - 1 samples (run whole), the split call equals the whole one.
 
     The split call is not compared with the whole call at B itself: oneDNN blocks a matmul or a convolution by
