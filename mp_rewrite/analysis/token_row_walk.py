@@ -215,11 +215,12 @@ class RowWalk:
     def _batch_matmul(self, node, data):
         """On the rows of the first operand (the second gathered), or on the columns of the second (the first
         gathered) where both are split and the rows would reach a softmax on its normalized axis (attention's
-        scores spelled keys @ queries^T, then transposed)."""
+        scores spelled keys @ queries^T, then transposed). An adjoint operand's rows or columns are its other
+        inner axis (keras-hub BERT's scores: queries^T and keys, both adjoint, as TensorFlow's einsum spells them)."""
         ranks = [len(self.shape(t) or ()) for t in data]
         out = len(self.shape(node.name) or ())
-        rows = all(ranks) and not node.attr["adj_x"].b and self.axis(data[0]) == ranks[0] - 2
-        columns = all(ranks) and not node.attr["adj_y"].b and self.axis(data[1]) == ranks[1] - 1
+        rows = all(ranks) and self.axis(data[0]) == ranks[0] - (1 if node.attr["adj_x"].b else 2)
+        columns = all(ranks) and self.axis(data[1]) == ranks[1] - (2 if node.attr["adj_y"].b else 1)
         if rows and not (columns and not self._softmax_allows(node.name, out - 2)):
             return out - 2, [data[1]] if self.axis(data[1]) is not None else [], [], None
         if columns:
