@@ -70,10 +70,11 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
 
 def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact: bool, say):
     """(the frozen graph to call: `imported`, or the one routing batch 1 to its token rows (row_choice's), a
-    RowChoice): what batch 1 runs. `graph()` gives the graph's bytes, what its times are kept under."""
-    routed, why = row_function(graph_def, frozen, captured)
+    RowChoice): what batch 1 runs. `graph()` gives the graph's bytes; the times are kept under them and the routed
+    graph's, so a change to the row split's plan times it again."""
+    routed, made = row_function(graph_def, frozen, captured)  # made: the routed GraphDef, or why there is none
     if routed is None:
-        return imported, RowChoice(1, f"runs whole: {why}")
+        return imported, RowChoice(1, f"runs whole: {made}")
     candidate = _function(routed, specs, list(frozen.outputs), frozen.shapes, (), 1)
     unequal = unequal_outputs(whole, candidate, specs, exact, (1, 3), "in token rows")
     if unequal:
@@ -84,7 +85,7 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
     runners = {1: whole, ROW_PARTS: candidate}
     say(f"timing batch 1 in token rows, {SETTINGS}")
     timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])],
-                          lambda: saved_functions(runners, captured), graph())
+                          lambda: saved_functions(runners, captured), graph() + graph_bytes(made))
     choice = row_verdict(timed.times, timed.untimed, timed.busy, timed.note())
     return (routed if choice.rows > 1 else imported), choice
 

@@ -41,7 +41,7 @@ class RowChoice:
 
 def row_function(graph_def, frozen, captured):
     """(a concrete function like frozen_function.imported_function's, running the row split at batch 1 and the
-    whole graph at any other batch, "") or (None, why not).
+    whole graph at any other batch, the GraphDef it runs) or (None, why not).
 
     Args:
         graph_def: the frozen graph; frozen: its FrozenSignature; captured: as frozen_function.as_function takes.
@@ -57,7 +57,7 @@ def row_function(graph_def, frozen, captured):
     except ValueError as e:  # TensorFlow refused the graph built: batch 1 runs whole, and the line says why
         return None, (f"the row split did not import ({str(e).splitlines()[0]}); this is a bug of mp-rewrite, "
                       "please report it with the model")
-    return imported, ""
+    return imported, graph
 
 
 def joined(batch_why: str, branches: int, row: RowChoice) -> str:
