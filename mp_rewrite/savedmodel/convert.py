@@ -131,11 +131,11 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                     if freeze:
                         rewritten = freeze_saved_model(source_dir, saved_model, here, keys, tags, progress,
                                                        weights=weights, freeze_weights=freeze_weights, output=output,
-                                                       split=split)
+                                                       split=split, dim=measured_dim(here, run_inputs))
                     else:
                         rewritten = rewrite_in_place(source_dir, saved_model, here, keys, tags, progress,
                                                      keras_metadata=keras_metadata, output=output)
-                        rewritten = split_in_place(rewritten, split, tags, measured_dim(here))
+                        rewritten = split_in_place(rewritten, split, tags, measured_dim(here, run_inputs))
                 try:
                     _say_vanished(here, rewritten.node_names, on_note)
                     check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run

@@ -42,7 +42,8 @@ from .frozen_function import compact, prune, remove_tree
 from .frozen_signature import freeze_signature, inlined_patterns, name_suffixes, traced_identity
 from .keras_metadata import METADATA_FILE
 from .loadable_copy import loadable_copy
-from .measured_costs import frozen_costs, measured_dim
+from .inputs import DEFAULT_DIM
+from .measured_costs import frozen_costs
 from .model_dir import FINGERPRINT_FILE
 from .result import Rewritten
 from .variable_weights import lower_variable_reads, stored_variables
@@ -58,7 +59,8 @@ WRITTEN = (*MODEL_FILES, "variables", "assets", FINGERPRINT_FILE, METADATA_FILE)
 
 
 def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None, progress=None, *,
-                       weights: str = "keep", freeze_weights: str = "auto", output=None, split="off") -> Rewritten:
+                       weights: str = "keep", freeze_weights: str = "auto", output=None, split="off",
+                       dim: int = DEFAULT_DIM) -> Rewritten:
     """Freeze, fold and rewrite every signature (or `keys`) of the MetaGraph tagged `tag_set` (else the only one,
     or the only "serve" one) into a new SavedModel in a temporary directory.
 
@@ -67,7 +69,8 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
             changes state or cannot be frozen; TensorFlow cannot save the result.
 
     `split` ("off", "auto" or N: split_option.parse_split) runs each signature's batch in N concurrent branches
-    where that is proven equal (and, for "auto", measured faster); a note per signature says what was chosen.
+    where that is proven equal (and, for "auto", measured faster, an unknown length timed at `dim`: --seq-len); a
+    note per signature says what was chosen.
     """
     import tensorflow as tf
 
@@ -79,7 +82,7 @@ def freeze_saved_model(source_dir, saved_model, options, keys=None, tag_set=None
         # What is traced here is written: only what loading runs is stood in for, and given back once saved.
         loaded = load_saved_model(staging or source_dir, "source", tags, shown_as=source_dir, to_write=True)
         module, functions, graphs, names = _frozen_module(loaded, source_dir, keys, options, progress, weights,
-                                                          form == "variables", split)
+                                                          form == "variables", split, dim)
         frozen_keys = tuple(functions)
         directory = tempfile.mkdtemp(prefix="mp_rewrite-frozen-")
         # An inference artifact needs no gradients; saving custom gradients (Keras' swish) fails on frozen graphs.
@@ -143,7 +146,8 @@ def _with_source_files(directory: str, source_dir, tags) -> object:
     return new
 
 
-def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, keep_variables: bool, split="off"):
+def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, keep_variables: bool, split="off",
+                   dim: int = DEFAULT_DIM):
     """(a module tracking the frozen functions and the tables they read, {key: function}, {label: RewriteResult},
     the names of the frozen graphs' nodes and every suffix of them)."""
     import tensorflow as tf
@@ -166,7 +170,7 @@ def _frozen_module(loaded, source_dir, keys, options, progress, weights: str, ke
                 if progress is not None:
                     progress(done - 1, len(chosen), f"{key}: {what}")
             function, result, identity = _frozen_signature(loaded, key, options, weights, module.resources, names,
-                                                           keep_variables, split, say)
+                                                           keep_variables, split, say, dim)
             functions[key] = seen.setdefault(identity, function)
             results[f"signature {key} (frozen)"] = result
         if progress is not None:
@@ -194,11 +198,12 @@ def _keep_fused(options, records, present: set, names: set):
 
 
 def _frozen_signature(loaded, key: str, options, weights: str, resources: list, names: set, keep_variables: bool,
-                      split="off", say=lambda what: None):
+                      split="off", say=lambda what: None, dim: int = DEFAULT_DIM):
     """(a tf.function with the signature's interface running the rewritten frozen graph, its RewriteResult, a key
     equal for signatures whose frozen graphs and interfaces are the same). The resources it captures (tables, and
     kept variables) are appended to `resources`, which the saved module tracks; its node names to `names`; what
-    its batch split became (split_verdict.SplitChoice) to the result, as `split`; `say` is told each stage of it."""
+    its batch split became (split_verdict.SplitChoice) to the result, as `split`; `say` is told each stage of it;
+    `dim` is the length its timing gives an unknown input dimension after the batch."""
     frozen = freeze_signature(loaded, key, keep_variables)
     fetches = frozen.fetches
     # BatchNorms folded into their convolutions, and the patterns TF's remapper fuses written the way it sees them.
@@ -231,7 +236,7 @@ def _frozen_signature(loaded, key: str, options, weights: str, resources: list, 
     resources.extend(owner for _, owner in captured if all(owner is not r for r in resources))
     result.graph_def = compact(fold_constant_casts(result.graph_def, fetches)[0], fetches)
     function, result.split = split_signature(result.graph_def, frozen, captured, split, exact=not result.retyped,
-                                             say=say, dim=measured_dim(machine))
+                                             say=say, dim=dim)
     # Where float32 and the low precision each won at some batch: both, dispatched on the batch (batch_dispatch.py).
     function, result = dispatched(function, result, folded, frozen, captured, options, machine, weights, split)
     kept = result.dispatch.segments if result.dispatch is not None and result.dispatch.kept else ()

@@ -76,10 +76,11 @@ def frozen_costs(options, graph_def, frozen, fetches, fed: dict, source=None):
     return dataclasses.replace(options, costs=table)
 
 
-def measured_dim(options) -> int:
-    """The size unknown input dimensions other than the batch are measured at: --seq-len, else the made-up inputs'
-    default."""
-    return getattr(options.costs, "dim", None) or DEFAULT_DIM
+def measured_dim(options, recipe=None) -> int:
+    """The size unknown input dimensions other than the batch are measured and timed at: --seq-len, as the cost
+    assignment holds it or, where nothing is measured (--assign lists), as the run check's inputs (`recipe`,
+    inputs.InputRecipe) do; else the made-up inputs' default."""
+    return getattr(options.costs, "dim", None) or getattr(recipe, "dim", None) or DEFAULT_DIM
 
 
 def _sized(dims: list, dim: int) -> list:

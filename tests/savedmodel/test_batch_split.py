@@ -434,6 +434,31 @@ def test_the_cli_says_the_split_as_a_line_of_its_own_and_refuses_an_unknown_one(
     assert "unknown --split 'one'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("freeze", [True, False], ids=["frozen", "in place"])
+def test_seq_len_reaches_the_split_with_the_lists_assignment_too(tmp_path, monkeypatch, freeze):
+    """--seq-len is the length `--split auto` times an unknown dimension at; with --assign lists nothing is measured,
+    and it used to reach the split through the cost table only (timed at 16 whatever was asked)."""
+    from mp_rewrite.commands import cli
+    from mp_rewrite.savedmodel import convert as convert_module, freeze as freeze_module
+    source = tmp_path / "mlp"
+    example_models.mlp().export(str(source), verbose=False)
+    lengths = []
+    split_signature, split_in_place = freeze_module.split_signature, convert_module.split_in_place
+
+    def frozen(*args, dim, **kwargs):
+        lengths.append(dim)
+        return split_signature(*args, dim=dim, **kwargs)
+
+    def in_place(rewritten, split, tags, dim):
+        lengths.append(dim)
+        return split_in_place(rewritten, split, tags, dim)
+    monkeypatch.setattr(freeze_module, "split_signature", frozen)
+    monkeypatch.setattr(convert_module, "split_in_place", in_place)
+    assert cli.main(["convert", str(source), str(tmp_path / "out"), "--precision", "bfloat16", "--assign", "lists",
+                     "--seq-len", "24", "--split", "2", *(["--freeze"] if freeze else [])]) == 0
+    assert lengths and set(lengths) == {24}, lengths
+
+
 def test_identity_n_passes_each_input_to_its_output():
     found = _analysed(lambda x: tf.identity_n([tf.nn.relu(x), tf.ones([6])])[0] * 2.0, ROWS)
     assert found.splittable, found.reason
