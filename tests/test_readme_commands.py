@@ -3,11 +3,14 @@
 The first ```bash block is the set-up itself (a fresh venv and the install; CI runs it). Every later one runs line by
 line, in order, from a scratch directory that sees this checkout's `.venv` (the environment running the tests),
 `tools/`, `lists/` and `docs/` where the README expects them, so a command that only works in the author's shell
-fails here.
+fails here. The first command makes the model the others read; after it the blocks run two at a time, each block's
+lines in order (a block reads nothing a later block makes): each command is a process that imports TensorFlow, and
+run one after another they were the suite's longest test (310 s of its 24 minutes in CI on 2 cores).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -22,12 +25,16 @@ BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 pytestmark = pytest.mark.slow
 
 
-def readme_commands() -> list[str]:
-    """The commands of every ```bash block but the first (set-up), comments and blank lines left out."""
+def readme_blocks() -> list[list[str]]:
+    """The commands of every ```bash block but the first (set-up), a list per block, comments and blank lines left
+    out."""
     blocks = BLOCK.findall((ROOT / "README.md").read_text())
     assert len(blocks) >= 2, "the README shows its set-up and at least one block of commands"
-    lines = [line.split(" #")[0].strip() for block in blocks[1:] for line in block.splitlines()]
-    return [line for line in lines if line and not line.startswith("#")]
+    found = []
+    for block in blocks[1:]:
+        lines = [line.split(" #")[0].strip() for line in block.splitlines()]
+        found.append([line for line in lines if line and not line.startswith("#")])
+    return [block for block in found if block]
 
 
 def test_the_setup_block_is_what_ci_runs():
@@ -56,13 +63,21 @@ def test_every_readme_command_runs_as_written(tmp_path):
         (tmp_path / name).symlink_to(ROOT / name)
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # tools/ import the package as the editable install does
     env.pop("MP_REWRITE_ASSIGN", None)  # a user's default (conftest pins the lists for the other tests)
-    for command in readme_commands():
-        proc = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                              env=env)
-        assert proc.returncode == 0, f"README command failed: {command}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
-        assert "Traceback" not in proc.stderr, f"{command}: {proc.stderr[-1500:]}"
-        wanted, unwanted = expected_output(command)
-        for text in wanted:
-            assert text in proc.stdout, f"{command}: does not print {text!r}\n{proc.stdout[-1500:]}"
-        for text in unwanted:
-            assert text not in proc.stdout, f"{command}: prints {text!r}\n{proc.stdout[-1500:]}"
+
+    def run(commands: list) -> None:
+        for command in commands:
+            proc = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                                  env=env)
+            assert proc.returncode == 0, \
+                f"README command failed: {command}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
+            assert "Traceback" not in proc.stderr, f"{command}: {proc.stderr[-1500:]}"
+            wanted, unwanted = expected_output(command)
+            for text in wanted:
+                assert text in proc.stdout, f"{command}: does not print {text!r}\n{proc.stdout[-1500:]}"
+            for text in unwanted:
+                assert text not in proc.stdout, f"{command}: prints {text!r}\n{proc.stdout[-1500:]}"
+    (first, *rest), *blocks = readme_blocks()
+    run([first])
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(run, block) for block in (rest, *blocks)]:
+            done.result()  # a failed block's assertion, raised here
