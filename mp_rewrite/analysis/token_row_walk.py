@@ -30,9 +30,10 @@ class Refused(Exception):
 class RowWalk:
     """The states of the nodes, and what each split or fed-whole node needs (TokenRows' fields)."""
 
-    def __init__(self, graph_def, shapes: dict, whole_ops: frozenset):
+    def __init__(self, graph_def, shapes: dict, whole_ops: frozenset, pinned: bool = False):
         self.nodes = {n.name: n for n in graph_def.node}
         self.shapes, self.whole_ops, self.rows = shapes, whole_ops, 0
+        self.pinned = pinned  # the token count is the caller's stand-in for a length the graph leaves unknown
         self.states, self.gathers, self.slices, self.reshapes, self.gathered = {}, {}, {}, {}, {}
         self.constants = {}
         self.consumers = {}  # node -> the nodes reading its outputs (data inputs)
@@ -61,7 +62,7 @@ class RowWalk:
         key = tensor if ":" in tensor else f"{tensor}:0"
         if state[0] == LOCAL:
             known = self.shape(self.nodes[name].input[0]) if self.nodes[name].op == "Shape" else None
-            if known is not None and None not in known:  # at batch 1 (the split's only batch), a constant
+            if known is not None and None not in known and not self.pinned:  # at batch 1, a constant
                 self.constants[name] = tuple(known)
                 self.gathered.setdefault(key, f"{why} (its value at batch 1)")
             elif key not in self.gathered:
@@ -278,6 +279,6 @@ class RowWalk:
             raise FedWhole("target not constant")
         if target[p] == -1:
             return p, [], [], None
-        if target[p] != rows:
+        if target[p] != rows or self.pinned:  # a constant cannot name a length the graph leaves unknown
             raise FedWhole("target does not name the split axis")
         return p, [], [], p

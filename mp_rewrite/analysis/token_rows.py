@@ -19,7 +19,10 @@ tensor made from a slice's shape is computed whole (a slice's Shape is then its 
 the plan rests on those few row-wise facts, not on knowing every op; the split graph's outputs are checked against
 the whole graph's by the caller all the same. The rules are token_row_walk.py's. A model where no matmul runs on
 split rows is refused, naming the node where the rows were first gathered: there is nothing worth splitting. Protos
-in, plain data out; shapes are the caller's (analysis/shapes.node_shapes at batch 1).
+in, plain data out; shapes are the caller's (analysis/shapes.node_shapes at batch 1). A graph that leaves the token
+count unknown (keras-hub exports it so) is planned at a stand-in count the caller pins (`others=`); the plan then
+makes nothing of that count -- no constant shape, no reshape target naming it -- and the split graph cuts the rows
+it is given at run time (`unknown_length`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class TokenRows:
         constants: {Shape node: its value at batch 1} for a slice's Shape whose whole value is needed.
         outputs: the output tensors.
         split_work: how many matmuls and einsums run once per slice (what makes a plan worth having).
+        unknown_length: the graph leaves the input's token count unknown (keras-hub's export): the plan was made
+            at a stand-in count (`bounds` are its), and the split graph cuts the rows it is given at run time.
     """
 
     splittable: bool
@@ -70,6 +75,7 @@ class TokenRows:
     constants: dict = dataclasses.field(default_factory=dict)
     outputs: tuple = ()
     split_work: int = 0
+    unknown_length: bool = False
 
     @property
     def parts(self) -> int:
@@ -83,7 +89,9 @@ def token_rows(graph_def, inputs: dict, outputs, shapes: dict, parts: int = 2) -
 
     Args:
         graph_def: the frozen graph (never modified); inputs: its input tensors ("node:0"), in order;
-        outputs: its output tensors; shapes: node_shapes(graph_def, batch=1); parts: the number of slices.
+        outputs: its output tensors; shapes: node_shapes(graph_def, batch=1), with `others=` a stand-in length
+            where the graph leaves it unknown (the plan then holds at every length: row_plan); parts: the number
+            of slices.
     """
     refusals, plans = [], []
     for tensor in inputs:
@@ -101,7 +109,9 @@ def row_plan(graph_def, input_tensor: str, axis: int, outputs, shapes: dict, par
              whole_ops=()) -> TokenRows:
     """The plan for cutting `input_tensor`'s `axis` into `parts` slices (module docstring); `whole_ops`: op types
     to feed whole rows even where a rule would split them (the benchmark's variants)."""
-    walk = RowWalk(graph_def, shapes, frozenset(whole_ops))
+    declared = _declared_shape(graph_def, input_tensor)
+    pinned = declared is not None and axis < len(declared) and declared[axis] is None
+    walk = RowWalk(graph_def, shapes, frozenset(whole_ops), pinned)
     shape = walk.shape(input_tensor)
     if not shape or axis >= len(shape) or shape[axis] is None:
         return TokenRows(False, f"input {input_tensor} has no axis {axis} of static length at batch 1 ({shape})")
@@ -133,4 +143,13 @@ def row_plan(graph_def, input_tensor: str, axis: int, outputs, shapes: dict, par
     bounds = tuple(round(i * walk.rows / parts) for i in range(parts + 1))
     return TokenRows(True, "", input_tensor, axis, len(shape), bounds,
                      order, walk.states, walk.gathers, walk.slices, walk.reshapes, tuple(walk.fed_whole),
-                     walk.gathered, walk.constants, tuple(outputs), work)
+                     walk.gathered, walk.constants, tuple(outputs), work, pinned)
+
+
+def _declared_shape(graph_def, tensor: str):
+    """The shape a Placeholder declares (None for an unknown dimension), or None (no Placeholder, unknown rank)."""
+    name = parse_input(tensor)[0]
+    node = next((n for n in graph_def.node if n.name == name and n.op == "Placeholder"), None)
+    if node is None or "shape" not in node.attr or node.attr["shape"].shape.unknown_rank:
+        return None
+    return [d.size if d.size >= 0 else None for d in node.attr["shape"].shape.dim]

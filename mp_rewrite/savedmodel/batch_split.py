@@ -31,6 +31,7 @@ import os
 from ..analysis.batch_rows import batch_rows
 from ..analysis.profile_cache import graph_bytes
 from ..analysis.shapes import node_shapes
+from ..model.runtime import first_line
 from .frozen_function import imported_function
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
 from .split_option import SERVE, split_function
@@ -56,37 +57,55 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
         say: told each stage that takes a while ("timing the split ..."), for a progress bar.
         dim: the length "auto" times an unknown input dimension after the batch at (--seq-len).
     """
+    import tensorflow as tf
+
     imported, specs = imported_function(graph_def, frozen.inputs, frozen.outputs, captured)
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     if split == "off":
         return whole, SplitChoice(1, "off")
     graph = functools.cache(lambda: graph_bytes(graph_def))  # what timed splits are kept under: read once, if timed
-    imported, at_one = _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact, say)
-    function, choice = _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say, dim)
+    try:
+        imported, at_one = _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact, say,
+                                      dim)
+        function, choice = _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say, dim)
+    except tf.errors.OpError as e:  # the checks and the timing run the model on made-up inputs: ids past its vocabulary
+        return whole, SplitChoice(1, f"not split: the split's check runs the model on made-up inputs, and they "
+                                     f"failed ({first_line(e)})")
     times = {s: {**at_one.times.get(s, {}), **choice.times.get(s, {})} for s in {**at_one.times, **choice.times}}
     return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one), times=times,
                                          rows=at_one.rows)
 
 
-def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact: bool, say):
+def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact: bool, say, dim: int):
     """(the frozen graph to call: `imported`, or the one routing batch 1 to its token rows (row_choice's), a
     RowChoice): what batch 1 runs. `graph()` gives the graph's bytes; the times are kept under them and the routed
-    graph's, so a change to the row split's plan times it again."""
-    routed, made = row_function(graph_def, frozen, captured)  # made: the routed GraphDef, or why there is none
+    graph's, so a change to the row split's plan times it again. A length the graph leaves unknown is planned at
+    SHAPE_OTHER, checked at `dim` and at an odd length (uneven slices), and timed at `dim` (--seq-len); a sample
+    then runs in rows from `dim` tokens up for "auto" (a split's gain grows with its rows), from 4 as asked."""
+    least = dim if split == "auto" else 0
+    routed, made, plan = row_function(graph_def, frozen, captured, SHAPE_OTHER, least)  # made: the GraphDef, or why
     if routed is None:
         return imported, RowChoice(1, f"runs whole: {made}")
     candidate = _function(routed, specs, list(frozen.outputs), frozen.shapes, (), 1)
-    unequal = unequal_outputs(whole, candidate, specs, exact, (1, 3), "in token rows")
+    longer = max(dim, 2 * ROW_PARTS)
+    lengths = (longer, longer + 1 + longer % 2) if plan.unknown_length else (dim,)
+    unequal = next(filter(None, (unequal_outputs(whole, candidate, specs, exact, (1, 3), "in token rows", length)
+                                 for length in lengths)), "")
     if unequal:
         return imported, RowChoice(1, f"runs whole: {unequal}")
+    unknown = f" (an unknown length: samples of {max(least, 2 * ROW_PARTS)} tokens or more)" \
+        if plan.unknown_length else ""
     if split != "auto":
-        return routed, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches (proven, and equal to "
-                                                     "the whole graph at batch 1)")
+        return routed, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches{unknown} (proven, and equal to "
+                                            "the whole graph at batch 1)")
     runners = {1: whole, ROW_PARTS: candidate}
     say(f"timing batch 1 in token rows, {SETTINGS}")
     timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])],
-                          lambda: saved_functions(runners, captured), graph() + graph_bytes(made))
+                          lambda: saved_functions(runners, captured), graph() + graph_bytes(made), dim)
     choice = row_verdict(timed.times, timed.untimed, timed.busy, timed.note())
+    if choice.rows > 1 and unknown:
+        choice = dataclasses.replace(choice, why=choice.why.replace(f"token rows in {ROW_PARTS} branches",
+                                                                    f"token rows in {ROW_PARTS} branches{unknown}", 1))
     return (routed if choice.rows > 1 else imported), choice
 
 
@@ -174,13 +193,14 @@ def _function(imported, specs, keys, shapes, carried, branches: int, least: int 
     return tf.function(run, input_signature=specs, autograph=False)
 
 
-def unequal_outputs(whole, other, specs, exact: bool, batches, what: str) -> str:
+def unequal_outputs(whole, other, specs, exact: bool, batches, what: str, dim: int = DEFAULT_DIM) -> str:
     """"" if the function `other`'s outputs (`other(*tensors)` -> {key: tensor}, as `whole`, on inputs made from the
-    TensorSpecs `specs`) equal the whole one's at each of `batches`: bit for bit where `exact` (the graph computes
-    in float32), within round-off (1e-2) where it computes in low precision; else why (`what` names `other`)."""
+    TensorSpecs `specs`, an unknown dimension after the batch `dim` long) equal the whole one's at each of
+    `batches`: bit for bit where `exact` (the graph computes in float32), within round-off (1e-2) where it computes
+    in low precision; else why (`what` names `other`)."""
     import numpy as np
     for batch in batches:
-        tensors = feeds(specs, batch, seed=batch)
+        tensors = feeds(specs, batch, seed=batch, dim=dim)
         want, got = whole(*tensors), other(*tensors)
         for key in want:
             a, b = want[key].numpy(), got[key].numpy()

@@ -39,25 +39,28 @@ class RowChoice:
     times: dict = dataclasses.field(default_factory=dict)
 
 
-def row_function(graph_def, frozen, captured):
+def row_function(graph_def, frozen, captured, length: int, least: int = 0):
     """(a concrete function like frozen_function.imported_function's, running the row split at batch 1 and the
-    whole graph at any other batch, the GraphDef it runs) or (None, why not).
+    whole graph at any other batch, the GraphDef it runs, the plan) or (None, why not, None).
 
     Args:
         graph_def: the frozen graph; frozen: its FrozenSignature; captured: as frozen_function.as_function takes.
+        length: the token count the plan is made at where the graph leaves it unknown (a stand-in: the plan holds
+            at every length); least: there, the fewest tokens a sample needs to run in rows (routed_rows).
     """
     inputs = [name for _, name in frozen.inputs]
-    plan = token_rows(graph_def, inputs, list(frozen.outputs.values()), node_shapes(graph_def, batch=1), ROW_PARTS)
+    shapes = node_shapes(graph_def, batch=1, others=length)
+    plan = token_rows(graph_def, inputs, list(frozen.outputs.values()), shapes, ROW_PARTS)
     if not plan.splittable:
-        return None, plan.reason
-    graph, fetched = routed_rows(graph_def, plan)
+        return None, plan.reason, None
+    graph, fetched = routed_rows(graph_def, plan, least)
     outputs = {key: fetched[tensor] for key, tensor in frozen.outputs.items()}
     try:
         imported, _ = imported_function(graph, frozen.inputs, outputs, captured)
     except ValueError as e:  # TensorFlow refused the graph built: batch 1 runs whole, and the line says why
         return None, (f"the row split did not import ({str(e).splitlines()[0]}); this is a bug of mp-rewrite, "
-                      "please report it with the model")
-    return imported, graph
+                      "please report it with the model"), None
+    return imported, graph, plan
 
 
 def joined(batch_why: str, branches: int, row: RowChoice) -> str:

@@ -46,6 +46,17 @@ def scalar_node(name: str, value: int) -> node_def_pb2.NodeDef:
     return node
 
 
+def length_nodes(name: str, tensor: str, axis: int, dtype: int) -> list:
+    """[Shape, its begin, end and stride, a StridedSlice named `name`: the scalar size of `tensor`'s `axis`]."""
+    shape = node_def_pb2.NodeDef(name=name + "/shape", op="Shape", input=[tensor])
+    shape.attr["T"].type, shape.attr["out_type"].type = dtype, INT32
+    size = node_def_pb2.NodeDef(name=name, op="StridedSlice",
+                                input=[shape.name, name + "/begin", name + "/end", name + "/stride"])
+    size.attr["T"].type, size.attr["Index"].type, size.attr["shrink_axis_mask"].i = INT32, INT32, 1
+    return [shape, const_node(name + "/begin", [axis]), const_node(name + "/end", [axis + 1]),
+            const_node(name + "/stride", [1]), size]
+
+
 def concat_nodes(name: str, parts: list, axis: int, dtype: int) -> list:
     """[its axis Const, a ConcatV2 named `name` of the tensors `parts` along `axis`]."""
     node = node_def_pb2.NodeDef(name=name, op="ConcatV2", input=[*parts, name + "/axis"])
@@ -149,12 +160,59 @@ class _Surgery:
         return self.plan.states.get(parse_input(tensor.lstrip("^"))[0])
 
     def _input_slices(self, node) -> None:
+        for i in range(self.plan.parts):
+            self._slice(self._row_name(node.name, i), self.plan.input, self.plan.axis, self.plan.rank, i,
+                        node_dtype(node))
+
+    def _slice(self, name: str, tensor: str, axis: int, rank: int, i: int, dtype: int) -> None:
+        """A Slice named `name` of branch i's rows of `tensor` on `axis`: the plan's bounds, or where the length is
+        unknown, i * length // parts on, of the length the tokens have at run time."""
         plan = self.plan
-        rank = plan.rank
-        for i in range(plan.parts):
+        if not plan.unknown_length:
             begin, size = [0] * rank, [-1] * rank
-            begin[plan.axis], size[plan.axis] = plan.bounds[i], plan.bounds[i + 1] - plan.bounds[i]
-            self.out += slice_nodes(self._row_name(node.name, i), plan.input, begin, size, node_dtype(node))
+            begin[axis], size[axis] = plan.bounds[i], plan.bounds[i + 1] - plan.bounds[i]
+            self.out += slice_nodes(name, tensor, begin, size, dtype)
+            return
+        starts = self._run_bounds()
+        begin, size = (self._vector(f"{name}/{what}", rank, axis, value, filler) for what, value, filler in
+                       (("begin", starts[i], 0), ("size", self._difference(starts, i), -1)))
+        node = node_def_pb2.NodeDef(name=name, op="Slice", input=[tensor, begin, size])
+        node.attr["T"].type, node.attr["Index"].type = dtype, INT32
+        self.out.append(node)
+
+    def _run_bounds(self) -> list:
+        """The scalar tensors i * length // parts (i = 0 .. parts) of the token count at run time (made once)."""
+        if ("bounds", "", 0) not in self.made:
+            plan, base = self.plan, unique_name(f"{parse_input(self.plan.input)[0]}/rows_bounds", self.taken)
+            self.out += length_nodes(base, plan.input, plan.axis, node_dtype(self.nodes[parse_input(plan.input)[0]]))
+            starts = []
+            for i in range(plan.parts + 1):
+                at = f"{base}/at{i}"
+                product = node_def_pb2.NodeDef(name=at + "/times", op="Mul", input=[base, at + "/i"])
+                start = node_def_pb2.NodeDef(name=at, op="FloorDiv", input=[product.name, base + "/parts"])
+                product.attr["T"].type = start.attr["T"].type = INT32
+                self.out += [scalar_node(at + "/i", i), product, start]
+                starts.append(at)
+            self.out.append(scalar_node(base + "/parts", plan.parts))
+            self.made["bounds", "", 0] = starts
+        return self.made["bounds", "", 0]
+
+    def _difference(self, starts: list, i: int) -> str:
+        name = f"{starts[i]}/rows"
+        if ("size", name, 0) not in self.made:
+            node = node_def_pb2.NodeDef(name=name, op="Sub", input=[starts[i + 1], starts[i]])
+            node.attr["T"].type = INT32
+            self.out.append(node)
+            self.made["size", name, 0] = name
+        return name
+
+    def _vector(self, name: str, rank: int, axis: int, value: str, filler: int) -> str:
+        """A rank-long int32 vector of `filler`, `value` (a scalar tensor) at `axis`."""
+        node = node_def_pb2.NodeDef(name=name, op="Pack", input=[
+            value if a == axis else f"{name}/fill" for a in range(rank)])
+        node.attr["N"].i, node.attr["T"].type = rank, INT32
+        self.out += [scalar_node(f"{name}/fill", filler), node]
+        return name
 
     def _branch(self, tensor: str, i: int) -> str:
         """The tensor as branch i reads it: its copy there, or itself (whole)."""
@@ -200,10 +258,8 @@ class _Surgery:
         name, port = parse_input(tensor)
         key = ("slice", f"{name}:{port}", i)
         if key not in self.made:
-            begin, size = [0] * rank, [-1] * rank
-            begin[axis], size[axis] = self.plan.bounds[i], self.plan.bounds[i + 1] - self.plan.bounds[i]
             made = unique_name(f"{name}/rows_slice" + (f"_{port}" if port else "") + f"/row{i}", self.taken)
-            self.out += slice_nodes(made, tensor, begin, size, node_dtype(self.nodes[name], port))
+            self._slice(made, tensor, axis, rank, i, node_dtype(self.nodes[name], port))
             self.made[key] = made
         return self.made[key]
 
@@ -225,10 +281,12 @@ class _Surgery:
             self.out.append(copy)
 
 
-def routed_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
+def routed_rows(graph_def, plan: TokenRows, least: int = 0) -> tuple[graph_pb2.GraphDef, dict]:
     """(the whole graph and its row split in one GraphDef, {output tensor: its tensor there}): a Switch on the
     token input sends a batch of 1 to the rows and any other batch to the whole graph, and each output is the Merge
-    of the two. What does not read the tokens (the weights above all) is one node for both: stored once."""
+    of the two. What does not read the tokens (the weights above all) is one node for both: stored once. Where the
+    length is unknown (plan.unknown_length), only a sample of `least` tokens or more (at least 2 per slice) goes to
+    the rows."""
     split, fetched = split_rows(graph_def, plan)
     whole = {n.name: n for n in graph_def.node}
     renamed = {}  # row-split nodes that differ from the whole graph's node of their name (fed every row)
@@ -239,7 +297,8 @@ def routed_rows(graph_def, plan: TokenRows) -> tuple[graph_pb2.GraphDef, dict]:
             renamed[node.name] = unique_name(f"{node.name}/rows", taken)
     route = f"{parse_input(plan.input)[0]}/{ROW_ROUTE.format(plan.parts)}"  # what `inspect` finds
     nodes = [_rerouted(n, {plan.input: route + ":0"}) for n in graph_def.node]
-    nodes += _route_nodes(route, plan.input, node_dtype(whole[parse_input(plan.input)[0]]))
+    least = max(least, 2 * plan.parts) if plan.unknown_length else 0
+    nodes += _route_nodes(route, plan.input, node_dtype(whole[parse_input(plan.input)[0]]), plan.axis, least)
     for node in split.node:
         if node.name in whole and node.name not in renamed:
             continue  # the whole graph's own node
@@ -276,16 +335,21 @@ def _rerouted(node, routes: dict):
     return copied(node, node.name, [full.get(t if ":" in t else f"{t}:0", t) for t in node.input])
 
 
-def _route_nodes(route: str, tensor: str, dtype: int) -> list:
-    """A Switch of `tensor` on whether its leading dimension is 1 (output 1: batch 1)."""
-    shape = node_def_pb2.NodeDef(name=route + "/shape", op="Shape", input=[tensor])
-    shape.attr["T"].type, shape.attr["out_type"].type = dtype, INT32
-    batch = node_def_pb2.NodeDef(name=route + "/batch", op="StridedSlice",
-                                 input=[shape.name, route + "/begin", route + "/end", route + "/stride"])
-    batch.attr["T"].type, batch.attr["Index"].type, batch.attr["shrink_axis_mask"].i = INT32, INT32, 1
-    one = node_def_pb2.NodeDef(name=route + "/is_one", op="Equal", input=[batch.name, route + "/one"])
+def _route_nodes(route: str, tensor: str, dtype: int, axis: int, least: int) -> list:
+    """A Switch of `tensor` on whether its leading dimension is 1 (output 1: batch 1) and, given `least`, its
+    `axis` at least that long."""
+    nodes = length_nodes(route + "/batch", tensor, 0, dtype)
+    one = node_def_pb2.NodeDef(name=route + "/is_one", op="Equal", input=[route + "/batch", route + "/one"])
     one.attr["T"].type = INT32
+    nodes += [scalar_node(route + "/one", 1), one]
+    if least:
+        nodes += length_nodes(route + "/length", tensor, axis, dtype)
+        long = node_def_pb2.NodeDef(name=route + "/is_long", op="GreaterEqual", input=[route + "/length",
+                                                                                        route + "/least"])
+        long.attr["T"].type = INT32
+        both = node_def_pb2.NodeDef(name=route + "/rows", op="LogicalAnd", input=[one.name, long.name])
+        nodes += [scalar_node(route + "/least", least), long, both]
+        one = both
     switch = node_def_pb2.NodeDef(name=route, op="Switch", input=[tensor, one.name])
     switch.attr["T"].type = dtype
-    return [shape, const_node(route + "/begin", [0]), const_node(route + "/end", [1]),
-            const_node(route + "/stride", [1]), batch, scalar_node(route + "/one", 1), one, switch]
+    return [*nodes, switch]

@@ -18,6 +18,7 @@ from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
 from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
 from mp_rewrite.analysis.token_rows import WORK, token_rows  # noqa: E402
 from mp_rewrite.commands import cli  # noqa: E402
+from mp_rewrite.savedmodel.batch_split import SHAPE_OTHER  # noqa: E402
 from mp_rewrite.savedmodel.split_verdict import row_verdict  # noqa: E402
 from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS, ONE_THREAD  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
@@ -31,11 +32,11 @@ from split_times import in_rounds  # noqa: E402
 TOKENS = 16
 
 
-def _masked_transformer() -> keras.Model:
+def _masked_transformer(length: int | None = TOKENS, vocabulary: int = 100) -> keras.Model:
     """Token ids and a padding mask [batch, tokens]; attention masked on the query and the key rows."""
-    tokens = keras.Input((TOKENS,), dtype="int32", name="tokens")
-    mask = keras.Input((TOKENS,), dtype="int32", name="mask")
-    x = keras.layers.Embedding(100, 16)(tokens)
+    tokens = keras.Input((length,), dtype="int32", name="tokens")
+    mask = keras.Input((length,), dtype="int32", name="mask")
+    x = keras.layers.Embedding(vocabulary, 16)(tokens)
     pair = keras.ops.cast(keras.ops.expand_dims(mask, 2) * keras.ops.expand_dims(mask, 1), "bool")
     x = keras.layers.LayerNormalization()(x + keras.layers.MultiHeadAttention(2, 8)(x, x, attention_mask=pair))
     pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Dense(16, activation="gelu")(x))
@@ -53,7 +54,8 @@ def frozen(tmp_path_factory):
     """{name: the float32 frozen signature folded as --freeze folds it}."""
     keras.utils.set_random_seed(0)
     made = {"transformer": example_models.token_transformer(layers=2, d_model=32, heads=2, ff=64),
-            "masked": _masked_transformer(), "cnn": example_models.cnn_bn(), "flat": _flattened_tokens()}
+            "masked": _masked_transformer(), "cnn": example_models.cnn_bn(), "flat": _flattened_tokens(),
+            "unknown_length": _masked_transformer(None)}
     found = {}
     for name, model in made.items():
         path = tmp_path_factory.mktemp(name) / "model"
@@ -67,7 +69,7 @@ def frozen(tmp_path_factory):
 def _plan(signature, parts: int = 2):
     graph_def = signature.graph_def
     return token_rows(graph_def, [n for _, n in signature.inputs], list(signature.outputs.values()),
-                      node_shapes(graph_def, batch=1), parts)
+                      node_shapes(graph_def, batch=1, others=SHAPE_OTHER), parts)
 
 
 def _run(graph_def, signature, outputs, feeds):
@@ -77,11 +79,11 @@ def _run(graph_def, signature, outputs, feeds):
     return [t.numpy() for t in run(*feeds)]
 
 
-def _feeds(signature, seed=0, batch=1):
+def _feeds(signature, seed=0, batch=1, length=TOKENS):
     rng = np.random.default_rng(seed)
     feeds = []
     for spec, _ in signature.inputs:
-        shape = [batch, *spec.shape.as_list()[1:]]
+        shape = [batch, *(length if d is None else d for d in spec.shape.as_list()[1:])]
         value = rng.integers(0, 2 if spec.name == "mask" else 100, shape) if spec.dtype.is_integer else \
             rng.normal(size=shape)
         feeds.append(tf.constant(value, dtype=spec.dtype))
@@ -136,6 +138,36 @@ def test_the_routed_graph_runs_the_rows_at_batch_one_and_the_whole_graph_otherwi
         return sum(n.attr["value"].tensor.ByteSize() for n in graph_def.node if n.op == "Const")
     assert weights(graph) < 1.05 * weights(signature.graph_def)  # the row split's constants are the slices' bounds
     assert sum(n.op == "Switch" for n in graph.node) == 1 and sum(n.op == "Merge" for n in graph.node) == 1
+
+
+def test_a_length_left_unknown_is_cut_where_the_rows_are_at_run_time(frozen):
+    """keras-hub exports the sequence length unknown: the plan is made at a stand-in length and holds at every
+    one -- no shape of it is a constant --, the slices are cut at i * length // 2 of the length the call has, and
+    the routed graph sends a sample to the rows only from 4 tokens (2 per slice), or from `least`."""
+    signature = frozen["unknown_length"]
+    plan = _plan(signature)
+    assert plan.splittable and plan.unknown_length and not plan.constants, plan.reason or plan.constants
+    assert {op for _, op, _ in plan.fed_whole} <= {"Mean"}, plan.fed_whole
+    split, fetched = split_rows(signature.graph_def, plan)
+    routed, merged = routed_rows(signature.graph_def, plan, least=6)
+    outputs = list(signature.outputs.values())
+    for length in (4, 9, 16, 31):  # even, odd (uneven slices), and neither the stand-in nor the made-up length
+        feeds = _feeds(signature, seed=length, length=length)
+        want = _run(signature.graph_def, signature, outputs, feeds)
+        for got in (_run(split, signature, [fetched[o] for o in outputs], feeds),
+                    _run(routed, signature, [merged[o] for o in outputs], feeds)):
+            for w, g in zip(want, got):
+                if length % 4:  # odd halves: a matmul's remainder rows may sum in another order (1 ulp)
+                    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+                else:
+                    np.testing.assert_array_equal(g, w)
+    # Below `least` tokens (and at batch 2) the Switch sends the sample to the whole graph: its predicate.
+    switch = next(n for n in routed.node if n.op == "Switch")
+    run = tf.function(lambda *args: tf.graph_util.import_graph_def(
+        routed, input_map=dict(zip([n for _, n in signature.inputs], args)),
+        return_elements=[switch.input[1] + ":0"], name="g")[0])
+    for batch, length, rows in ((1, 5, False), (1, 6, True), (2, 16, False)):
+        assert run(*_feeds(signature, batch=batch, length=length)).numpy() == rows, (batch, length)
 
 
 def test_the_routed_graph_names_its_nodes_apart_from_the_models_own(frozen):
@@ -258,3 +290,30 @@ def test_convert_freeze_split_runs_batch_one_in_token_rows_equal_to_the_whole(tm
         want, got = whole(tokens=tokens), split(tokens=tokens)
         for key in want:
             np.testing.assert_array_equal(got[key].numpy(), want[key].numpy())
+
+
+def test_convert_freeze_split_runs_batch_one_of_an_unknown_length_in_token_rows(tmp_path):
+    """A keras-hub-like export (length unknown) runs batch 1 in token rows from 4 tokens, equal to --freeze's
+    whole graph within round-off at any length; a model the made-up inputs cannot run (ids past a vocabulary of
+    100: the check makes ids below 1000) is written whole, and the line says why."""
+    keras.utils.set_random_seed(0)
+    for name, vocabulary in (("small", 100), ("large", 1000)):
+        _masked_transformer(None, vocabulary).export(str(tmp_path / name), verbose=False)
+    result = convert_saved_model(tmp_path / "small", tmp_path / "small_split", "bfloat16", freeze=True, split=2)
+    line = next(note for note in result.notes if "branches" in note or "not split" in note)
+    assert "not split: the split's check runs the model on made-up inputs, and they failed" in line, line
+    assert "is not in [0, 100)" in line, line
+    result = convert_saved_model(tmp_path / "large", tmp_path / "split", "bfloat16", freeze=True, split=2)
+    line = next(note for note in result.notes if "token rows" in note)
+    assert "batch 1: token rows in 2 branches (an unknown length: samples of 4 tokens or more)" in line, line
+    convert_saved_model(tmp_path / "large", tmp_path / "whole", "bfloat16", freeze=True)
+    split = tf.saved_model.load(str(tmp_path / "split")).signatures["serving_default"]
+    whole = tf.saved_model.load(str(tmp_path / "whole")).signatures["serving_default"]
+    rng = np.random.default_rng(2)
+    for length in (3, 9, 24):
+        feeds = {"tokens": tf.constant(rng.integers(0, 1000, [1, length]), tf.int32),
+                 "mask": tf.constant(rng.integers(0, 2, [1, length]), tf.int32)}
+        want, got = whole(**feeds), split(**feeds)
+        for key in want:
+            assert got[key].shape == want[key].shape
+            np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-2, atol=1e-2)
