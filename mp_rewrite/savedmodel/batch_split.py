@@ -68,7 +68,7 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
         imported, at_one = _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact, say,
                                       dim)
         function, choice = _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say, dim)
-    except tf.errors.OpError as e:  # the checks and the timing run the model on made-up inputs: ids past its vocabulary
+    except tf.errors.OpError as e:  # the checks and the timing run the model on made-up inputs (ids < 1000)
         return whole, SplitChoice(1, f"not split: the split's check runs the model on made-up inputs, and they "
                                      f"failed ({first_line(e)})")
     times = {s: {**at_one.times.get(s, {}), **choice.times.get(s, {})} for s in {**at_one.times, **choice.times}}
@@ -102,10 +102,7 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
     say(f"timing batch 1 in token rows, {SETTINGS}")
     timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])],
                           lambda: saved_functions(runners, captured), graph() + graph_bytes(made), dim)
-    choice = row_verdict(timed.times, timed.untimed, timed.busy, timed.note())
-    if choice.rows > 1 and unknown:
-        choice = dataclasses.replace(choice, why=choice.why.replace(f"token rows in {ROW_PARTS} branches",
-                                                                    f"token rows in {ROW_PARTS} branches{unknown}", 1))
+    choice = row_verdict(timed.times, timed.untimed, timed.busy, timed.note(), unknown)
     return (routed if choice.rows > 1 else imported), choice
 
 

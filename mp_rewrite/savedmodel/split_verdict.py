@@ -151,7 +151,7 @@ def _hint(untimed: str, here: str) -> str:
                              "TF_NUM_INTRAOP_THREADS=1")
 
 
-def row_verdict(times: dict, untimed: str = "", busy: str = "", note: str = "") -> RowChoice:
+def row_verdict(times: dict, untimed: str = "", busy: str = "", note: str = "", more: str = "") -> RowChoice:
     """Batch 1's choice from measured times, by split_verdict's rule: the token-row split if faster than the whole
     call beyond the noise in some serving setting timed and not slower in any; else whole.
 
@@ -161,6 +161,7 @@ def row_verdict(times: dict, untimed: str = "", busy: str = "", note: str = "") 
         untimed: why a setting was not timed ("" where both were), said in the line.
         busy: why the timing cannot judge the split (split_timing.busy_timing), or "": then batch 1 runs whole.
         note: where the times were read from (split_timing.Timed.note), said after them.
+        more: what the line says of the kept split after "token rows in 2 branches" (an unknown length's least).
     """
     ratio = {s: split_ratio(t[1, 1], t[1, ROW_PARTS]) for s, t in times.items()}
     faster = [s for s, x in ratio.items() if _faster(x)]
@@ -171,7 +172,7 @@ def row_verdict(times: dict, untimed: str = "", busy: str = "", note: str = "") 
         return RowChoice(1, f"runs whole: {busy} ({measured}); {NOT_JUDGED}", times)
     hint = _hint(untimed, next(iter(times))) + note
     if faster and not slower:
-        return RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches, {measured}{hint}", times)
+        return RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches{more}, {measured}{hint}", times)
     if faster:
         return RowChoice(1, f"runs whole: token rows in {ROW_PARTS} branches faster with {' and '.join(faster)} but "
                             f"slower with {' and '.join(slower)} ({measured}){hint}", times)

@@ -21,8 +21,8 @@ FORMAT = "mp_rewrite-timings/1"
 
 
 def timing_key(kind: str, *parts) -> str:
-    """The cache key of a timing of `kind` ("splits", "dispatch": its folder): `parts` (the graphs' bytes, profile_cache.graph_bytes; the races; this
-    process's serving setting) and the machine."""
+    """The cache key of a timing of `kind` ("splits", "dispatch": its folder): `parts` (the graphs' bytes,
+    profile_cache.graph_bytes; the races; this process's serving setting) and the machine."""
     return profile_key(FORMAT, kind, *parts, machine_facts())
 
 
