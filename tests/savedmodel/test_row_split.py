@@ -193,6 +193,24 @@ def test_the_routed_graph_names_its_nodes_apart_from_the_models_own(frozen):
         np.testing.assert_array_equal(got, want)
 
 
+def _split_attention(attention, rng):
+    """(the plan, the traced graph) of `attention` on [batch, TOKENS, 8], after checking that the plan splits every
+    op (the softmax runs per slice, nothing is fed whole) and that the split equals the graph bit for bit."""
+    concrete = tf.function(attention).get_concrete_function(tf.TensorSpec([None, TOKENS, 8], tf.float32))
+    graph_def = concrete.graph.as_graph_def()
+    source, output = concrete.inputs[0].name, concrete.outputs[0].name
+    plan = token_rows(graph_def, [source], [output], node_shapes(graph_def, batch=1))
+    assert plan.splittable and not plan.fed_whole, plan.reason or plan.fed_whole
+    graph, fetched = split_rows(graph_def, plan)
+    x = tf.constant(rng.normal(size=[1, TOKENS, 8]).astype(np.float32))
+
+    def run(g, out):
+        return tf.function(lambda v: tf.graph_util.import_graph_def(
+            g, input_map={source: v}, return_elements=[out], name="g")[0])(x).numpy()
+    np.testing.assert_array_equal(run(graph, fetched[output]), run(graph_def, output))
+    return plan, graph_def
+
+
 def test_attention_spelled_keys_by_transposed_queries_splits_the_queries():
     rng = np.random.default_rng(0)
     wq, wk = (tf.constant(rng.normal(size=[8, 8]).astype(np.float32)) for _ in range(2))
@@ -201,18 +219,7 @@ def test_attention_spelled_keys_by_transposed_queries_splits_the_queries():
         q, k = tf.matmul(x, wq), tf.matmul(x, wk)
         scores = tf.transpose(tf.matmul(k, tf.transpose(q, [0, 2, 1])), [0, 2, 1])
         return tf.matmul(tf.nn.softmax(scores), k)
-    concrete = tf.function(attention).get_concrete_function(tf.TensorSpec([None, TOKENS, 8], tf.float32))
-    graph_def = concrete.graph.as_graph_def()
-    source, output = concrete.inputs[0].name, concrete.outputs[0].name
-    plan = token_rows(graph_def, [source], [output], node_shapes(graph_def, batch=1))
-    assert plan.splittable and not plan.fed_whole, plan.reason or plan.fed_whole  # the softmax runs per slice
-    graph, fetched = split_rows(graph_def, plan)
-    x = tf.constant(rng.normal(size=[1, TOKENS, 8]).astype(np.float32))
-
-    def run(g, out):
-        return tf.function(lambda v: tf.graph_util.import_graph_def(
-            g, input_map={source: v}, return_elements=[out], name="g")[0])(x).numpy()
-    np.testing.assert_array_equal(run(graph, fetched[output]), run(graph_def, output))
+    _split_attention(attention, rng)
 
 
 def test_attention_on_adjoint_operands_splits_the_query_rows():
@@ -225,20 +232,9 @@ def test_attention_on_adjoint_operands_splits_the_query_rows():
         q, k, v = tf.matmul(x, wq), tf.matmul(x, wk), tf.matmul(x, wv)
         scores = tf.linalg.matmul(tf.transpose(q, [0, 2, 1]), k, adjoint_a=True, adjoint_b=True)  # [b, Tq, Tk]
         return tf.matmul(tf.nn.softmax(scores), v)
-    concrete = tf.function(attention).get_concrete_function(tf.TensorSpec([None, TOKENS, 8], tf.float32))
-    graph_def = concrete.graph.as_graph_def()
+    plan, graph_def = _split_attention(attention, rng)
     assert any(n.op == "BatchMatMulV2" and n.attr["adj_x"].b and n.attr["adj_y"].b for n in graph_def.node)
-    source, output = concrete.inputs[0].name, concrete.outputs[0].name
-    plan = token_rows(graph_def, [source], [output], node_shapes(graph_def, batch=1))
-    assert plan.splittable and not plan.fed_whole, plan.reason or plan.fed_whole
     assert plan.split_work == sum(n.op in WORK for n in graph_def.node)  # the scores and the weighted sum too
-    graph, fetched = split_rows(graph_def, plan)
-    x = tf.constant(rng.normal(size=[1, TOKENS, 8]).astype(np.float32))
-
-    def run(g, out):
-        return tf.function(lambda v: tf.graph_util.import_graph_def(
-            g, input_map={source: v}, return_elements=[out], name="g")[0])(x).numpy()
-    np.testing.assert_array_equal(run(graph, fetched[output]), run(graph_def, output))
 
 
 @pytest.mark.parametrize("name, node", [("cnn", "Conv2D"), ("flat", "Reshape")])
