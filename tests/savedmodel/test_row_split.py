@@ -297,7 +297,7 @@ def test_convert_freeze_split_runs_batch_one_of_an_unknown_length_in_token_rows(
         _masked_transformer(None, vocabulary).export(str(tmp_path / name), verbose=False)
     result = convert_saved_model(tmp_path / "small", tmp_path / "small_split", "bfloat16", freeze=True, split=2)
     line = next(note for note in result.notes if "branches" in note or "not split" in note)
-    assert "not split: the split's check runs the model on made-up inputs, and they failed" in line, line
+    assert "not split: the split's check runs the model on made-up inputs, and the model failed on them" in line, line
     assert "is not in [0, 100)" in line, line
     result = convert_saved_model(tmp_path / "large", tmp_path / "split", "bfloat16", freeze=True, split=2)
     line = next(note for note in result.notes if "token rows" in note)
