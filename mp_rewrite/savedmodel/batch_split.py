@@ -93,19 +93,18 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
     graph's, so a change to the row split's plan times it again. A length the graph leaves unknown is planned at
     SHAPE_OTHER, checked at `dim` and at an odd length (uneven slices), and timed at `dim` (--seq-len); a sample
     then runs in rows from `dim` tokens up for "auto" (a split's gain grows with its rows), from 4 as asked."""
-    least = dim if split == "auto" else 0
+    least = max(dim if split == "auto" else 0, 2 * ROW_PARTS)  # 2 rows a slice at least
     routed, made, plan = row_function(graph_def, frozen, captured, SHAPE_OTHER, least)  # made: the GraphDef, or why
     if routed is None:
         return imported, RowChoice(1, f"runs whole: {made}")
     candidate = _function(routed, specs, list(frozen.outputs), frozen.shapes, (), 1)
-    longer = max(dim, 2 * ROW_PARTS)
+    longer = max(dim, least)
     lengths = (longer, longer + 1 + longer % 2) if plan.unknown_length else (dim,)
     unequal = next(filter(None, (unequal_outputs(whole, candidate, specs, exact, (1, 3), "in token rows", length)
                                  for length in lengths)), "")
     if unequal:
         return imported, RowChoice(1, f"runs whole: {unequal}")
-    unknown = f" (an unknown length: samples of {max(least, 2 * ROW_PARTS)} tokens or more)" \
-        if plan.unknown_length else ""
+    unknown = f" (an unknown length: samples of {least} tokens or more)" if plan.unknown_length else ""
     if split != "auto":
         return routed, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches{unknown} (proven, and equal to "
                                             "the whole graph at batch 1)")
