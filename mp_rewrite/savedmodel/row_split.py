@@ -289,12 +289,9 @@ def routed_rows(graph_def, plan: TokenRows, least: int = 0) -> tuple[graph_pb2.G
     the rows."""
     split, fetched = split_rows(graph_def, plan)
     whole = {n.name: n for n in graph_def.node}
-    renamed = {}  # row-split nodes that differ from the whole graph's node of their name (fed every row)
     taken = set(whole) | {n.name for n in split.node}  # a graph may hold a "<node>/rows" of its own (BERT's)
-    for node in split.node:
-        ins = [parse_input(t.lstrip("^"))[0] for t in node.input]
-        if node.name in whole and (node != whole[node.name] or any(i in renamed for i in ins)):
-            renamed[node.name] = unique_name(f"{node.name}/rows", taken)
+    apart = _apart(split, whole, parse_input(plan.input)[0])
+    renamed = {n.name: unique_name(f"{n.name}/rows", taken) for n in split.node if n.name in apart}
     route = f"{parse_input(plan.input)[0]}/{ROW_ROUTE.format(plan.parts)}"  # what `inspect` finds
     nodes = [_rerouted(n, {plan.input: route + ":0"}) for n in graph_def.node]
     least = max(least, 2 * plan.parts) if plan.unknown_length else 0
@@ -316,6 +313,25 @@ def routed_rows(graph_def, plan: TokenRows, least: int = 0) -> tuple[graph_pb2.G
         nodes.append(merge)
         merged[output] = merge.name + ":0"
     return assembled(graph_def, nodes), merged
+
+
+def _apart(split, whole: dict, source: str) -> set:
+    """The names of the row split's nodes that cannot be the whole graph's node of their name: they differ from
+    it, read `source` (the tokens, switched apart), or read such a node, by data or by control, at any depth. (A
+    constant Grappler folded keeps a control input from the node it came from, which may come later in the
+    GraphDef: shared, it would read the whole graph's node, dead at batch 1, and so would every row.)"""
+    readers = {}
+    for node in split.node:
+        for tensor in node.input:
+            readers.setdefault(parse_input(tensor.lstrip("^"))[0], []).append(node.name)
+    todo = [n.name for n in split.node if n.name in whole and n != whole[n.name]] + readers.get(source, [])
+    apart = set()
+    while todo:
+        name = todo.pop()
+        if name in whole and name not in apart:
+            apart.add(name)
+            todo += readers.get(name, [])
+    return apart
 
 
 def _renamed(tensor: str, renamed: dict) -> str:

@@ -313,3 +313,25 @@ def test_convert_freeze_split_runs_batch_one_of_an_unknown_length_in_token_rows(
         for key in want:
             assert got[key].shape == want[key].shape
             np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_rotary_position_model_runs_its_rows_at_batch_one(tmp_path):
+    """keras-hub's Llama 3 (its kind: Mistral, Phi-3, Qwen 3, SmolLM 3), frozen: Grappler folds a constant that
+    keeps a control input from a node of the token rows, written later in the GraphDef. The routed graph shared it
+    with the whole graph, dead at batch 1, and so every row was: the output came out empty, (0,)."""
+    import keras_hub
+    keras.utils.set_random_seed(0)
+    keras_hub.models.Llama3Backbone(vocabulary_size=100, num_layers=1, num_query_heads=4, num_key_value_heads=2,
+                                    hidden_dim=32, intermediate_dim=64).export(str(tmp_path), verbose=False)
+    signature = freeze_signature(tf.saved_model.load(str(tmp_path)), "serving_default")
+    signature.graph_def = optimize_graph(signature.graph_def, signature.fetches, FOLDING)
+    plan = _plan(signature)
+    assert plan.splittable and plan.unknown_length, plan.reason
+    graph, fetched = routed_rows(signature.graph_def, plan)
+    outputs = list(signature.outputs.values())
+    for batch, length in ((1, 8), (1, 13), (2, 8)):
+        feeds = _feeds(signature, seed=length, batch=batch, length=length)
+        for want, got in zip(_run(signature.graph_def, signature, outputs, feeds),
+                             _run(graph, signature, [fetched[o] for o in outputs], feeds)):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
