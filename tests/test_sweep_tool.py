@@ -25,6 +25,12 @@ from sweep_catalog import classify  # noqa: E402
     (1, "Traceback (most recent call last):\n  File x\nKeyError: 'a/Shape_2'\n", "failed", "traceback: KeyError"),
     (1, "verification FAILED (2 of 2 outputs): 2 outputs of 2 signatures compared\n", "verify failed",
      "verification FAILED (2 of 2"),
+    # A split's line is kept whole, batch 1's choice at its end too (a page once read "batch 1 runs w").
+    (0, "split: signature serving_default (frozen): not split: node 'a/Repeat/Tile' (Tile): its parameters carry "
+        "the batch (same, channel_shape(1)); batch 1 runs whole: output output_0 is (0,) in token rows, (1, 16, 128) "
+        "whole (batch 1); serve it with one intra-op thread: TF_NUM_INTRAOP_THREADS=1, "
+        "tf.config.threading.set_intra_op_parallelism_threads(1), or TF Serving's --tensorflow_intra_op_parallelism=1\n",
+     "ok", "(1, 16, 128) whole (batch 1)"),
     (None, "", "failed", "timed out"),
     (-9, "", "failed", "exit -9"),
 ])

@@ -28,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catalog_models import catalog  # noqa: E402
 
+from mp_rewrite.savedmodel.split_option import SERVE  # noqa: E402
+
 MODES = {"default": [], "freeze": ["--freeze"], "lists": ["--assign", "lists"],
          # Per-core branches as asked (no timing): what the batch-rows analysis and the check make of each model.
          "split": ["--freeze", "--split", "2"], "split-in-place": ["--split", "2"]}
@@ -46,7 +48,9 @@ def classify(code: int | None, output: str) -> tuple[str, str]:
     if code == 0:
         left = [line for line in lines if " left out of " in line]
         split = [line for line in lines if line.startswith("split: ")]  # what a --split run wrote, or why not
-        said = [f"{len(left)} rule(s) left out: {left[0]}" for _ in left[:1]] + [line[:240] for line in split[:1]]
+        # The split's line whole (batch 1's choice comes last), but for the serving advice every split line ends with.
+        said = [f"{len(left)} rule(s) left out: {left[0]}" for _ in left[:1]] + [line.removesuffix(f"; {SERVE}")
+                                                                                 for line in split[:1]]
         return "ok", "; ".join(said)
     verdict = [line for line in lines if line.startswith("verification FAILED")]
     if code == 1 and verdict:  # written, runs, and --verify found the low precision's errors past the tolerance
