@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.core.framework import graph_pb2  # noqa: E402
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # noqa: E402
 
-from mp_rewrite.errors import MpRewriteError  # noqa: E402
+from mp_rewrite.errors import MpRewriteError, tf_reason  # noqa: E402
 
 _AMP_TOGGLES = (
     "auto_mixed_precision",
@@ -89,17 +89,8 @@ def session_config(optimize: bool = True, fuse: bool = False) -> config_pb2.Conf
     return config
 
 
-def _first_meaningful_line(message: str) -> str:
-    # TF wraps the cause in "Graph execution error:" and follows it with "[[{{node ...}}]]" and stack traces.
-    for line in message.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("Graph execution error", "[[", "Detected at node", "File ", "Node: ")):
-            return line
-    return message.strip()
-
-
 def _failed(what: str, error: Exception) -> ExecutionError:
-    message = _first_meaningful_line(str(getattr(error, "message", None) or error))
+    message = tf_reason(error)
     node = getattr(getattr(error, "op", None), "name", None)
     if node is None:
         match = _NODE_IN_MESSAGE.search(str(error))

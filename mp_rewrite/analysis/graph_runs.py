@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from ..errors import tf_reason
 from .machine_load import Span
 from .race_times import MORE_ROUNDS, RaceTimes
 from .run_times import op_interval
@@ -62,22 +63,6 @@ def made_up_values(specs, batch: int | None) -> list:
         values.append(rng.uniform(0, 1, shape).astype(dtype.as_numpy_dtype) if dtype.is_floating
                       else np.zeros(shape, dtype.as_numpy_dtype))
     return values
-
-
-def tf_reason(error: BaseException) -> str:
-    """TensorFlow's first words on why `error` happened, on one line: the first line of its message, or, for a graph
-    execution error (whose first line is only "Graph execution error:", followed by the node and where it was
-    defined), the first line after that stack ("assertion failed: ...", "could not create a primitive ...")."""
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    if lines and lines[0].strip() == "Graph execution error:":
-        detected = next((i for i, line in enumerate(lines) if line.startswith("Detected at node")), 0)
-        after = lines[detected + 1:]  # a session's error may say the message at once, without the node's stack
-        # The stack's lines are indented, or say that it is unavailable; a session's error names the node first
-        # ("Node: 'y'"); the node's own line after the message starts with a tab.
-        said = [line for line in after if not line[0].isspace() and line.strip() != "<stack traces unavailable>"
-                and not line.startswith("Node: ")]
-        lines = said or lines
-    return lines[0].strip() if lines else type(error).__name__
 
 
 def onednn_cap() -> str:

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import weakref
 
-from ..errors import ModelError
+from ..errors import ModelError, tf_reason
 from .files import read_saved_model
 
 LINKED = ("variables", "assets", "assets.extra")  # what a copy links to; saved_model.pb is its own
@@ -23,12 +23,6 @@ LINKED = ("variables", "assets", "assets.extra")  # what a copy links to; saved_
 
 class EffectsNotRun(ModelError):
     """The model has effects, and no copy without them stands for it: it is not run."""
-
-
-def first_line(error: BaseException) -> str:
-    """The line of a TensorFlow error that says why (its first line is often just "Graph execution error:")."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [type(error).__name__]
-    return next((line for line in lines if "is not in [0," in line), lines[0])
 
 
 def load_saved_model(path, which: str = "original", tags=None, shown_as=None, *, saved_model=None,
@@ -48,7 +42,7 @@ def load_saved_model(path, which: str = "original", tags=None, shown_as=None, *,
         loaded = tf.saved_model.load(directory or str(path), tags=tags)
     except Exception as e:  # TF raises OSError, ValueError, OpError, RuntimeError, ... for unloadable models
         _remove(directory)
-        raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{shown_as or path}': {first_line(e)}; "
+        raise ModelError(f"TensorFlow cannot load the {which} SavedModel '{shown_as or path}': {tf_reason(e)}; "
                          "export the model again") from None
     if directory:  # kept while the model lives: its restored assets (a table's vocabulary) name files of the copy
         weakref.finalize(loaded, _remove, directory)

@@ -31,7 +31,7 @@ import os
 from ..analysis.batch_rows import batch_rows
 from ..analysis.profile_cache import graph_bytes
 from ..analysis.shapes import node_shapes
-from ..model.runtime import first_line
+from ..errors import tf_reason
 from .frozen_function import imported_function
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
 from .split_option import SERVE, split_function
@@ -82,8 +82,8 @@ def _failed_check(whole, specs, dim: int, error) -> str:
     try:
         whole(*feeds(specs, 3, seed=3, dim=dim))
     except tf.errors.OpError:
-        return f"the split's check runs the model on made-up inputs, and the model failed on them ({first_line(error)})"
-    return (f"the split failed where the model runs ({first_line(error)}); this is a bug of mp-rewrite, please report "
+        return f"the split's check runs the model on made-up inputs, and the model failed on them ({tf_reason(error)})"
+    return (f"the split failed where the model runs ({tf_reason(error)}); this is a bug of mp-rewrite, please report "
             "it with the model")
 
 
@@ -91,15 +91,17 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
     """(the frozen graph to call: `imported`, or the one routing batch 1 to its token rows (row_choice's), a
     RowChoice): what batch 1 runs. `graph()` gives the graph's bytes; the times are kept under them and the routed
     graph's, so a change to the row split's plan times it again. A length the graph leaves unknown is planned at
-    SHAPE_OTHER, checked at `dim` and at an odd length (uneven slices), and timed at `dim` (--seq-len); a sample
-    then runs in rows from `dim` tokens up for "auto" (a split's gain grows with its rows), from 4 as asked."""
+    SHAPE_OTHER, checked at `dim` and at a length of the other parity (uneven slices: one below, or above where
+    below is not routed to the rows) where the model accepts it, and timed at `dim` (--seq-len); a sample then runs
+    in rows from `dim` tokens up for "auto" (a split's gain grows with its rows), from 4 as asked."""
     least = max(dim if split == "auto" else 0, 2 * ROW_PARTS)  # 2 rows a slice at least
     routed, made, plan = row_function(graph_def, frozen, captured, SHAPE_OTHER, least)  # made: the GraphDef, or why
     if routed is None:
         return imported, RowChoice(1, f"runs whole: {made}")
     candidate = _function(routed, specs, list(frozen.outputs), frozen.shapes, (), 1)
     longer = max(dim, least)
-    lengths = (longer, longer + 1 + longer % 2) if plan.unknown_length else (dim,)
+    lengths = [n for n in (longer, longer - 1 if longer > least else longer + 1) if _accepted(whole, specs, n)] \
+        or [longer] if plan.unknown_length else [dim]
     unequal = next(filter(None, (unequal_outputs(whole, candidate, specs, exact, (1, 3), "in token rows", length)
                                  for length in lengths)), "")
     if unequal:
@@ -114,6 +116,17 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
                           lambda: saved_functions(runners, captured), graph() + graph_bytes(made), dim)
     choice = row_verdict(timed.times, timed.untimed, timed.busy, timed.note(), unknown)
     return (routed if choice.rows > 1 else imported), choice
+
+
+def _accepted(whole, specs, length: int) -> bool:
+    """Whether the whole call runs on made-up inputs `length` tokens long at batch 1: one a model refuses (past its
+    positions: BERT's 129 of 128) is not a length a caller can send, so no check of the rows there."""
+    import tensorflow as tf
+    try:
+        whole(*feeds(specs, 1, seed=1, dim=length))
+    except tf.errors.OpError:
+        return False
+    return True
 
 
 def _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say, dim: int):

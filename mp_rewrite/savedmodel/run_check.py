@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..analysis.graph_runs import onednn_cap, tf_reason
-from ..errors import ModelError
+from ..analysis.graph_runs import onednn_cap
+from ..errors import ModelError, tf_reason
 from ..model.runtime import load_saved_model
 from .frozen_function import remove_tree
 from .inputs import InputRecipe, missing_inputs

@@ -19,8 +19,8 @@ from pathlib import Path
 from ..core import dtypes
 
 from ..core.graph_view import parse_input
-from ..errors import GraphError, ModelError
-from ..model.runtime import first_line, runnable_directory
+from ..errors import GraphError, ModelError, tf_reason
+from ..model.runtime import runnable_directory
 from ..model.tags import load_tags
 
 VARIABLES_INDEX = Path("variables") / "variables.index"
@@ -82,7 +82,7 @@ def check_variables(directory: Path, saved_model) -> None:
         for name in sorted(reader.get_variable_to_dtype_map()):
             reader.get_tensor(name)
     except Exception as e:  # TF raises DataLossError, NotFoundError, OutOfRangeError, ... for damaged files
-        raise ModelError(f"the variables of '{directory}' are incomplete or corrupt ({first_line(e)}); export the "
+        raise ModelError(f"the variables of '{directory}' are incomplete or corrupt ({tf_reason(e)}); export the "
                          "model again") from None
 
 
@@ -224,7 +224,7 @@ def loaded_meta_graphs(directory, saved_model):
                 try:
                     loaded = tf.saved_model.load(runnable, tags=tags)
                 except Exception as e:  # TF raises ValueError, KeyError, OpError, ... for a model it cannot load
-                    loaded = first_line(e)
+                    loaded = tf_reason(e)
             yield tags, loaded
             loaded = None
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from ..analysis.grappler import FOLDING, optimize_graph
 from ..analysis.profile_cache import graph_bytes
-from ..errors import ModelError
+from ..errors import ModelError, tf_reason
 from ..model.files import read_saved_model
-from ..model.runtime import LINKED, first_line, load_saved_model
+from ..model.runtime import LINKED, load_saved_model
 from ..model.signatures import signature_keys
 from ..model.tags import load_tags, select_meta_graphs
 from .batch_split import analysed, chosen_split, mixed_samples, split_candidates
@@ -139,7 +139,7 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
                                        .signatures[key], names)
             unequal = mixed_samples(whole, functions[n], specs, n)
         except (ModelError, tf.errors.OpError) as e:  # our bug, said in the line rather than failing the conversion
-            unequal = (f"the copy split in {n} did not run ({first_line(e)}); this is a bug of mp-rewrite, please "
+            unequal = (f"the copy split in {n} did not run ({tf_reason(e)}); this is a bug of mp-rewrite, please "
                        "report it with the model")
         if unequal:
             return meta_graph, SplitChoice(1, f"not split: {unequal}")

@@ -17,8 +17,7 @@ import time
 import numpy as np
 
 from ..analysis.compare import OutputCheck, compare_outputs, default_tolerance
-from ..analysis.graph_runs import tf_reason
-from ..errors import ModelError
+from ..errors import ModelError, tf_reason
 from ..model.files import read_saved_model
 from ..model.runtime import load_saved_model
 from ..model.signatures import check_signature_keys, function_key, require_signatures

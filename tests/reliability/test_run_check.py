@@ -117,7 +117,8 @@ def test_a_keras_exports_twin_signatures_both_count_as_run(small_cnn, tmp_path):
 
 
 def test_tensorflows_words_are_the_line_after_the_graph_execution_preamble():
-    from mp_rewrite.analysis.graph_runs import Runner, tf_reason
+    from mp_rewrite.analysis.graph_runs import Runner
+    from mp_rewrite.errors import tf_reason
 
     @tf.function
     def eager(x):

@@ -335,3 +335,15 @@ def test_a_rotary_position_model_runs_its_rows_at_batch_one(tmp_path):
                              _run(graph, signature, [fetched[o] for o in outputs], feeds)):
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_one_rows_are_checked_only_at_lengths_the_model_accepts(tmp_path):
+    """--seq-len at a keras-hub BERT's longest sequence: the check's second length, of the other parity, is one
+    below, not one past the positions it has (the model itself fails there: the split was refused as our bug)."""
+    import keras_hub
+    keras.utils.set_random_seed(0)
+    keras_hub.models.BertBackbone(vocabulary_size=1000, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                                  max_sequence_length=16).export(str(tmp_path / "bert"), verbose=False)
+    result = convert_saved_model(tmp_path / "bert", tmp_path / "split", "bfloat16", freeze=True, split=2)
+    line = next(note for note in result.notes if "branches" in note or "not split" in note)
+    assert "batch 1: token rows in 2 branches (an unknown length: samples of 4 tokens or more)" in line, line
