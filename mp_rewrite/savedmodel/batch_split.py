@@ -70,15 +70,15 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
                                       dim)
         function, choice = _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say, dim)
     except tf.errors.OpError as e:  # the checks and the timing run the model on made-up inputs (ids < 1000)
-        return whole, SplitChoice(1, f"not split: {_failed_check(whole, specs, dim, e)}")
+        return whole, SplitChoice(1, f"not split: {failed_check(whole, specs, dim, e)}")
     times = {s: {**at_one.times.get(s, {}), **choice.times.get(s, {})} for s in {**at_one.times, **choice.times}}
     return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one), times=times,
                                          rows=at_one.rows)
 
 
-def _failed_check(whole, specs, dim: int, error) -> str:
+def failed_check(whole, specs, dim: int, error) -> str:
     """Why the split's check or timing stopped on a TensorFlow `error`: the model's own, on the made-up inputs
-    (ids past a vocabulary smaller than theirs), or the split's (a bug of ours)."""
+    (ids past a vocabulary smaller than theirs), or the split's (a bug of ours). Frozen and in place."""
     import tensorflow as tf
     try:
         whole(*feeds(specs, 3, seed=3, dim=dim))

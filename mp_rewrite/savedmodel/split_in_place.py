@@ -30,7 +30,7 @@ from ..model.files import read_saved_model
 from ..model.runtime import LINKED, load_saved_model
 from ..model.signatures import signature_keys
 from ..model.tags import load_tags, select_meta_graphs
-from .batch_split import analysed, chosen_split, mixed_samples, split_candidates
+from .batch_split import analysed, chosen_split, failed_check, mixed_samples, split_candidates
 from .frozen_function import remove_tree
 from .freeze import weights_form
 from .frozen_signature import freeze_signature
@@ -138,9 +138,11 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
             functions[n] = _positional(load_saved_model(staged[n], f"split in {n}", load_tags(meta_graph))
                                        .signatures[key], names)
             unequal = mixed_samples(whole, functions[n], specs, n)
-        except (ModelError, tf.errors.OpError) as e:  # our bug, said in the line rather than failing the conversion
-            unequal = (f"the copy split in {n} did not run ({tf_reason(e)}); this is a bug of mp-rewrite, please "
+        except ModelError as e:  # our bug, said in the line rather than failing the conversion
+            unequal = (f"the copy split in {n} did not load ({tf_reason(e)}); this is a bug of mp-rewrite, please "
                        "report it with the model")
+        except tf.errors.OpError as e:  # the model's own failure on the made-up inputs, or the split's
+            unequal = failed_check(whole, specs, dim, e)
         if unequal:
             return meta_graph, SplitChoice(1, f"not split: {unequal}")
     if split != "auto":

@@ -291,7 +291,7 @@ def test_convert_freeze_split_runs_batch_one_in_token_rows_equal_to_the_whole(tm
 def test_convert_freeze_split_runs_batch_one_of_an_unknown_length_in_token_rows(tmp_path):
     """A keras-hub-like export (length unknown) runs batch 1 in token rows from 4 tokens, equal to --freeze's
     whole graph within round-off at any length; a model the made-up inputs cannot run (ids past a vocabulary of
-    100: the check makes ids below 1000) is written whole, and the line says why."""
+    100: the check makes ids below 1000) is written whole, frozen or in place, and the line says why."""
     keras.utils.set_random_seed(0)
     for name, vocabulary in (("small", 100), ("large", 1000)):
         _masked_transformer(None, vocabulary).export(str(tmp_path / name), verbose=False)
@@ -299,6 +299,9 @@ def test_convert_freeze_split_runs_batch_one_of_an_unknown_length_in_token_rows(
     line = next(note for note in result.notes if "branches" in note or "not split" in note)
     assert "not split: the split's check runs the model on made-up inputs, and the model failed on them" in line, line
     assert "is not in [0, 100)" in line, line
+    result = convert_saved_model(tmp_path / "small", tmp_path / "small_in_place", "bfloat16", split=2)  # in place
+    line = next(note for note in result.notes if "branches" in note or "not split" in note)
+    assert "not split: the split's check runs the model on made-up inputs, and the model failed on them" in line, line
     result = convert_saved_model(tmp_path / "large", tmp_path / "split", "bfloat16", freeze=True, split=2)
     line = next(note for note in result.notes if "token rows" in note)
     assert "batch 1: token rows in 2 branches (an unknown length: samples of 4 tokens or more)" in line, line
