@@ -101,8 +101,8 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
         return imported, RowChoice(1, f"runs whole: {made}")
     candidate = _function(routed, specs, list(frozen.outputs), frozen.shapes, (), 1)
     longer = max(dim, least)
-    lengths = [n for n in (longer, longer - 1 if longer > least else longer + 1) if _accepted(whole, specs, n)] \
-        or [longer] if plan.unknown_length else [dim]
+    lengths = ([n for n in (longer, longer - 1 if longer > least else longer + 1) if _accepted(whole, specs, n)]
+               or [longer]) if plan.unknown_length else [dim]
     unequal = next(filter(None, (unequal_outputs(whole, candidate, specs, exact, (1, 3), "in token rows", length)
                                  for length in lengths)), "")
     if unequal:

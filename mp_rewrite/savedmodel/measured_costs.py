@@ -14,10 +14,10 @@ from pathlib import Path
 
 from ..analysis.graph_profile import PROFILE_LIMIT  # weights (or a frozen graph) above it are not profiled
 from ..analysis.graph_runs import VariantError, onednn_cap
-from ..errors import tf_reason
 from ..core.effects import effect_line, effects_policy, graph_effects
 from ..core.meta_graph import INTERNAL_PREFIX, signature_nodes
 from ..core.stand_ins import StandIns, graph_without_effects, meta_graph_without_effects
+from ..errors import tf_reason
 from ..model.signatures import function_key
 from ..rules.graph import resource_source
 from .inputs import DEFAULT_DIM, unfeedable_inputs
