@@ -95,6 +95,9 @@ def test_a_model_of_unknown_sequence_length_is_measured_at_seq_len_not_priced_fr
     argv = ["convert", str(tmp_path / "seq"), str(tmp_path / "out"), "--precision", "bfloat16", *freeze,
             "--batch-size", "4", "--seq-len", "32"]
     assert cli.main(argv) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("cost assignment"))
+    out = capsys.readouterr().out.splitlines()
+    line = next(line for line in out if line.startswith("cost assignment"))
     assert "costs measured in this graph on this machine" in line and "not measured in the graph" not in line
     assert "unknown dimensions other than the batch measured as 32 (--seq-len)" in line
+    first = next(line for line in out if line.startswith("wrote ") and "measured" in line)  # the decision, first
+    assert first.endswith("(a length the model leaves unknown measured as 32: --seq-len sets the length served)")
