@@ -18,7 +18,7 @@ from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
 from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
 from mp_rewrite.analysis.token_rows import WORK, token_rows  # noqa: E402
 from mp_rewrite.commands import cli  # noqa: E402
-from mp_rewrite.savedmodel.batch_split import SHAPE_OTHER, within_round_off  # noqa: E402
+from mp_rewrite.savedmodel.batch_split import ROW_ULPS, SHAPE_OTHER, within_round_off  # noqa: E402
 from mp_rewrite.savedmodel.split_verdict import row_verdict  # noqa: E402
 from mp_rewrite.savedmodel.split_timing import DEFAULT_THREADS, ONE_THREAD  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
@@ -355,7 +355,8 @@ def test_batch_one_rows_are_checked_only_at_lengths_the_model_accepts(tmp_path):
 def test_low_precision_rows_agree_with_the_whole_but_for_round_off_by_norm_not_value_by_value():
     """A 4-layer keras-hub Llama in bfloat16 at 127 tokens: its rows' output had 125 of 32,512 values 2 bfloat16
     units from the whole graph's (0.03 at 2: past a 1e-2 bound value by value), 0.4% by norm; the whole graph is
-    1.0% from float32. A small output is held value by value. A wrong row, or a NaN moved, is refused."""
+    1.0% from float32. A small output is held value by value; float32 to ROW_ULPS units in its last place. A
+    wrong row, or a NaN moved, is refused."""
     rng = np.random.default_rng(0)
     whole = tf.cast(tf.constant(rng.normal(0, 1, [1, 127, 256])), tf.bfloat16).numpy().astype(np.float64)
     rounded = whole.copy().reshape(-1)
@@ -372,3 +373,11 @@ def test_low_precision_rows_agree_with_the_whole_but_for_round_off_by_norm_not_v
     assert not within_round_off(nan, rounded)
     pooled = np.array([0.05, -0.04, 0.06, 0.03])  # a small output (a pooled head): value by value, 0.001 apart
     assert within_round_off(pooled, pooled + 0.001) and not within_round_off(pooled, pooled + 0.03)
+    # float32 (keras-hub's CLIP text encoder at 15 tokens: 4.8 units of its largest value apart, 3.6 by norm)
+    unit, tolerance = float(np.finfo(np.float32).eps), ROW_ULPS * float(np.finfo(np.float32).eps)
+    exact = rng.normal(0, 1, [1, 15, 128]).astype(np.float32).astype(np.float64)
+    summed = exact + (rng.random(exact.shape) < 0.05) * rng.choice([-5, 5], exact.shape) * unit * np.abs(exact).max()
+    assert within_round_off(exact, summed, tolerance)
+    wrong = exact.copy()
+    wrong[0, 3] = exact[0, 4]
+    assert not within_round_off(exact, wrong, tolerance)
