@@ -111,7 +111,7 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
     unknown = f" (an unknown length: samples of {least} tokens or more)" if plan.unknown_length else ""
     if split != "auto":
         return routed, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches{unknown} (proven, and equal to "
-                                            "the whole graph at batch 1)")
+                                            "the whole graph at batch 1 but for round-off)")
     runners = {1: whole, ROW_PARTS: candidate}
     say(f"timing batch 1 in token rows, {SETTINGS}")
     timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])],
