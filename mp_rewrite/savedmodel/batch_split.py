@@ -80,10 +80,7 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
 def failed_check(whole, specs, dim: int, error) -> str:
     """Why the split's check or timing stopped on a TensorFlow `error`: the model's own, on the made-up inputs
     (ids past a vocabulary smaller than theirs), or the split's (a bug of ours). Frozen and in place."""
-    import tensorflow as tf
-    try:
-        whole(*feeds(specs, 3, seed=3, dim=dim))
-    except tf.errors.OpError:
+    if not _runs(whole, specs, 3, dim):
         return f"the split's check runs the model on made-up inputs, and the model failed on them ({tf_reason(error)})"
     return (f"the split failed where the model runs ({tf_reason(error)}); this is a bug of mp-rewrite, please report "
             "it with the model")
@@ -102,7 +99,7 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
         return imported, RowChoice(1, f"runs whole: {made}")
     candidate = _function(routed, specs, list(frozen.outputs), frozen.shapes, (), 1)
     longer = max(dim, least)
-    lengths = ([n for n in (longer, longer - 1 if longer > least else longer + 1) if _accepted(whole, specs, n)]
+    lengths = ([n for n in (longer, longer - 1 if longer > least else longer + 1) if _runs(whole, specs, 1, n)]
                or [longer]) if plan.unknown_length else [dim]
     unequal = next(filter(None, (unequal_outputs(whole, candidate, specs, exact, (1, 3), "in token rows", length)
                                  for length in lengths)), "")
@@ -120,12 +117,12 @@ def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split
     return (routed if choice.rows > 1 else imported), choice
 
 
-def _accepted(whole, specs, length: int) -> bool:
-    """Whether the whole call runs on made-up inputs `length` tokens long at batch 1: one a model refuses (past its
-    positions: BERT's 129 of 128) is not a length a caller can send, so no check of the rows there."""
+def _runs(whole, specs, batch: int, dim: int) -> bool:
+    """Whether the whole call runs on made-up inputs (`feeds`) of `batch` samples, an unknown length `dim` long: a
+    length a model refuses (past its positions: BERT's 129 of 128) is not one a caller can send."""
     import tensorflow as tf
     try:
-        whole(*feeds(specs, 1, seed=1, dim=length))
+        whole(*feeds(specs, batch, seed=batch, dim=dim))
     except tf.errors.OpError:
         return False
     return True
@@ -223,6 +220,7 @@ def unequal_outputs(whole, other, specs, exact: bool, batches, what: str, dim: i
     value apart at 15 tokens in keras-hub's CLIP text encoder, 3.6 by norm, where 16 and 17 tokens were bit for
     bit), ROUND_OFF where it computes in low precision; else why (`what` names `other`)."""
     import numpy as np
+    tolerance = ROW_ULPS * float(np.finfo(np.float32).eps) if exact else ROUND_OFF
     for batch in batches:
         tensors = feeds(specs, batch, seed=batch, dim=dim)
         want, got = whole(*tensors), other(*tensors)
@@ -230,12 +228,10 @@ def unequal_outputs(whole, other, specs, exact: bool, batches, what: str, dim: i
             a, b = want[key].numpy(), got[key].numpy()
             if a.shape != b.shape:
                 return f"output {key} is {b.shape} {what}, {a.shape} whole (batch {batch})"
-            same = within_round_off(a.astype(np.float64), b.astype(np.float64),
-                                    ROW_ULPS * float(np.finfo(np.float32).eps) if exact else ROUND_OFF) \
-                if np.issubdtype(a.dtype, np.floating) else np.array_equal(a, b)
-            if not same:
+            x, y = a.astype(np.float64), b.astype(np.float64)
+            if not (within_round_off(x, y, tolerance) if np.issubdtype(a.dtype, np.floating) else np.array_equal(a, b)):
                 return (f"output {key} {what} differs from the whole call at batch {batch} (largest "
-                        f"difference {np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))):.3g})")
+                        f"difference {np.max(np.abs(x - y)):.3g})")
     return ""
 
 
