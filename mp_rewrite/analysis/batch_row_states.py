@@ -88,6 +88,25 @@ def const_ints(node) -> list | None:
     return values + values[-1:] * (count - len(values))  # TensorProto repeats its last value
 
 
+def folded_ints(nodes: dict, tensor: str, depth: int = 4) -> list | None:
+    """The int values of `tensor` where they are constant: a Const, or an Identity, ConcatV2 or Pack of such
+    (Tensordot's permutation, computed so in a traced function that Grappler has not folded); None else."""
+    node = nodes.get(parse_input(tensor.lstrip("^"))[0])
+    if node is None or depth < 0:
+        return None
+    if node.op == "Const":
+        return const_ints(node)
+    data = [t for t in node.input if not t.startswith("^")]
+    if node.op == "Identity":
+        return folded_ints(nodes, data[0], depth - 1)
+    if node.op not in ("ConcatV2", "Pack") or (node.op == "ConcatV2" and folded_ints(nodes, data[-1], 0) != [0]):
+        return None
+    parts = [folded_ints(nodes, t, depth - 1) for t in (data[:-1] if node.op == "ConcatV2" else data)]
+    if any(p is None for p in parts) or (node.op == "Pack" and any(len(p) != 1 for p in parts)):
+        return None
+    return [v for p in parts for v in p]
+
+
 def rows_k(node, states) -> int:
     """The k shared by the `rows` inputs when every other input is `same`, or refuse."""
     ks = {s.k for s in states if s.kind == ROWS}

@@ -238,6 +238,24 @@ def _needed(graph_def, library_names: set, ops) -> list:
     return [n.name for n in graph_def.node if n.op in ops or _called(n, library_names)]
 
 
+def called_body_shapes(graph_def, bodies: list, batch: int | None = None, others: int | None = None) -> dict:
+    """{node: [shape per output]} of the last body of `bodies` [(FunctionDef, its body GraphDef)], each called by
+    the one before it and the first by `graph_def` (a MetaGraph's main graph, whose library holds them all): the
+    arguments of each shaped by what its caller feeds, the variables' shapes included (a signature's wrapper, then
+    the traced function it calls). `batch` and `others` as node_shapes takes them."""
+    library = graph_def.library
+    names = {f.signature.name for f in library.function}
+    graph, shapes, resources = graph_def, node_shapes(graph_def, batch=batch, others=others), _var_handles(graph_def)
+    for fdef, body in bodies:
+        feeds = {}
+        _feed_call_sites(graph, shapes, resources, names, feeds)
+        arg_shapes, resources = _function_args(body, fdef, feeds.get(fdef.signature.name, {}))
+        shapes = node_shapes(body, arg_shapes, resources, library, batch=batch, others=others)
+        resources.update(_var_handles(body))
+        graph = body
+    return shapes
+
+
 def result_shapes(result, batch: int | None = 1, ops=None) -> dict:
     """{graph: {node: [shape per output]}} for a RewriteResult: "" is the main graph, then every rewritten
     function by name (its arguments shaped by what its callers feed).

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from ..core.graph_view import parse_input
-from .batch_row_states import const_ints
+from ..core.op_support import attr_or_default
+from .batch_row_states import folded_ints
 
 ELEMENTWISE = frozenset({"AddV2", "Add", "Sub", "Mul", "RealDiv", "SquaredDifference", "Rsqrt", "Sqrt", "Erf", "Erfc",
                          "Identity", "Cast", "Relu", "Relu6", "Less", "Greater", "SelectV2", "BiasAdd", "Tanh",
@@ -15,6 +16,7 @@ ELEMENTWISE = frozenset({"AddV2", "Add", "Sub", "Mul", "RealDiv", "SquaredDiffer
                          "GreaterEqual", "LessEqual", "Log", "Abs", "Reciprocal", "Pow", "DivNoNan"})
 BATCH_MATMULS = frozenset({"BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
 REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod"})
+CHANNEL_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 WORK = frozenset({"MatMul", "Einsum"}) | BATCH_MATMULS  # what a split must cut
 SPLIT, LOCAL = "split", "local"
 
@@ -139,7 +141,7 @@ class RowWalk:
         if op in ELEMENTWISE:
             return self._elementwise(node, data)
         if op == "MatMul":
-            if node.attr["transpose_a"].b or self.axis(data[0]) != 0:
+            if attr_or_default(node, "transpose_a").b or self.axis(data[0]) != 0:
                 raise FedWhole("its rows are not split")
             return 0, [data[1]] if self.axis(data[1]) is not None else [], [], None
         if op == "Einsum":
@@ -153,14 +155,16 @@ class RowWalk:
             return self.axis(data[0]), [], [], None
         if op in REDUCTIONS:
             return self._reduction(node, data)
+        if op in CHANNEL_NORMS:
+            return self._channel_norm(node, data)
         if op == "Reshape":
             return self._reshape(node, data)
         if op in ("Transpose", "ExpandDims") and self.axis(data[1]) is None:
             return self._moved(node, data)
         if op == "GatherV2":
-            axis = const_ints(self.nodes.get(parse_input(data[2])[0]))
+            axis = folded_ints(self.nodes, data[2])
             if self.axis(data[0]) is not None or self.axis(data[1]) is None or axis != [0] or \
-                    node.attr["batch_dims"].i:
+                    attr_or_default(node, "batch_dims").i:
                 raise FedWhole("not a lookup by split indices")
             return self.axis(data[1]), [], [], None
         raise FedWhole("no rule")
@@ -191,7 +195,7 @@ class RowWalk:
         return axis, [], sliced, None
 
     def _einsum(self, node, data):
-        equation = node.attr["equation"].s.decode()
+        equation = attr_or_default(node, "equation").s.decode()
         ins, out = equation.replace(" ", "").split("->")
         operands = ins.split(",")
         if "." in equation or len(operands) != len(data):
@@ -206,12 +210,35 @@ class RowWalk:
 
     def _reduction(self, node, data):
         axis, rank = self.axis(data[0]), len(self.shape(data[0]) or ())
-        reduced = [a % rank for a in (const_ints(self.nodes.get(parse_input(data[1])[0])) or [axis])] if rank \
+        reduced = [a % rank for a in (folded_ints(self.nodes, data[1]) or [axis])] if rank \
             else [axis]
         if axis is None or axis in reduced or self.axis(data[1]) is not None:
             raise FedWhole("reduces the split axis")
-        keep = node.attr["keep_dims"].b
+        keep = attr_or_default(node, "keep_dims").b
         return (axis if keep else axis - sum(a < axis for a in reduced)), [], [], None
+
+    def _channel_norm(self, node, data):
+        """A FusedBatchNorm whose split axis is its channel axis (the rules' LayerNorm spelling: the rows as the
+        channels of [1, rows, features, 1] in NCHW, each normalized by its own statistics): each slice normalizes
+        its own channels. Its scale, offset, mean and variance are per channel: split alike, computed per slice
+        (filled to a slice's row count), sliced where whole and one per row, or empty (in training). Only its
+        output 0 may be read: the others hold the statistics per channel."""
+        channel = 1 if attr_or_default(node, "data_format").s.decode() in ("NCHW", "NCDHW") else len(self.shape(data[0]) or
+                                                                                            ()) - 1
+        if self.axis(data[0]) != channel:
+            raise FedWhole("normalizes over the split axis")
+        if any(parse_input(t)[1] for user in self.consumers.get(node.name, ())
+               for t in self.nodes[user].input if parse_input(t.lstrip("^"))[0] == node.name):
+            raise FedWhole("its statistics are read")
+        sliced = []
+        for t in data[1:]:
+            state, shape = self.states.get(parse_input(t)[0]), self.shape(t)
+            if (state is not None and (state[0] == LOCAL or self.axis(t) == 0)) or shape == (0,):
+                continue
+            if state is not None or shape != (self.rows,):
+                raise FedWhole(f"{t} {shape} is not one value per row")
+            sliced.append((t, 0, 1))
+        return channel, [], sliced, None
 
     def _batch_matmul(self, node, data):
         """On the rows of the first operand (the second gathered), or on the columns of the second (the first
@@ -220,8 +247,8 @@ class RowWalk:
         inner axis (keras-hub BERT's scores: queries^T and keys, both adjoint, as TensorFlow's einsum spells them)."""
         ranks = [len(self.shape(t) or ()) for t in data]
         out = len(self.shape(node.name) or ())
-        rows = all(ranks) and self.axis(data[0]) == ranks[0] - (1 if node.attr["adj_x"].b else 2)
-        columns = all(ranks) and self.axis(data[1]) == ranks[1] - (2 if node.attr["adj_y"].b else 1)
+        rows = all(ranks) and self.axis(data[0]) == ranks[0] - (1 if attr_or_default(node, "adj_x").b else 2)
+        columns = all(ranks) and self.axis(data[1]) == ranks[1] - (2 if attr_or_default(node, "adj_y").b else 1)
         if rows and not (columns and not self._softmax_allows(node.name, out - 2)):
             return out - 2, [data[1]] if self.axis(data[1]) is not None else [], [], None
         if columns:
@@ -240,7 +267,7 @@ class RowWalk:
             if user.op in ("Softmax", "LogSoftmax"):
                 return axis != rank - 1
             if user.op == "Transpose":
-                perm = const_ints(self.nodes.get(parse_input(user.input[1])[0]))
+                perm = folded_ints(self.nodes, user.input[1])
                 if perm is None:
                     return True
                 axis = [p % rank for p in perm].index(axis)
@@ -254,7 +281,7 @@ class RowWalk:
     def _moved(self, node, data):
         """Transpose or ExpandDims: the split axis where the permutation (or the new axis) puts it."""
         axis, rank = self.axis(data[0]), len(self.shape(data[0]) or ())
-        values = const_ints(self.nodes.get(parse_input(data[1])[0]))
+        values = folded_ints(self.nodes, data[1])
         if axis is None or not rank or values is None:
             raise FedWhole("the permutation or axis is not known")
         if node.op == "Transpose":
@@ -274,7 +301,7 @@ class RowWalk:
         p = found[0]
         if self.states.get(parse_input(data[1])[0]) is not None:  # computed per slice (a slice's Shape)
             return p, [], [], None
-        target = const_ints(self.nodes.get(parse_input(data[1])[0]))
+        target = folded_ints(self.nodes, data[1])
         if target is None:
             raise FedWhole("target not constant")
         if target[p] == -1:

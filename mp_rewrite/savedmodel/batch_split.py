@@ -33,7 +33,7 @@ from ..analysis.profile_cache import graph_bytes
 from ..analysis.shapes import node_shapes
 from ..errors import tf_reason
 from .frozen_function import imported_function
-from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, joined, row_function
+from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, row_function, rows_least, with_rows
 from .split_option import SERVE, split_function
 from .inputs import DEFAULT_DIM
 from .split_timing import CALLS, SETTINGS, feeds, saved_functions, times_in_both
@@ -72,9 +72,7 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
         function, choice = _batch_split(graph_def, graph, frozen, captured, imported, specs, split, say, dim)
     except tf.errors.OpError as e:  # the checks and the timing run the model on made-up inputs (ids < 1000)
         return whole, SplitChoice(1, f"not split: {failed_check(whole, specs, dim, e)}")
-    times = {s: {**at_one.times.get(s, {}), **choice.times.get(s, {})} for s in {**at_one.times, **choice.times}}
-    return function, dataclasses.replace(choice, why=joined(choice.why, choice.branches, at_one), times=times,
-                                         rows=at_one.rows)
+    return function, with_rows(choice, at_one)
 
 
 def failed_check(whole, specs, dim: int, error) -> str:
@@ -89,32 +87,41 @@ def failed_check(whole, specs, dim: int, error) -> str:
 def _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact: bool, say, dim: int):
     """(the frozen graph to call: `imported`, or the one routing batch 1 to its token rows (row_choice's), a
     RowChoice): what batch 1 runs. `graph()` gives the graph's bytes; the times are kept under them and the routed
-    graph's, so a change to the row split's plan times it again. A length the graph leaves unknown is planned at
-    SHAPE_OTHER, checked at `dim` and at a length of the other parity (uneven slices: one below, or above where
-    below is not routed to the rows) where the model accepts it, and timed at `dim` (--seq-len); a sample then runs
-    in rows from `dim` tokens up for "auto" (a split's gain grows with its rows), from 4 as asked."""
-    least = max(dim if split == "auto" else 0, 2 * ROW_PARTS)  # 2 rows a slice at least
+    graph's, so a change to the row split's plan times it again."""
+    least = rows_least(split, dim)
     routed, made, plan = row_function(graph_def, frozen, captured, SHAPE_OTHER, least)  # made: the GraphDef, or why
     if routed is None:
         return imported, RowChoice(1, f"runs whole: {made}")
     candidate = _function(routed, specs, list(frozen.outputs), frozen.shapes, (), 1)
+    choice = decided_rows(whole, candidate, specs, (split, exact, dim, least, plan.unknown_length),
+                          lambda: saved_functions({1: whole, ROW_PARTS: candidate}, captured),
+                          graph() + graph_bytes(made), say)
+    return (routed if choice.rows > 1 else imported), choice
+
+
+def decided_rows(whole, candidate, specs, asked: tuple, places, graph: bytes, say=lambda what: None) -> RowChoice:
+    """What batch 1 runs, frozen and in place: `candidate` (its token rows in ROW_PARTS branches) where it equals
+    the `whole` call at batch 1 and 3 but for round-off (unequal_outputs) and, for "auto", measured faster at batch 1
+    in one serving setting and not slower in the other (split_verdict.row_verdict: `places()` and `graph` as
+    chosen_split takes them). `asked` is (split, exact, dim, least, unknown_length): a length the graph leaves
+    unknown is checked at `dim` and at a length of the other parity (uneven slices: one below, or above where below
+    is not routed to the rows, `least` tokens) where the model accepts it, and timed at `dim` (--seq-len)."""
+    split, exact, dim, least, unknown_length = asked
     longer = max(dim, least)
     lengths = ([n for n in (longer, longer - 1 if longer > least else longer + 1) if _runs(whole, specs, 1, n)]
-               or [longer]) if plan.unknown_length else [dim]
+               or [longer]) if unknown_length else [dim]
     unequal = next(filter(None, (unequal_outputs(whole, candidate, specs, exact, (1, 3), "in token rows", length)
                                  for length in lengths)), "")
     if unequal:
-        return imported, RowChoice(1, f"runs whole: {unequal}")
-    unknown = f" (an unknown length: samples of {least} tokens or more)" if plan.unknown_length else ""
+        return RowChoice(1, f"runs whole: {unequal}")
+    unknown = f" (an unknown length: samples of {least} tokens or more)" if unknown_length else ""
     if split != "auto":
-        return routed, RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches{unknown} (proven, and equal to "
-                                            "the whole graph at batch 1 but for round-off)")
-    runners = {1: whole, ROW_PARTS: candidate}
+        return RowChoice(ROW_PARTS, f"token rows in {ROW_PARTS} branches{unknown} (proven, and equal to the whole "
+                                    "graph at batch 1 but for round-off)")
     say(f"timing batch 1 in token rows, {SETTINGS}")
-    timed = times_in_both(runners, specs, [(1, ROW_CALLS, [1, ROW_PARTS])],
-                          lambda: saved_functions(runners, captured), graph() + graph_bytes(made), dim)
-    choice = row_verdict(timed.times, timed.untimed, timed.busy, timed.note(), unknown)
-    return (routed if choice.rows > 1 else imported), choice
+    timed = times_in_both({1: whole, ROW_PARTS: candidate}, specs, [(1, ROW_CALLS, [1, ROW_PARTS])], places, graph,
+                          dim)
+    return row_verdict(timed.times, timed.untimed, timed.busy, timed.note(), unknown)
 
 
 def _runs(whole, specs, batch: int, dim: int) -> bool:
@@ -348,7 +355,8 @@ def chosen_split(whole, made: dict, specs, places, graph: bytes, dim: int = DEFA
     probed = times_in_both({1: whole, n: made[n]}, specs, [(b, CALLS, [1, n]) for b in between], places, graph,
                            dim)
     if probed.busy or set(probed.times) != set(timed.times):  # the first verdict stands, and the line says why
-        why = probed.busy or probed.untimed
-        return dataclasses.replace(choice, why=f"{choice.why}; batch {', '.join(map(str, between))} not judged: {why}")
+        why, serve = probed.busy or probed.untimed, f"; {SERVE}"  # the advice stays last, where the line ends
+        said = f"{choice.why.removesuffix(serve)}; batch {', '.join(map(str, between))} not judged: {why}"
+        return dataclasses.replace(choice, why=said + serve * choice.why.endswith(serve))
     times = {s: {**t, **probed.times[s]} for s, t in timed.times.items()}
     return split_verdict(times, timed.untimed, "", (timed.note() or probed.note()) + length)

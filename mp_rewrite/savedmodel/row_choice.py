@@ -63,6 +63,19 @@ def row_function(graph_def, frozen, captured, length: int, least: int = 0):
     return imported, graph, plan
 
 
+def rows_least(split, dim: int) -> int:
+    """The fewest tokens a sample of a length the graph leaves unknown needs to run in rows: for "auto", `dim`
+    (--seq-len), the length it is timed at (a split's gain grows with its rows); as asked, 2 per branch."""
+    return max(dim if split == "auto" else 0, 2 * ROW_PARTS)
+
+
+def with_rows(choice, row: RowChoice):
+    """The batch's SplitChoice (split_verdict.py) with batch 1's RowChoice: the line saying both (joined), the row
+    branches, and the times of both. Frozen and in place."""
+    times = {s: {**row.times.get(s, {}), **choice.times.get(s, {})} for s in {**row.times, **choice.times}}
+    return dataclasses.replace(choice, why=joined(choice.why, choice.branches, row), times=times, rows=row.rows)
+
+
 def joined(batch_why: str, branches: int, row: RowChoice) -> str:
     """The convert line for a batch split (split_verdict's or the "as asked" line) and batch 1's choice."""
     why = batch_why.removesuffix(f"; {SERVE}")

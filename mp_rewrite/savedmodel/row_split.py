@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2, tensor_pb2
 
-from ..analysis.batch_row_states import const_ints
+from ..analysis.batch_row_states import folded_ints
 from ..analysis.token_rows import SPLIT, TokenRows, row_plan
 from ..core.functions import unique_name
 from ..core.graph_view import parse_input
+from ..core.op_support import attr_or_default
 from .split_option import ROW_ROUTE
 
 INT32, INT64 = 3, 9
@@ -83,8 +84,8 @@ def node_dtype(node, port: int = 0) -> int:
         arg = op_def.output_arg[port]
         if arg.type:
             return arg.type
-        if arg.type_attr and node.attr[arg.type_attr].type:
-            return node.attr[arg.type_attr].type
+        if arg.type_attr and attr_or_default(node, arg.type_attr).type:
+            return attr_or_default(node, arg.type_attr).type
     for key in ("T", "dtype", "DstT", "Tparams"):
         if key in node.attr and node.attr[key].type:
             return node.attr[key].type
@@ -242,7 +243,7 @@ class _Surgery:
             if ("whole", name, 0) not in self.made:
                 self.made["whole", name, 0] = name
                 node = self.nodes[name]
-                self.out.append(const_node(name, self.plan.constants[name], node.attr["out_type"].type or INT32)
+                self.out.append(const_node(name, self.plan.constants[name], attr_or_default(node, "out_type").type or INT32)
                                 if name in self.plan.constants else
                                 copied(node, name, [self._whole(t) for t in node.input]))
             return tensor
@@ -272,10 +273,10 @@ class _Surgery:
                       else self._branch(t, i) for t in node.input]
             copy = copied(node, self._row_name(node.name, i), inputs)
             if node.name in plan.reshapes:
-                target = self.nodes[parse_input(node.input[1])[0]]
-                values = const_ints(target)
+                values = folded_ints(self.nodes, node.input[1])
                 values[plan.reshapes[node.name]] = plan.bounds[i + 1] - plan.bounds[i]
-                const = const_node(unique_name(copy.name + "/target", self.taken), values, target.attr["dtype"].type)
+                const = const_node(unique_name(copy.name + "/target", self.taken), values,
+                                   node_dtype(self.nodes[parse_input(node.input[1])[0]]))
                 copy.input[1] = const.name
                 self.out.append(const)
             self.out.append(copy)

@@ -30,7 +30,9 @@ from ..model.files import read_saved_model
 from ..model.runtime import LINKED, load_saved_model
 from ..model.signatures import signature_keys
 from ..model.tags import load_tags, select_meta_graphs
-from .batch_split import analysed, chosen_split, failed_check, mixed_samples, split_candidates
+from .batch_split import SHAPE_OTHER, analysed, chosen_split, decided_rows, failed_check, mixed_samples, split_candidates
+from .row_choice import ROW_PARTS, RowChoice, rows_least, with_rows
+from .rows_in_place import rows_body
 from .frozen_function import remove_tree
 from .freeze import weights_form
 from .frozen_signature import freeze_signature
@@ -46,8 +48,10 @@ def split_in_place(rewritten, split, tag_set=None, dim: int = DEFAULT_DIM):
     times an unknown input dimension after the batch at, --seq-len), the lines in its notes and in `split`."""
     if split == "off":
         return rewritten
+    exact = not any(r.retyped or r.emulated for graph in rewritten.graphs.values()
+                    for r in (graph, *graph.functions.values()))  # batch 1's rows then agree to float32's round-off
     saved_model, lines = split_signatures(rewritten.files, rewritten.saved_model, rewritten.keys, split, tag_set,
-                                          dim)
+                                          dim, exact)
     return dataclasses.replace(rewritten, saved_model=saved_model, notes=[*rewritten.notes, *lines],
                                split=tuple(lines))
 
@@ -66,7 +70,8 @@ def split_written(directory, target, split, tag_set=None) -> tuple[bool, list[st
     return True, lines
 
 
-def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = DEFAULT_DIM) -> tuple[object, list]:
+def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = DEFAULT_DIM,
+                     exact: bool | None = None) -> tuple[object, list]:
     """(the SavedModel with each signature of `keys` (None: all) split where proven, checked and, for "auto",
     measured faster; one line per signature wrapper: what it became and why). The proto is returned as given where
     nothing is split; else a copy.
@@ -75,6 +80,8 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
         files: the directory whose variables and assets go with `saved_model` (it is loaded from a copy linking them).
         split: "auto" or N (split_option.parse_split).
         dim: the length "auto" times an unknown input dimension after the batch at.
+        exact: the model computes in float32 (its token rows at batch 1 are then checked to float32's round-off);
+            None: batch 1 runs whole (`--tune --split` splits the batch alone).
     """
     chosen = select_meta_graphs(saved_model, tag_set)
     if len(chosen) != 1:
@@ -98,38 +105,59 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
             # Wrappers of one body (Keras' "serve" and "serving_default") are analysed and timed once, split alike
             # (each split copy still checked).
             earlier = decided.get(_callees(meta_graph, wrapper))
-            if earlier is not None and earlier.branches == 1:
+            if earlier is not None and earlier.branches == earlier.rows == 1:
                 made, choice = meta_graph, earlier
             else:
+                asked = (earlier.branches, earlier.least, earlier.rows) if earlier else (split, 0, 0)
                 made, choice = _split_one(files, saved_model, index, meta_graph, (original, loaded), wrapper,
-                                          entries, (earlier.branches, earlier.least) if earlier else (split, 0), stack,
-                                          dim)
-                choice = earlier if earlier is not None and choice.branches > 1 else choice
+                                          entries, asked, stack, dim, exact)
+                same = earlier is not None and (choice.branches, choice.rows) == (earlier.branches, earlier.rows)
+                choice = earlier if same else choice
             decided.setdefault(_callees(meta_graph, wrapper), choice)
-            meta_graph, split_any = made, split_any or choice.branches > 1
+            meta_graph, split_any = made, split_any or choice.branches > 1 or choice.rows > 1
             said.setdefault(choice.why, []).extend(key for key, _ in entries)
     lines += [f"{', '.join(f'signature {key}' for key in keys)}: {why}" for why, keys in said.items()]
     return (_with_meta_graph(saved_model, index, meta_graph) if split_any else saved_model), lines
 
 
-def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, entries, asked, stack, dim: int):
+def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, entries, asked, stack, dim: int,
+               exact):
     """(the MetaGraph with `wrapper` split or as it was, the SplitChoice) for the signatures `entries` [(key,
     {input: argument position})] that call it; `staged_original` is (the directory `saved_model` was staged in, its
-    loaded copy); `asked` is (split: "auto" or N, the smallest batch split where N is given: SplitChoice.least);
-    `dim` the length "auto" times at."""
+    loaded copy); `asked` is (split: "auto" or N, the smallest batch split where N is given: SplitChoice.least,
+    batch 1's token-row branches where an earlier wrapper of the same body chose them, else 0: decided here);
+    `dim` the length "auto" times at; `exact`: the model computes in float32 (None: batch 1 is not split)."""
     import tensorflow as tf
 
     original, loaded = staged_original
-    split, least = asked
     key, positions = entries[0]
-    carried, why = _carried(loaded, key, positions, files, meta_graph, wrapper)
-    if why:
-        return meta_graph, SplitChoice(1, f"not split: {why}")
     signature = loaded.signatures[key]
     given = signature.structured_input_signature[1]
     names = sorted(given)
     specs = [tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names]
     whole = _positional(signature, names)
+    carried, why = _carried(loaded, key, positions, files, meta_graph, wrapper)
+    if why or asked[0] == 1:  # refused, or an earlier wrapper of the same body ran its batch whole
+        made, choice = meta_graph, SplitChoice(1, f"not split: {why or 'as the same function called otherwise'}")
+    else:
+        made, choice = _batches(files, saved_model, index, meta_graph, (original, whole, specs, names), wrapper,
+                                (key, carried), asked[:2], stack, dim)
+    if exact is None or asked[2] == 1:
+        return made, choice
+    rows_asked = asked[0] if not asked[2] else asked[2]
+    return _rows(files, saved_model, index, meta_graph, (original, whole, specs, names), wrapper, entries[0],
+                 (made, choice, carried or []), (rows_asked, exact), stack, dim)
+
+
+def _batches(files, saved_model, index, meta_graph, called, wrapper, signature, asked, stack, dim: int):
+    """(the MetaGraph with `wrapper`'s batch split or as it was, the SplitChoice): `called` is (the directory the
+    converted model was staged in, its signature called whole, its TensorSpecs, their names in order), `signature`
+    (its key, per wrapper argument whether it carries the batch), `asked` (split, least) as _split_one's."""
+    import tensorflow as tf
+
+    original, whole, specs, names = called
+    key, carried = signature
+    split, least = asked
     candidates, functions, staged = {}, {}, {}
     for n in split_candidates(split):
         candidates[n] = split_wrapper(meta_graph, wrapper, carried, n, output_shapes(meta_graph, key))
@@ -157,6 +185,39 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
         return meta_graph, choice
     return (split_wrapper(meta_graph, wrapper, carried, choice.branches, output_shapes(meta_graph, key), choice.least)
             if choice.least else candidates[choice.branches]), choice
+
+
+def _rows(files, saved_model, index, meta_graph, called, wrapper, entry, batches, asked, stack, dim: int):
+    """(the MetaGraph `batches` made, with batch 1 routed to the token rows of the function `wrapper` calls where
+    they are proven, checked and, for "auto", measured faster; the SplitChoice saying both): `called` and `entry`
+    (key, {input: argument position}) as _split_one's, `batches` (the MetaGraph and SplitChoice of the batch split,
+    the wrapper's carried arguments), `asked` (split for batch 1, exact)."""
+    import tensorflow as tf
+
+    original, whole, specs, names = called
+    key, positions = entry
+    made, choice, carried = batches
+    split, exact = asked
+    rows, why = rows_body(meta_graph, wrapper, positions, ROW_PARTS, SHAPE_OTHER)
+    if rows is None:
+        return made, with_rows(choice, RowChoice(1, f"runs whole: {why}"))
+    least = rows_least(split, dim)
+    candidate = split_wrapper(meta_graph, wrapper, carried, choice.branches, output_shapes(meta_graph, key),
+                              choice.least, rows, least)
+    tags = load_tags(meta_graph)
+    staged = stack.enter_context(_staged(files, _with_meta_graph(saved_model, index, candidate)))
+    places = {1: (original, key, tags), ROW_PARTS: (staged, key, tags)}
+    graph = graph_bytes(candidate.graph_def) + f"\0{key}\0{wrapper}".encode()
+    try:
+        function = _positional(load_saved_model(staged, "token rows", tags).signatures[key], names)
+        row = decided_rows(whole, function, specs, (split, exact, dim, least, rows.unknown_length),
+                           lambda: contextlib.nullcontext(places), graph)
+    except ModelError as e:
+        row = RowChoice(1, f"runs whole: the copy with its token rows did not load ({tf_reason(e)}); this is a bug "
+                           "of mp-rewrite, please report it with the model")
+    except tf.errors.OpError as e:
+        row = RowChoice(1, f"runs whole: {failed_check(whole, specs, dim, e)}")
+    return (candidate if row.rows > 1 else made), with_rows(choice, row)
 
 
 def _carried(loaded, key: str, positions: dict, files, meta_graph, wrapper: str) -> tuple[list | None, str]:

@@ -11,7 +11,8 @@ SPLIT_FORMS = ("auto", "off")
 # The name of a split signature's function (its FunctionDef: "__inference_split_batch_in_2_123", or
 # "__inference_split_batch_in_2_from_32_123" where batches below 32 run whole): what `inspect` finds in a written model.
 _SPLIT_DEF = re.compile(r"__inference_split_batch_in_(\d+)(?:_from_(\d+))?_\d+$")
-# The Switch that routes batch 1 to a frozen graph's token rows (row_split.routed_rows): "<input>/token_rows_in_2".
+# What routes batch 1 to the token rows: a frozen graph's Switch (row_split.routed_rows, "<input>/token_rows_in_2"),
+# or in place, the wrapper's If (split_wrapper.split_wrapper, "one_sample/token_rows_in_2").
 ROW_ROUTE = "token_rows_in_{}"
 _ROW_ROUTE = re.compile(r"/token_rows_in_(\d+)$")
 SERVE = ("serve it with one intra-op thread: TF_NUM_INTRAOP_THREADS=1, "
@@ -46,8 +47,8 @@ def split_branches(function_names) -> tuple[int, int] | None:
 
 
 def row_branches(functions) -> int | None:
-    """The number of token-row branches batch 1 runs in (the largest), from the Switch nodes of `functions`
-    (FunctionDefs); None if no signature splits its rows."""
-    found = [int(m.group(1)) for f in functions for n in f.node_def if n.op == "Switch"
+    """The number of token-row branches batch 1 runs in (the largest), from the Switch (frozen) and If (in place)
+    nodes of `functions` (FunctionDefs); None if no signature splits its rows."""
+    found = [int(m.group(1)) for f in functions for n in f.node_def if n.op in ("Switch", "If")
              for m in [_ROW_ROUTE.search(n.name)] if m]
     return max(found) if found else None

@@ -9,6 +9,10 @@ only the wrapper:
     wrapper(args) = If(batch >= least, split_batch_in_N(args), whole_batch(args))   (least: N, or more)
     split_batch_in_N(args) = concat_0(whole_batch(slice_0(args)), ..., whole_batch(slice_N-1(args)))
 
+and where batch 1 runs in token rows (rows_in_place.py), the wrapper first routes one sample to them:
+
+    wrapper(args) = If(batch == 1, one_sample_token_rows_in_2(args), batches(args))
+
 `whole_batch` is the wrapper's original body under a new name; the slices are SplitV on axis 0 of the arguments that
 carry the batch (uneven where N does not divide the batch); the other arguments (the variables' handles, inputs the
 analysis found not to carry the batch) go whole to every branch, so the variables are read, not copied. The If is
@@ -21,10 +25,10 @@ from __future__ import annotations
 import re
 
 from ..errors import ModelError
-from .split_option import split_function
+from .split_option import ROW_ROUTE, split_function
 
 CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
-_DIGITS = re.compile(r"_(\d+)$")
+DIGITS = re.compile(r"_(\d+)$")
 
 
 def signature_wrapper(meta_graph, key: str) -> tuple[str, dict]:
@@ -62,17 +66,21 @@ def output_shapes(meta_graph, key: str) -> list | None:
         [info.tensor_shape for info in found]
 
 
-def split_wrapper(meta_graph, wrapper: str, carried: list[bool], branches: int, shapes=None, least: int = 0):
-    """A copy of `meta_graph` whose function `wrapper` runs its body once per slice of the batch.
+def split_wrapper(meta_graph, wrapper: str, carried: list[bool], branches: int, shapes=None, least: int = 0,
+                  rows=None, rows_least: int = 0):
+    """A copy of `meta_graph` whose function `wrapper` runs its body once per slice of the batch, and/or batch 1 in
+    the token rows of `rows`.
 
     Args:
         meta_graph: a MetaGraphDef (never modified).
         wrapper: the signature wrapper's name (signature_wrapper).
         carried: per argument of the wrapper, whether it carries the batch on axis 0 (at least one does).
-        branches: N >= 2.
+        branches: N >= 2, or 1: the batch is not split (then `rows` is given).
         shapes: the wrapper's outputs' static shapes (TensorShapeProtos: output_shapes), kept on the If; None:
             unknown.
         least: the smallest batch split (0: `branches`); a smaller one runs whole.
+        rows: a rows_in_place.RowsBody: a batch of one sample calls its token-row split of the function the wrapper
+            calls (where the length is unknown, a sample of `rows_least` tokens or more); None: batch 1 runs whole.
 
     Returns:
         The new MetaGraphDef.
@@ -84,19 +92,43 @@ def split_wrapper(meta_graph, wrapper: str, carried: list[bool], branches: int, 
     original = type(library.function[index])()
     original.CopyFrom(library.function[index])
     taken = {f.signature.name for f in library.function}
-    digits = (_DIGITS.search(wrapper) or [None, "0"])[1]
-    whole_name = _unique(f"__inference_whole_batch_{digits}", taken)
-    split_name = _unique(f"__inference_{split_function(branches, least)}_{digits}", taken)
-    whole = library.function.add()
-    whole.CopyFrom(original)
-    whole.signature.name = whole_name
-    split = library.function.add()
-    _fill_split(split, original, split_name, whole_name, carried, branches)
-    _fill_dispatch(library.function[index], split_name, whole_name, carried.index(True), least or branches, shapes)
+    digits = (DIGITS.search(wrapper) or [None, "0"])[1]
+    whole_name = unique_function(f"__inference_whole_batch_{digits}", taken)
+    _renamed(library.function.add(), original, whole_name)
+    batch_arg = carried.index(True) if branches > 1 else 0
+    if branches > 1:
+        split_name = unique_function(f"__inference_{split_function(branches, least)}_{digits}", taken)
+        _fill_split(library.function.add(), original, split_name, whole_name, carried, branches)
+        batches = (library.function[index] if rows is None else
+                   _renamed(library.function.add(), original, unique_function(f"__inference_batches_{digits}",
+                                                                              taken)))
+        condition = [*_dimension(original.signature.input_arg[batch_arg], "split_batch/batch", 0),
+                     _node("split_batch/least", "Const", [], dtype=_type("int32"), value=_int_tensor(least or branches)),
+                     _node("split_batch/enough", "GreaterEqual", ["split_batch/batch:output:0",
+                                                                  "split_batch/least:output:0"], T=_type("int32"))]
+        _fill_dispatch(batches, "split_batch/dispatch", condition, "split_batch/enough:z:0", split_name, whole_name, shapes)
+        whole_name = batches.signature.name
+    if rows is None:
+        return new
+    library.function.add().CopyFrom(rows.function)
+    rows_name = unique_function(f"__inference_one_sample_{ROW_ROUTE.format(rows.parts)}_{digits}", taken)
+    for node in _renamed(library.function.add(), original, rows_name).node_def:
+        if node.op in CALL_OPS and node.attr["f"].func.name == rows.called:
+            node.attr["f"].func.name = rows.function.signature.name
+    _fill_dispatch(library.function[index], f"one_sample/{ROW_ROUTE.format(rows.parts)}",
+                   *_one_sample(original.signature.input_arg[rows.arg], rows_least if rows.unknown_length else 0),
+                   rows_name, whole_name, shapes)
     return new
 
 
-def _unique(name: str, taken: set) -> str:
+def _renamed(function, original, name: str):
+    """`function` made a copy of `original` named `name` (returned)."""
+    function.CopyFrom(original)
+    function.signature.name = name
+    return function
+
+
+def unique_function(name: str, taken: set) -> str:
     base, n = name, 1
     while name in taken:
         name, n = f"{base}{n}", n + 1  # still ends in digits: TF's loader strips "__inference_" and "_<digits>"
@@ -112,32 +144,47 @@ def _types(args) -> list[int]:
     return [arg.type for arg in args]
 
 
-def _fill_dispatch(function, split_name: str, whole_name: str, batch_arg: int, least: int, shapes) -> None:
-    """The wrapper's body replaced (its signature, argument attributes and attributes kept): If(batch >= least)."""
+def _fill_dispatch(function, name: str, condition: list, tensor: str, then_name: str, else_name: str,
+                   shapes) -> None:
+    """The function's body replaced (its signature, argument attributes and attributes kept) by the `condition`
+    nodes and If(`tensor`, then_name(args), else_name(args)), the If named `name`."""
     args = [arg.name for arg in function.signature.input_arg]
     outputs = function.signature.output_arg
     del function.node_def[:]
     function.ret.clear()
-    nodes = _batch_size(args[batch_arg], function.signature.input_arg[batch_arg].type)
-    nodes.append(_node("split_batch/least", "Const", [], dtype=_type("int32"), value=_int_tensor(least)))
-    nodes.append(_node("split_batch/enough", "GreaterEqual", ["split_batch/batch:output:0",
-                                                              "split_batch/least:output:0"], T=_type("int32")))
-    dispatch = _node("split_batch/dispatch", "If", ["split_batch/enough:z:0", *args], Tcond=_type("bool"),
+    dispatch = _node(name, "If", [tensor, *args], Tcond=_type("bool"),
                      Tin=_type_list(_types(function.signature.input_arg)), Tout=_type_list(_types(outputs)),
-                     then_branch=_func(split_name), else_branch=_func(whole_name), _lower_using_switch_merge=True)
+                     then_branch=_func(then_name), else_branch=_func(else_name), _lower_using_switch_merge=True)
     if shapes is not None and len(shapes) == len(outputs):
         dispatch.attr["output_shapes"].list.shape.extend(shapes)
     else:
         dispatch.attr["output_shapes"].list.SetInParent()
-    nodes.append(dispatch)
     # An Identity per output, as tf.cond writes them: once the If is lowered, each reads its own Merge.
-    nodes += [_node(f"split_batch/output_{j}", "Identity", [f"split_batch/dispatch:output:{j}"], T=_dtype(out.type))
-              for j, out in enumerate(outputs)]
+    prefix = name.split("/")[0]
+    nodes = [*condition, dispatch, *(_node(f"{prefix}/output_{j}", "Identity", [f"{name}:output:{j}"],
+                                           T=_dtype(out.type)) for j, out in enumerate(outputs))]
     function.node_def.extend(nodes)
     for j, out in enumerate(outputs):
-        function.ret[out.name] = f"split_batch/output_{j}:output:0"
-    for name in list(function.control_ret):
-        function.control_ret[name] = "split_batch/dispatch"
+        function.ret[out.name] = f"{prefix}/output_{j}:output:0"
+    for control in list(function.control_ret):
+        function.control_ret[control] = name
+
+
+def _one_sample(arg, least: int) -> tuple[list, str]:
+    """(nodes, their boolean tensor): whether the argument `arg` (an OpDef.ArgDef) holds one sample, and where
+    `least` is given, at least `least` long on axis 1 (its tokens)."""
+    int32 = _type("int32")
+    nodes = [*_dimension(arg, "one_sample/batch", 0),
+             _node("one_sample/one", "Const", [], dtype=int32, value=_int_tensor(1)),
+             _node("one_sample/is_one", "Equal", ["one_sample/batch:output:0", "one_sample/one:output:0"], T=int32)]
+    if not least:
+        return nodes, "one_sample/is_one:z:0"
+    nodes += [*_dimension(arg, "one_sample/length", 1),
+              _node("one_sample/least", "Const", [], dtype=int32, value=_int_tensor(least)),
+              _node("one_sample/is_long", "GreaterEqual", ["one_sample/length:output:0", "one_sample/least:output:0"],
+                    T=int32),
+              _node("one_sample/rows", "LogicalAnd", ["one_sample/is_one:z:0", "one_sample/is_long:z:0"])]
+    return nodes, "one_sample/rows:z:0"
 
 
 def _fill_split(function, original, name: str, whole_name: str, carried: list[bool], branches: int) -> None:
@@ -151,7 +198,7 @@ def _fill_split(function, original, name: str, whole_name: str, carried: list[bo
     out_types = _types(original.signature.output_arg)
     args = [arg.name for arg in original.signature.input_arg]
     first = carried.index(True)
-    nodes = _batch_size(args[first], arg_types[first])
+    nodes = _dimension(original.signature.input_arg[first], "split_batch/batch", 0)
     int32 = _type("int32")
     nodes += [
         _node("split_batch/branches", "Const", [], dtype=int32, value=_int_tensor(branches)),
@@ -185,15 +232,16 @@ def _fill_split(function, original, name: str, whole_name: str, carried: list[bo
     function.node_def.extend(nodes)
 
 
-def _batch_size(arg: str, dtype: int) -> list:
-    """Nodes computing the batch size (a scalar int32) of argument `arg` as split_batch/batch."""
+def _dimension(arg, name: str, axis: int) -> list:
+    """Nodes computing the size (a scalar int32) of the argument `arg`'s `axis` as `name`."""
     int32 = _type("int32")
     return [
-        _node("split_batch/shape", "Shape", [arg], T=_dtype(dtype), out_type=int32),
-        _node("split_batch/zero", "Const", [], dtype=int32, value=_int_tensor([0])),
-        _node("split_batch/one", "Const", [], dtype=int32, value=_int_tensor([1])),
-        _node("split_batch/batch", "StridedSlice", ["split_batch/shape:output:0", "split_batch/zero:output:0",
-                                                    "split_batch/one:output:0", "split_batch/one:output:0"],
+        _node(f"{name}/shape", "Shape", [arg.name], T=_dtype(arg.type), out_type=int32),
+        _node(f"{name}/begin", "Const", [], dtype=int32, value=_int_tensor([axis])),
+        _node(f"{name}/end", "Const", [], dtype=int32, value=_int_tensor([axis + 1])),
+        _node(f"{name}/stride", "Const", [], dtype=int32, value=_int_tensor([1])),
+        _node(name, "StridedSlice", [f"{name}/shape:output:0", f"{name}/begin:output:0", f"{name}/end:output:0",
+                                     f"{name}/stride:output:0"],
               T=int32, Index=int32, begin_mask=0, end_mask=0, ellipsis_mask=0, new_axis_mask=0, shrink_axis_mask=1),
     ]
 

@@ -1,0 +1,93 @@
+"""Batch 1's token rows in place (`convert --split auto|N` without --freeze): the traced function a signature's
+wrapper calls, split on one sample's token rows (analysis/token_rows.py plans it, row_split.split_rows builds it),
+added to the library beside the function as it was. The wrapper then routes a batch of 1 to it
+(split_wrapper.split_wrapper's `rows`); every function the pass rewrote stays as written, and both read the same
+variables, so the model is no larger but for the split function's nodes.
+
+The plan is made on the function's body as the pass wrote it: its weights are ReadVariableOps of its resource
+arguments (their shapes come from the main graph's VarHandleOps, through the wrapper: shapes.called_body_shapes),
+and what Grappler would fold (Tensordot's permutation, a ConcatV2 of constants) is read as the constant it is
+(batch_row_states.folded_ints). Protos in, protos out; what is written is decided by split_in_place.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..analysis.shapes import called_body_shapes
+from ..analysis.token_rows import token_rows
+from ..core.functions import function_to_graph, graph_to_function
+from ..core.graph_view import parse_input
+from ..core.op_support import Signatures
+from ..errors import GraphError
+from .row_split import copied, split_rows
+from .split_option import ROW_ROUTE
+from .split_wrapper import CALL_OPS, DIGITS, unique_function
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsBody:
+    """The token-row split of the function a wrapper calls.
+
+    Attributes:
+        function: the split function (a FunctionDef with the called function's signature, under a new name).
+        called: the name of the function it splits.
+        arg: the wrapper's argument holding the tokens.
+        parts: the number of branches.
+        unknown_length: the function leaves the token count unknown: only samples long enough go to the rows.
+    """
+
+    function: object
+    called: str
+    arg: int
+    parts: int
+    unknown_length: bool
+
+
+def rows_body(meta_graph, wrapper: str, positions: dict, parts: int, length: int) -> tuple[RowsBody | None, str]:
+    """(the token-row split of the function `wrapper` calls, "") or (None, why not).
+
+    Args:
+        meta_graph: the MetaGraphDef (never modified); wrapper: a signature's wrapper function (signature_wrapper).
+        positions: {signature input: the wrapper argument it feeds}.
+        parts: the number of branches; length: the stand-in token count where the function leaves it unknown.
+    """
+    library = meta_graph.graph_def.library
+    functions = {f.signature.name: f for f in library.function}
+    outer = functions[wrapper]
+    calls = [n for n in outer.node_def if n.op in CALL_OPS]
+    called = functions.get(calls[0].attr["f"].func.name) if len(calls) == 1 else None
+    if called is None:
+        return None, "its wrapper does not call one traced function"
+    signatures = Signatures(library)
+    try:
+        outer_body, body = function_to_graph(outer, signatures), function_to_graph(called, signatures)
+    except GraphError as e:
+        return None, str(e)
+    shapes = called_body_shapes(meta_graph.graph_def, [(outer, outer_body.graph_def), (called, body.graph_def)],
+                                batch=1, others=length)
+    args = [a.name for a in outer.signature.input_arg]
+    fed = [t for t in calls[0].input if not t.startswith("^")]
+    inputs = {}  # the called function's argument tensor -> the wrapper's argument position
+    for position in sorted(positions.values()):
+        if args[position] in fed:
+            inputs[f"{called.signature.input_arg[fed.index(args[position])].name}:0"] = position
+    nodes = {n.name: n for n in body.graph_def.node}
+    outputs = [nodes[name].input[0] for name in body.retvals]
+    plan = token_rows(body.graph_def, list(inputs), outputs, shapes, parts)
+    if not plan.splittable:
+        return None, plan.reason
+    split, fetched = split_rows(body.graph_def, plan)
+    made = {n.name for n in split.node}
+    missing = [nodes[name] for name in body.control_outputs if name not in made]
+    if any(parse_input(t.lstrip("^"))[0] not in made for node in missing for t in node.input):
+        return None, "a control output of its function reads what the rows compute"
+    split.node.extend(missing)
+    split.node.extend(copied(nodes[name], name, [fetched[output]]) for name, output in zip(body.retvals, outputs))
+    function = graph_to_function(split, called, signatures)
+    stem = DIGITS.sub("", called.signature.name.removeprefix("__inference_"))
+    digits = (DIGITS.search(called.signature.name) or [None, "0"])[1]
+    function.signature.name = unique_function(f"__inference_{stem}_{ROW_ROUTE.format(parts)}_{digits}",
+                                              set(functions))
+    return RowsBody(function, called.signature.name, inputs[plan.input], parts, plan.unknown_length), ""
+
