@@ -147,9 +147,14 @@ def row_plan(graph_def, input_tensor: str, axis: int, outputs, shapes: dict, par
 
 
 def _declared_shape(graph_def, tensor: str):
-    """The shape a Placeholder declares (None for an unknown dimension), or None (no Placeholder, unknown rank)."""
+    """The shape a Placeholder, or a function's _Arg, declares (None for an unknown dimension), or None (no such
+    node, unknown rank)."""
     name = parse_input(tensor)[0]
-    node = next((n for n in graph_def.node if n.name == name and n.op == "Placeholder"), None)
-    if node is None or "shape" not in node.attr or node.attr["shape"].shape.unknown_rank:
+    node = next((n for n in graph_def.node if n.name == name and n.op in ("Placeholder", "_Arg")), None)
+    if node is not None and "shape" in node.attr:
+        shape = node.attr["shape"].shape
+    elif node is not None and "_output_shapes" in node.attr and node.attr["_output_shapes"].list.shape:
+        shape = node.attr["_output_shapes"].list.shape[0]
+    else:
         return None
-    return [d.size if d.size >= 0 else None for d in node.attr["shape"].shape.dim]
+    return None if shape.unknown_rank else [d.size if d.size >= 0 else None for d in shape.dim]

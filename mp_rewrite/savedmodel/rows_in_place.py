@@ -22,7 +22,7 @@ from ..core.op_support import Signatures
 from ..errors import GraphError
 from .row_split import copied, split_rows
 from .split_option import ROW_ROUTE
-from .split_wrapper import CALL_OPS, DIGITS, unique_function
+from .split_wrapper import CALL_OPS, DIGITS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,21 @@ class RowsBody:
     arg: int
     parts: int
     unknown_length: bool
+
+
+def _named(function, called: str, route: str, functions: dict) -> str:
+    """The split function's name: "__inference_<called>_token_rows_in_2_<digits>" (ending in digits, as TF's loader
+    wants), the name of the same function where another wrapper of `called` made it already (Keras' "serve" and
+    "serving_default": one split function for both), or else one no function of the library holds."""
+    stem = DIGITS.sub("", called.removeprefix("__inference_"))
+    name = base = f"__inference_{stem}_{route}_{(DIGITS.search(called) or [None, '0'])[1]}"
+    n = 1
+    while name in functions:
+        function.signature.name = name
+        if functions[name] == function:
+            return name
+        name, n = f"{base}{n}", n + 1
+    return name
 
 
 def rows_body(meta_graph, wrapper: str, positions: dict, parts: int, length: int) -> tuple[RowsBody | None, str]:
@@ -73,6 +88,9 @@ def rows_body(meta_graph, wrapper: str, positions: dict, parts: int, length: int
         if args[position] in fed:
             inputs[f"{called.signature.input_arg[fed.index(args[position])].name}:0"] = position
     nodes = {n.name: n for n in body.graph_def.node}
+    for i, arg in enumerate(called.signature.input_arg):  # the shapes the arguments declare: an unknown length
+        if i in called.arg_attr and "_output_shapes" in called.arg_attr[i].attr:  # stays unknown to the plan
+            nodes[arg.name].attr["_output_shapes"].CopyFrom(called.arg_attr[i].attr["_output_shapes"])
     outputs = [nodes[name].input[0] for name in body.retvals]
     plan = token_rows(body.graph_def, list(inputs), outputs, shapes, parts)
     if not plan.splittable:
@@ -85,9 +103,6 @@ def rows_body(meta_graph, wrapper: str, positions: dict, parts: int, length: int
     split.node.extend(missing)
     split.node.extend(copied(nodes[name], name, [fetched[output]]) for name, output in zip(body.retvals, outputs))
     function = graph_to_function(split, called, signatures)
-    stem = DIGITS.sub("", called.signature.name.removeprefix("__inference_"))
-    digits = (DIGITS.search(called.signature.name) or [None, "0"])[1]
-    function.signature.name = unique_function(f"__inference_{stem}_{ROW_ROUTE.format(parts)}_{digits}",
-                                              set(functions))
+    function.signature.name = _named(function, called.signature.name, ROW_ROUTE.format(parts), functions)
     return RowsBody(function, called.signature.name, inputs[plan.input], parts, plan.unknown_length), ""
 

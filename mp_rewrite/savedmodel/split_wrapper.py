@@ -110,7 +110,8 @@ def split_wrapper(meta_graph, wrapper: str, carried: list[bool], branches: int, 
         whole_name = batches.signature.name
     if rows is None:
         return new
-    library.function.add().CopyFrom(rows.function)
+    if rows.function.signature.name not in taken:  # else made for another wrapper of the same function
+        library.function.add().CopyFrom(rows.function)
     rows_name = unique_function(f"__inference_one_sample_{ROW_ROUTE.format(rows.parts)}_{digits}", taken)
     for node in _renamed(library.function.add(), original, rows_name).node_def:
         if node.op in CALL_OPS and node.attr["f"].func.name == rows.called:

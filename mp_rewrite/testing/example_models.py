@@ -160,6 +160,18 @@ def token_transformer(layers: int = 4, d_model: int = 256, heads: int = 8, ff: i
     return keras.Model(tokens, keras.layers.Dense(classes)(pooled))
 
 
+def masked_transformer(length: int | None = 16, vocabulary: int = 100) -> keras.Model:
+    """Token ids and a padding mask [batch, tokens] (`length` None: left unknown, as keras-hub exports it); one
+    attention layer masked on the query and the key rows, a LayerNorm, a GELU Dense, pooling and logits."""
+    tokens = keras.Input((length,), dtype="int32", name="tokens")
+    mask = keras.Input((length,), dtype="int32", name="mask")
+    x = keras.layers.Embedding(vocabulary, 16)(tokens)
+    pair = keras.ops.cast(keras.ops.expand_dims(mask, 2) * keras.ops.expand_dims(mask, 1), "bool")
+    x = keras.layers.LayerNormalization()(x + keras.layers.MultiHeadAttention(2, 8)(x, x, attention_mask=pair))
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Dense(16, activation="gelu")(x))
+    return keras.Model([tokens, mask], keras.layers.Dense(4)(pooled))
+
+
 def lstm(timesteps: int = 6, features: int = 8, units: int = 16, classes: int = 10) -> keras.Model:
     """A ``keras.layers.LSTM`` over a sequence and a logits Dense (a ``While`` loop with TensorLists).
 

@@ -32,17 +32,6 @@ from split_times import in_rounds  # noqa: E402
 TOKENS = 16
 
 
-def _masked_transformer(length: int | None = TOKENS, vocabulary: int = 100) -> keras.Model:
-    """Token ids and a padding mask [batch, tokens]; attention masked on the query and the key rows."""
-    tokens = keras.Input((length,), dtype="int32", name="tokens")
-    mask = keras.Input((length,), dtype="int32", name="mask")
-    x = keras.layers.Embedding(vocabulary, 16)(tokens)
-    pair = keras.ops.cast(keras.ops.expand_dims(mask, 2) * keras.ops.expand_dims(mask, 1), "bool")
-    x = keras.layers.LayerNormalization()(x + keras.layers.MultiHeadAttention(2, 8)(x, x, attention_mask=pair))
-    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Dense(16, activation="gelu")(x))
-    return keras.Model([tokens, mask], keras.layers.Dense(4)(pooled))
-
-
 def _flattened_tokens() -> keras.Model:
     """Its first op mixes the tokens: a Dense over all of them at once."""
     tokens = keras.Input((TOKENS, 8), name="tokens")
@@ -54,8 +43,8 @@ def frozen(tmp_path_factory):
     """{name: the float32 frozen signature folded as --freeze folds it}."""
     keras.utils.set_random_seed(0)
     made = {"transformer": example_models.token_transformer(layers=2, d_model=32, heads=2, ff=64),
-            "masked": _masked_transformer(), "cnn": example_models.cnn_bn(), "flat": _flattened_tokens(),
-            "unknown_length": _masked_transformer(None)}
+            "masked": example_models.masked_transformer(), "cnn": example_models.cnn_bn(), "flat": _flattened_tokens(),
+            "unknown_length": example_models.masked_transformer(None)}
     found = {}
     for name, model in made.items():
         path = tmp_path_factory.mktemp(name) / "model"
@@ -294,7 +283,7 @@ def test_convert_freeze_split_runs_batch_one_of_an_unknown_length_in_token_rows(
     100: the check makes ids below 1000) is written whole, frozen or in place, and the line says why."""
     keras.utils.set_random_seed(0)
     for name, vocabulary in (("small", 100), ("large", 1000)):
-        _masked_transformer(None, vocabulary).export(str(tmp_path / name), verbose=False)
+        example_models.masked_transformer(None, vocabulary).export(str(tmp_path / name), verbose=False)
     result = convert_saved_model(tmp_path / "small", tmp_path / "small_split", "bfloat16", freeze=True, split=2)
     line = next(note for note in result.notes if "branches" in note or "not split" in note)
     assert "not split: the split's check runs the model on made-up inputs, and the model failed on them" in line, line

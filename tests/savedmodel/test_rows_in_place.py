@@ -1,0 +1,123 @@
+"""Batch 1's token rows in place (issue 40): `convert --split` without --freeze adds the token-row split of the
+traced function a signature's wrapper calls (savedmodel/rows_in_place.py) and routes one sample to it; the function
+the pass rewrote is written as it was, both read the same variables, and the rows equal the whole call but for
+round-off, at a fixed length and at one the model leaves unknown (from 4 tokens, shorter samples run whole)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.framework import node_def_pb2  # noqa: E402
+
+from mp_rewrite.analysis.batch_row_states import folded_ints  # noqa: E402
+from mp_rewrite.commands import cli  # noqa: E402
+from mp_rewrite.model.files import read_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.batch_split import SHAPE_OTHER, within_round_off  # noqa: E402
+from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
+from mp_rewrite.savedmodel.row_split import const_node  # noqa: E402
+from mp_rewrite.savedmodel.rows_in_place import rows_body  # noqa: E402
+from mp_rewrite.savedmodel.split_wrapper import signature_wrapper  # noqa: E402
+from mp_rewrite.testing import example_models  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """{name: (the float32 export, converted in place to bfloat16 whole, the same with --split 2, its result)}: the
+    fixed-length Transformer by cost, as the command line converts by default (the graph rules then write its
+    LayerNorms as FusedBatchNorms, in whichever precision the cost measures best here), the other by the lists."""
+    from mp_rewrite.analysis.op_costs import this_machine
+    made, by_cost = {}, {"assign": "cost", "costs": this_machine("bfloat16")}
+    for name, model, assign in (
+            ("fixed", lambda: example_models.token_transformer(layers=1, d_model=32, heads=2, ff=64), by_cost),
+            ("unknown", lambda: example_models.masked_transformer(None, vocabulary=1000), {})):
+        keras.utils.set_random_seed(0)
+        root = tmp_path_factory.mktemp(name)
+        model().export(str(root / "source"), verbose=False)
+        convert_saved_model(root / "source", root / "whole", "bfloat16", **assign)
+        result = convert_saved_model(root / "source", root / "split", "bfloat16", split=2, **assign)
+        made[name] = root / "source", root / "whole", root / "split", result
+    return made
+
+
+def _functions(path) -> dict:
+    return {f.signature.name: f for f in read_saved_model(path).meta_graphs[0].graph_def.library.function}
+
+
+def _agree(want: dict, got: dict) -> None:
+    for key in want:
+        assert got[key].shape == want[key].shape, key
+        a, b = want[key].numpy().astype(np.float64), got[key].numpy().astype(np.float64)
+        assert within_round_off(a, b), (key, np.max(np.abs(a - b)))
+
+
+def test_in_place_batch_one_runs_token_rows_equal_to_the_whole_call(models, capsys):
+    _, whole_path, split_path, result = models["fixed"]
+    line = next(note for note in result.split if "token rows" in note)
+    assert "split in 2 branches, as asked; batch 1: token rows in 2 branches (proven, and equal to the whole " \
+           "graph at batch 1 but for round-off); serve it with one intra-op thread" in line, line
+    before, after = _functions(whole_path), _functions(split_path)
+    rows = [name for name in after if "_token_rows_in_2_" in name and "one_sample" not in name]
+    assert len(rows) == 1, sorted(after)
+    body = after[rows[0]]
+    assert any(n.name.endswith("/row1") for n in body.node_def)
+    # The rules' LayerNorm (a FusedBatchNorm over the rows as channels) runs on the rows too, not whole.
+    assert any(n.op == "FusedBatchNormV3" and n.name.endswith("/row1") for n in body.node_def)
+    # Every function the pass rewrote is written as it was; the wrapper routes one sample with an If.
+    for name, function in before.items():
+        if "signature_wrapper" not in name:
+            assert after[name] == function, name
+    assert any(n.op == "If" and n.name == "one_sample/token_rows_in_2" for f in after.values() for n in f.node_def)
+    assert cli.main(["inspect", str(split_path), "--precision", "bfloat16"]) == 0
+    assert "run batch 1 as its token rows in 2 concurrent branches" in capsys.readouterr().err
+    whole = tf.saved_model.load(str(whole_path)).signatures["serving_default"]
+    split = tf.saved_model.load(str(split_path)).signatures["serving_default"]
+    rng = np.random.default_rng(1)
+    for batch in (1, 3):
+        tokens = tf.constant(rng.integers(0, 8000, [batch, 128]), tf.int32)
+        _agree(whole(tokens=tokens), split(tokens=tokens))
+
+
+def test_in_place_rows_of_an_unknown_length_run_from_four_tokens(models):
+    _, whole_path, split_path, result = models["unknown"]
+    line = next(note for note in result.split if "token rows" in note)
+    assert "batch 1: token rows in 2 branches (an unknown length: samples of 4 tokens or more)" in line, line
+    whole = tf.saved_model.load(str(whole_path)).signatures["serving_default"]
+    split = tf.saved_model.load(str(split_path)).signatures["serving_default"]
+    rng = np.random.default_rng(2)
+    for length in (3, 9, 24):  # 3: too short for the rows, runs whole; 9: uneven halves
+        feeds = {"tokens": tf.constant(rng.integers(0, 1000, [1, length]), tf.int32),
+                 "mask": tf.constant(rng.integers(0, 2, [1, length]), tf.int32)}
+        _agree(whole(**feeds), split(**feeds))
+
+
+def test_the_row_plan_reads_the_function_as_written_and_leaves_it_so(models):
+    """The plan runs on the function the pass wrote (weights read from variables, shapes not folded), reads its
+    folded constants, and inserts nothing into it (an attr read with [] would be written empty)."""
+    _, whole_path, _, _ = models["fixed"]
+    meta_graph = read_saved_model(whole_path).meta_graphs[0]
+    before = meta_graph.SerializeToString(deterministic=True)
+    wrapper, positions = signature_wrapper(meta_graph, "serving_default")
+    rows, why = rows_body(meta_graph, wrapper, positions, 2, SHAPE_OTHER)
+    assert rows is not None, why
+    assert meta_graph.SerializeToString(deterministic=True) == before
+    assert rows.arg == positions["tokens"] and not rows.unknown_length
+    assert [a.name for a in rows.function.signature.input_arg] == \
+        [a.name for a in next(f for f in meta_graph.graph_def.library.function
+                              if f.signature.name == rows.called).signature.input_arg]
+
+
+def test_folded_ints_reads_a_concatenation_of_constants():
+    nodes = [const_node("a", [0, 2]), const_node("b", [1]), const_node("axis", [0]),
+             node_def_pb2.NodeDef(name="perm", op="ConcatV2", input=["a", "b", "axis:0"]),
+             node_def_pb2.NodeDef(name="moved", op="ConcatV2", input=["a", "b", "b"])]
+    table = {n.name: n for n in nodes}
+    nodes[2].attr["value"].tensor.ClearField("tensor_shape")  # a scalar axis
+    assert folded_ints(table, "perm:0") == [0, 2, 1]
+    assert folded_ints(table, "moved") is None  # concatenated on axis 1: not a flat list
+    assert folded_ints(table, "missing") is None
