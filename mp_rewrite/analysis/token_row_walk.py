@@ -223,8 +223,8 @@ class RowWalk:
         its own channels. Its scale, offset, mean and variance are per channel: split alike, computed per slice
         (filled to a slice's row count), sliced where whole and one per row, or empty (in training). Only its
         output 0 may be read: the others hold the statistics per channel."""
-        channel = 1 if attr_or_default(node, "data_format").s.decode() in ("NCHW", "NCDHW") else len(self.shape(data[0]) or
-                                                                                            ()) - 1
+        first = attr_or_default(node, "data_format").s.decode() in ("NCHW", "NCDHW")
+        channel = 1 if first else len(self.shape(data[0]) or ()) - 1
         if self.axis(data[0]) != channel:
             raise FedWhole("normalizes over the split axis")
         if any(parse_input(t)[1] for user in self.consumers.get(node.name, ())

@@ -243,7 +243,8 @@ class _Surgery:
             if ("whole", name, 0) not in self.made:
                 self.made["whole", name, 0] = name
                 node = self.nodes[name]
-                self.out.append(const_node(name, self.plan.constants[name], attr_or_default(node, "out_type").type or INT32)
+                self.out.append(const_node(name, self.plan.constants[name],
+                                           attr_or_default(node, "out_type").type or INT32)
                                 if name in self.plan.constants else
                                 copied(node, name, [self._whole(t) for t in node.input]))
             return tensor

@@ -96,11 +96,13 @@ def rows_body(meta_graph, wrapper: str, positions: dict, parts: int, length: int
     if not plan.splittable:
         return None, plan.reason
     split, fetched = split_rows(body.graph_def, plan)
-    made = {n.name for n in split.node}
-    missing = [nodes[name] for name in body.control_outputs if name not in made]
-    if any(parse_input(t.lstrip("^"))[0] not in made for node in missing for t in node.input):
-        return None, "a control output of its function reads what the rows compute"
-    split.node.extend(missing)
+    made, todo = {n.name for n in split.node}, list(body.control_outputs)
+    while todo:  # a control output the outputs do not need (a variable's read), and what it reads, kept as it is
+        name = todo.pop()
+        if name not in made:
+            made.add(name)
+            split.node.append(nodes[name])
+            todo += [parse_input(t.lstrip("^"))[0] for t in nodes[name].input]
     split.node.extend(copied(nodes[name], name, [fetched[output]]) for name, output in zip(body.retvals, outputs))
     function = graph_to_function(split, called, signatures)
     function.signature.name = _named(function, called.signature.name, ROW_ROUTE.format(parts), functions)

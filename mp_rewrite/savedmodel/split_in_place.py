@@ -30,7 +30,8 @@ from ..model.files import read_saved_model
 from ..model.runtime import LINKED, load_saved_model
 from ..model.signatures import signature_keys
 from ..model.tags import load_tags, select_meta_graphs
-from .batch_split import SHAPE_OTHER, analysed, chosen_split, decided_rows, failed_check, mixed_samples, split_candidates
+from .batch_split import (SHAPE_OTHER, analysed, chosen_split, decided_rows, failed_check, mixed_samples,
+                          split_candidates)
 from .row_choice import ROW_PARTS, RowChoice, rows_least, with_rows
 from .rows_in_place import rows_body
 from .frozen_function import remove_tree
@@ -110,7 +111,7 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
             else:
                 asked = (earlier.branches, earlier.least, earlier.rows) if earlier else (split, 0, 0)
                 made, choice = _split_one(files, saved_model, index, meta_graph, (original, loaded), wrapper,
-                                          entries, asked, stack, dim, exact)
+                                          entries, asked, stack, dim, (exact, rows_least(split, dim)))
                 same = earlier is not None and (choice.branches, choice.rows) == (earlier.branches, earlier.rows)
                 choice = earlier if same else choice
             decided.setdefault(_callees(meta_graph, wrapper), choice)
@@ -121,12 +122,13 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
 
 
 def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, entries, asked, stack, dim: int,
-               exact):
+               rows_asked: tuple):
     """(the MetaGraph with `wrapper` split or as it was, the SplitChoice) for the signatures `entries` [(key,
     {input: argument position})] that call it; `staged_original` is (the directory `saved_model` was staged in, its
     loaded copy); `asked` is (split: "auto" or N, the smallest batch split where N is given: SplitChoice.least,
     batch 1's token-row branches where an earlier wrapper of the same body chose them, else 0: decided here);
-    `dim` the length "auto" times at; `exact`: the model computes in float32 (None: batch 1 is not split)."""
+    `dim` the length "auto" times at; `rows_asked` (the model computes in float32, None: batch 1 is not split; the
+    fewest tokens a sample of an unknown length needs to run in rows, row_choice.rows_least)."""
     import tensorflow as tf
 
     original, loaded = staged_original
@@ -142,11 +144,11 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
     else:
         made, choice = _batches(files, saved_model, index, meta_graph, (original, whole, specs, names), wrapper,
                                 (key, carried), asked[:2], stack, dim)
+    exact, least = rows_asked
     if exact is None or asked[2] == 1:
         return made, choice
-    rows_asked = asked[0] if not asked[2] else asked[2]
     return _rows(files, saved_model, index, meta_graph, (original, whole, specs, names), wrapper, entries[0],
-                 (made, choice, carried or []), (rows_asked, exact), stack, dim)
+                 (made, choice, carried or []), (asked[2] or asked[0], exact, least), stack, dim)
 
 
 def _batches(files, saved_model, index, meta_graph, called, wrapper, signature, asked, stack, dim: int):
@@ -191,17 +193,17 @@ def _rows(files, saved_model, index, meta_graph, called, wrapper, entry, batches
     """(the MetaGraph `batches` made, with batch 1 routed to the token rows of the function `wrapper` calls where
     they are proven, checked and, for "auto", measured faster; the SplitChoice saying both): `called` and `entry`
     (key, {input: argument position}) as _split_one's, `batches` (the MetaGraph and SplitChoice of the batch split,
-    the wrapper's carried arguments), `asked` (split for batch 1, exact)."""
+    the wrapper's carried arguments), `asked` (split for batch 1: "auto" or N, exact, the fewest tokens a sample
+    of an unknown length needs to run in rows)."""
     import tensorflow as tf
 
     original, whole, specs, names = called
     key, positions = entry
     made, choice, carried = batches
-    split, exact = asked
+    split, exact, least = asked
     rows, why = rows_body(meta_graph, wrapper, positions, ROW_PARTS, SHAPE_OTHER)
     if rows is None:
         return made, with_rows(choice, RowChoice(1, f"runs whole: {why}"))
-    least = rows_least(split, dim)
     candidate = split_wrapper(meta_graph, wrapper, carried, choice.branches, output_shapes(meta_graph, key),
                               choice.least, rows, least)
     tags = load_tags(meta_graph)

@@ -102,11 +102,13 @@ def split_wrapper(meta_graph, wrapper: str, carried: list[bool], branches: int, 
         batches = (library.function[index] if rows is None else
                    _renamed(library.function.add(), original, unique_function(f"__inference_batches_{digits}",
                                                                               taken)))
+        int32 = _type("int32")
         condition = [*_dimension(original.signature.input_arg[batch_arg], "split_batch/batch", 0),
-                     _node("split_batch/least", "Const", [], dtype=_type("int32"), value=_int_tensor(least or branches)),
+                     _node("split_batch/least", "Const", [], dtype=int32, value=_int_tensor(least or branches)),
                      _node("split_batch/enough", "GreaterEqual", ["split_batch/batch:output:0",
-                                                                  "split_batch/least:output:0"], T=_type("int32"))]
-        _fill_dispatch(batches, "split_batch/dispatch", condition, "split_batch/enough:z:0", split_name, whole_name, shapes)
+                                                                  "split_batch/least:output:0"], T=int32)]
+        _fill_dispatch(batches, "split_batch/dispatch", condition, "split_batch/enough:z:0", split_name, whole_name,
+                       shapes)
         whole_name = batches.signature.name
     if rows is None:
         return new
