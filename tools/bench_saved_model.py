@@ -15,7 +15,8 @@ rotated order), so a change in the machine's load hits every variant alike; each
 times and the table shows medians over all calls. (One process per variant, as before, measured each process's
 luck on the AMX machine: the same ResNet-50 graph ran 62 ms per call in one process and 100-117 ms in seven
 others.) Each worker also records, once for each variant, which matmul/conv kernels TF really executed in bfloat16
-(eager run metadata), and its outputs, so that the table can show that TF's rewrite took effect. OpenVINO is one
+(the kernels a profiler trace of one call shows: a split model's batch 1 runs one side of its routing, not both),
+and its outputs, so that the table can show that TF's rewrite took effect. OpenVINO is one
 more worker in the same rotation (in its own Python, see tools/openvino_run.py): it converts the float32 SavedModel
 itself and is fed the arrays the float32 worker was fed. The conversion time of ResNet-50 is the median of 3
 in-process `convert_saved_model` calls, plus one end-to-end CLI run.
@@ -51,14 +52,14 @@ SERVING = {"default": {}, "intra1": {"TF_NUM_INTRAOP_THREADS": "1"}}
 
 
 def _executed_kernels(function, inputs) -> tuple[int, int, dict]:
-    """(bf16 matmul/conv kernels, all matmul/conv kernels, {"op dtype": count} of every computing node) in the
-    graphs TF executed for one call (analysis.execution.executed_nodes)."""
+    """(bf16 matmul/conv kernels, all matmul/conv kernels, {"op dtype": count} of every computing node) TF ran for
+    one call (analysis.execution.ran_nodes: a split model's batch 1 runs one side of its routing, not both)."""
     from tensorflow.core.framework import types_pb2
 
-    from mp_rewrite.analysis.execution import executed_nodes
+    from mp_rewrite.analysis.execution import ran_nodes
     low = total = 0
     census = {}
-    for node in executed_nodes(function, **inputs):
+    for node in ran_nodes(function, **inputs):
         dtype = types_pb2.DataType.Name(node.attr["T"].type) if "T" in node.attr else ""
         census[f"{node.op} {dtype}"] = census.get(f"{node.op} {dtype}", 0) + 1
         if any(k in node.op for k in ("Conv", "MatMul", "Einsum")):

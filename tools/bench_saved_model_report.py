@@ -28,7 +28,8 @@ def variants(row: dict) -> list:
 NOTES = """Notes:
 
 - "TF executes the same nodes" compares the census (op, dtype -> count) of the graphs TensorFlow ran for the
-  mp-rewrite model and for TF's own rewrite of the float32 model (eager run metadata). Where it says yes, the two
+  mp-rewrite model and for TF's own rewrite of the float32 model (the kernels a profiler trace of one call shows, of
+  the graphs in eager run metadata: analysis.execution.ran_nodes). Where it says yes, the two
   run the same kernels and any difference between their columns is measurement noise.
 - Keras 3 lowers BatchNormalization to Mul/AddV2 (not FusedBatchNormV3, which oneDNN would fuse into the
   convolution). Grappler's bfloat16 lists put those ops (infer list) and Relu6 (clear list) in bfloat16 between
@@ -201,12 +202,12 @@ def report(rows, facts, cli_seconds, info, load, command, note) -> str:
                 lines.append(f"| {name} | {batch} | {LABELS[v]} | {p['fp32_cost']:.2f} | {p['lists_cost']:.2f} | "
                              f"{p['cost']:.2f} | {p['bound']:.2f} | {p['cost'] / max(p['bound'], 1e-9) - 1:+.1%} | "
                              f"{p['demoted']} of {p['candidates']} | {p['note'] or p['source']} |")
-    lines += ["", "Cast nodes TensorFlow executed per call (from run metadata; a frozen conversion has folded the weight "
-              "casts):", ""]
+    lines += ["", "Cast nodes TensorFlow executed per call (traced; a frozen conversion has folded the weight casts; "
+              "a routed model counts the side it ran):", ""]
     for row in rows:
         lines.append(f"- {row['model']} batch {row['batch']}: " +
                      ", ".join(f"{LABELS[v]} {row['casts'][v]}" for v in variants(row)))
-    lines += ["", "Matmul/convolution kernels TensorFlow executed in bfloat16, of all it executed (run metadata; "
+    lines += ["", "Matmul/convolution kernels TensorFlow executed in bfloat16, of all it executed (traced; "
               "OpenVINO and INC's own graph say nothing here):", ""]
     for row in rows:
         lines.append(f"- {row['model']} batch {row['batch']}: " +

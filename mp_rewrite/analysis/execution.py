@@ -166,10 +166,12 @@ def executed_graph_def(
 
 
 def executed_nodes(function, *args, **kwargs) -> list:
-    """The nodes TensorFlow executed for one call `function(*args, **kwargs)` of a tf.function, ConcreteFunction or
-    SavedModel signature: the partition graphs of eager run metadata, after the Grappler TF runs before a call
-    (remapper included), as a user's call runs them. (A Session's graph is optimized differently: there a fed
-    Placeholder of unknown batch has an unknown shape, and the remapper does not fuse a residual add.)
+    """The nodes of the graphs TensorFlow executed for one call `function(*args, **kwargs)` of a tf.function,
+    ConcreteFunction or SavedModel signature: the partition graphs of eager run metadata, after the Grappler TF runs
+    before a call (remapper included), as a user's call runs them. (A Session's graph is optimized differently:
+    there a fed Placeholder of unknown batch has an unknown shape, and the remapper does not fuse a residual add.)
+    Both sides of a Switch are in the graphs, the side not taken too (a split model's batch 1 routed to its rows, a
+    batch dispatch): `ran_nodes` keeps the nodes that ran.
 
     Returns:
         [NodeDef] of every partition of every function the call ran, _Arg/_Retval/Const/NoOp/Identity left out.
@@ -184,3 +186,15 @@ def executed_nodes(function, *args, **kwargs) -> list:
         context.disable_run_metadata()
     return [node for graph in metadata.function_graphs for partition in graph.partition_graphs
             for node in partition.node if node.op not in ("_Arg", "_Retval", "Const", "NoOp", "Identity")]
+
+
+def ran_nodes(function, *args, **kwargs) -> list:
+    """executed_nodes' nodes that ran in a second call, as a profiler trace of it shows them
+    (served_trace.traced_call): the side of a Switch not taken does not run. The trace shows every kernel that
+    computes (matmuls, convolutions, Casts, elementwise ops) but not the inline ones, Reshape and Shape, which are
+    left out."""
+    from .served_trace import traced_call
+    nodes = executed_nodes(function, *args, **kwargs)
+    stats, _ = traced_call(lambda: function(*args, **kwargs))
+    ran = {node.node_name for device in stats.dev_stats for node in device.node_stats}
+    return [node for node in nodes if node.name in ran]

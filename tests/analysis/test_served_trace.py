@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from mp_rewrite.analysis.call_names import call_nodes, executed_names, inlined_prefixes  # noqa: E402
+from mp_rewrite.analysis.execution import executed_nodes, ran_nodes  # noqa: E402
 from mp_rewrite.analysis.run_times import counted_once  # noqa: E402
 from mp_rewrite.analysis.served_trace import SignatureRunner, traced_call  # noqa: E402
 from mp_rewrite.model.files import read_saved_model  # noqa: E402
@@ -44,6 +45,25 @@ def _signature(path):
     meta = read_saved_model(path).meta_graphs[0]
     signature = meta.signature_def["serving_default"]
     return meta, {"serving_default": {arg: info.name for arg, info in signature.inputs.items()}}
+
+
+def test_the_nodes_that_ran_leave_out_the_side_of_a_switch_not_taken():
+    """A routed model (a split's batch 1, a batch dispatch) holds both sides in the graphs TF runs; only one runs.
+    The benchmark's Cast and kernel counts read the nodes that ran (it counted both sides until 2026-12-03)."""
+    w = tf.Variable(np.random.default_rng(0).random((64, 64), np.float32))
+
+    def routed():  # a fresh function: TF records its graphs at its first call only
+        return tf.function(lambda x: tf.cond(
+            tf.shape(x)[0] > 1, lambda: tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), tf.cast(w, tf.bfloat16)),
+                                                tf.float32),
+            lambda: tf.matmul(x, w)), input_signature=[tf.TensorSpec([None, 64], tf.float32)])
+
+    for batch, casts in ((1, 0), (4, 3)):
+        x = tf.constant(np.ones((batch, 64), np.float32))
+        assert sum(n.op == "Cast" for n in executed_nodes(routed(), x)) == 3  # both sides are in the graphs
+        ran = ran_nodes(routed(), x)
+        assert sum(n.op == "Cast" for n in ran) == casts
+        assert sum("MatMul" in n.op for n in ran) == 1
 
 
 def test_a_tf2_exports_signature_runs_under_the_names_a_session_gives_its_nodes(small_cnn):
