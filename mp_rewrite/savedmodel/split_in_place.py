@@ -11,8 +11,13 @@ frozen split is (batch_split.py):
    other serving setting (split_timing.py), kept only if faster beyond the noise at both batches in one setting
    and not slower in the other (split_verdict.split_verdict).
 
+Batch 1 is decided apart (in `convert`, not in `--tune --split`): the wrapper routes one sample to the token rows of
+the function it calls (rows_in_place.py), where the plan exists, the copy equals the whole call at batch 1 and 3 but
+for round-off and, for "auto", it measured faster at batch 1 (batch_split.decided_rows, as frozen).
+
 A refusal or a failed check leaves the signature whole, with the reason in the line. Every function the pass
-rewrote is written as it was (the split only wraps the signature): `--assign lists` stays Grappler's, node for node.
+rewrote is written as it was (the split only wraps the signature, and adds the rows' copy of the function beside
+it): `--assign lists` stays Grappler's, node for node.
 """
 
 from __future__ import annotations
