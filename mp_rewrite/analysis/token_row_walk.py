@@ -227,8 +227,9 @@ class RowWalk:
         channel = 1 if first else len(self.shape(data[0]) or ()) - 1
         if self.axis(data[0]) != channel:
             raise FedWhole("normalizes over the split axis")
-        if any(parse_input(t)[1] for user in self.consumers.get(node.name, ())
-               for t in self.nodes[user].input if parse_input(t.lstrip("^"))[0] == node.name):
+        read = {parse_input(t)[1] for user in self.consumers.get(node.name, ()) for t in self.nodes[user].input
+                if not t.startswith("^") and parse_input(t)[0] == node.name}
+        if read - {0}:
             raise FedWhole("its statistics are read")
         sliced = []
         for t in data[1:]:

@@ -106,6 +106,10 @@ def test_the_row_plan_reads_the_function_as_written_and_leaves_it_so(models):
     rows, why = rows_body(meta_graph, wrapper, positions, 2, SHAPE_OTHER)
     assert rows is not None, why
     assert meta_graph.SerializeToString(deterministic=True) == before
+    # No attr read with [] travels into the split function empty (its Embedding's GatherV2 left 'batch_dims' out).
+    empty = [(n.name, key) for n in rows.function.node_def for key, value in n.attr.items()
+             if value.WhichOneof("value") is None]
+    assert not empty, empty[:3]
     assert rows.arg == positions["tokens"] and not rows.unknown_length
     assert [a.name for a in rows.function.signature.input_arg] == \
         [a.name for a in next(f for f in meta_graph.graph_def.library.function
