@@ -125,3 +125,13 @@ def test_folded_ints_reads_a_concatenation_of_constants():
     assert folded_ints(table, "perm:0") == [0, 2, 1]
     assert folded_ints(table, "moved") is None  # concatenated on axis 1: not a flat list
     assert folded_ints(table, "missing") is None
+
+
+def test_the_convert_line_says_which_converted_nodes_are_the_rows_copies(models, tmp_path, capsys):
+    """The line counts what the written copy holds (as inspect and demo read a model), and says which of those
+    nodes the rewrite converted and which are the row split's copies of them."""
+    source = models["unknown"][0]
+    assert cli.main(["convert", str(source), str(tmp_path / "out"), "--precision", "bfloat16", "--assign", "lists",
+                     "--split", "2"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote "))
+    assert "by the rewrite, the rest their copies in batch 1's token rows)" in line, line
