@@ -45,19 +45,21 @@ from .frozen_signature import freeze_signature
 from .model_dir import serialize, write_model_dir
 from .inputs import DEFAULT_DIM
 from .split_option import SERVE
+from .split_timing import SETTINGS
 from .split_verdict import SplitChoice
 from .split_wrapper import output_shapes, signature_wrapper, split_wrapper
 
 
-def split_in_place(rewritten, split, tag_set=None, dim: int = DEFAULT_DIM):
+def split_in_place(rewritten, split, tag_set=None, dim: int = DEFAULT_DIM, progress=None):
     """The in-place strategy's Rewritten with its signatures split (split_signatures; `dim`: the length "auto"
-    times an unknown input dimension after the batch at, --seq-len), the lines in its notes and in `split`."""
+    times an unknown input dimension after the batch at, --seq-len; `progress`: told each wrapper's stages, as
+    convert_saved_model's), the lines in its notes and in `split`."""
     if split == "off":
         return rewritten
     exact = not any(r.retyped or r.emulated for graph in rewritten.graphs.values()
                     for r in (graph, *graph.functions.values()))  # batch 1's rows then agree to float32's round-off
     saved_model, lines = split_signatures(rewritten.files, rewritten.saved_model, rewritten.keys, split, tag_set,
-                                          dim, exact)
+                                          dim, exact, progress)
     return dataclasses.replace(rewritten, saved_model=saved_model, notes=[*rewritten.notes, *lines],
                                split=tuple(lines))
 
@@ -77,7 +79,7 @@ def split_written(directory, target, split, tag_set=None) -> tuple[bool, list[st
 
 
 def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = DEFAULT_DIM,
-                     exact: bool | None = None) -> tuple[object, list]:
+                     exact: bool | None = None, progress=None) -> tuple[object, list]:
     """(the SavedModel with each signature of `keys` (None: all) split where proven, checked and, for "auto",
     measured faster; one line per signature wrapper: what it became and why). The proto is returned as given where
     nothing is split; else a copy.
@@ -88,6 +90,7 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
         dim: the length "auto" times an unknown input dimension after the batch at.
         exact: the model computes in float32 (its token rows at batch 1 are then checked to float32's round-off);
             None: batch 1 runs whole (`--tune --split` splits the batch alone).
+        progress: None, or a callable (done, total, what) told each wrapper's stages (the timing, on a progress bar).
     """
     chosen = select_meta_graphs(saved_model, tag_set)
     if len(chosen) != 1:
@@ -107,7 +110,11 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
     with contextlib.ExitStack() as stack:
         original = stack.enter_context(_staged(files, saved_model))  # loaded here, timed as the whole model
         loaded = load_saved_model(original, "converted", load_tags(meta_graph))
-        for wrapper, entries in wrappers.items():
+        for done, (wrapper, entries) in enumerate(wrappers.items()):
+            def say(what, done=done, key=entries[0][0]):  # a stage of this wrapper's split, on the progress bar
+                if progress is not None:
+                    progress(done, len(wrappers), f"{key}: {what}")
+
             # Wrappers of one body (Keras' "serve" and "serving_default") are analysed and timed once, split alike
             # (each split copy still checked).
             earlier = decided.get(_callees(meta_graph, wrapper))
@@ -116,7 +123,7 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
             else:
                 asked = (earlier.branches, earlier.least, earlier.rows) if earlier else (split, 0, 0)
                 made, choice = _split_one(files, saved_model, index, meta_graph, (original, loaded), wrapper,
-                                          entries, asked, stack, dim, (exact, rows_least(split, dim)))
+                                          entries, asked, stack, dim, (exact, rows_least(split, dim)), say)
                 same = earlier is not None and (choice.branches, choice.rows) == (earlier.branches, earlier.rows)
                 choice = earlier if same else choice
             decided.setdefault(_callees(meta_graph, wrapper), choice)
@@ -127,13 +134,14 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
 
 
 def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, entries, asked, stack, dim: int,
-               rows_asked: tuple):
+               rows_asked: tuple, say=lambda what: None):
     """(the MetaGraph with `wrapper` split or as it was, the SplitChoice) for the signatures `entries` [(key,
     {input: argument position})] that call it; `staged_original` is (the directory `saved_model` was staged in, its
     loaded copy); `asked` is (split: "auto" or N, the smallest batch split where N is given: SplitChoice.least,
     batch 1's token-row branches where an earlier wrapper of the same body chose them, else 0: decided here);
     `dim` the length "auto" times at; `rows_asked` (the model computes in float32, None: batch 1 is not split; the
-    fewest tokens a sample of an unknown length needs to run in rows, row_choice.rows_least)."""
+    fewest tokens a sample of an unknown length needs to run in rows, row_choice.rows_least); `say` is told each
+    stage that takes a while."""
     import tensorflow as tf
 
     original, loaded = staged_original
@@ -148,15 +156,15 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
         made, choice = meta_graph, SplitChoice(1, f"not split: {why or 'as the same function called otherwise'}")
     else:
         made, choice = _batches(files, saved_model, index, meta_graph, (original, whole, specs, names), wrapper,
-                                (key, carried), asked[:2], stack, dim)
+                                (key, carried), asked[:2], stack, dim, say)
     exact, least = rows_asked
     if exact is None or asked[2] == 1:
         return made, choice
     return _rows(files, saved_model, index, meta_graph, (original, whole, specs, names), wrapper, entries[0],
-                 (made, choice, carried or []), (asked[2] or asked[0], exact, least), stack, dim)
+                 (made, choice, carried or []), (asked[2] or asked[0], exact, least), stack, dim, say)
 
 
-def _batches(files, saved_model, index, meta_graph, called, wrapper, signature, asked, stack, dim: int):
+def _batches(files, saved_model, index, meta_graph, called, wrapper, signature, asked, stack, dim: int, say):
     """(the MetaGraph with `wrapper`'s batch split or as it was, the SplitChoice): `called` is (the directory the
     converted model was staged in, its signature called whole, its TensorSpecs, their names in order), `signature`
     (its key, per wrapper argument whether it carries the batch), `asked` (split, least) as _split_one's."""
@@ -187,6 +195,7 @@ def _batches(files, saved_model, index, meta_graph, called, wrapper, signature, 
     tags = load_tags(meta_graph)
     places = {1: (original, key, tags), **{n: (staged[n], key, tags) for n in candidates}}
     graph = graph_bytes(meta_graph.graph_def) + f"\0{key}\0{wrapper}".encode()  # what the times are kept under
+    say(f"timing the split, {SETTINGS}")
     choice = chosen_split(whole, functions, specs, lambda: contextlib.nullcontext(places), graph, dim)
     if choice.branches == 1:
         return meta_graph, choice
@@ -194,7 +203,7 @@ def _batches(files, saved_model, index, meta_graph, called, wrapper, signature, 
             if choice.least else candidates[choice.branches]), choice
 
 
-def _rows(files, saved_model, index, meta_graph, called, wrapper, entry, batches, asked, stack, dim: int):
+def _rows(files, saved_model, index, meta_graph, called, wrapper, entry, batches, asked, stack, dim: int, say):
     """(the MetaGraph `batches` made, with batch 1 routed to the token rows of the function `wrapper` calls where
     they are proven, checked and, for "auto", measured faster; the SplitChoice saying both): `called` and `entry`
     (key, {input: argument position}) as _split_one's, `batches` (the MetaGraph and SplitChoice of the batch split,
@@ -218,7 +227,7 @@ def _rows(files, saved_model, index, meta_graph, called, wrapper, entry, batches
     try:
         function = _positional(load_saved_model(staged, "token rows", tags).signatures[key], names)
         row = decided_rows(whole, function, specs, (split, exact, dim, least, rows.unknown_length),
-                           lambda: contextlib.nullcontext(places), graph)
+                           lambda: contextlib.nullcontext(places), graph, say)
     except ModelError as e:
         row = RowChoice(1, f"runs whole: the copy with its token rows did not load ({tf_reason(e)}); this is a bug "
                            "of mp-rewrite, please report it with the model")
