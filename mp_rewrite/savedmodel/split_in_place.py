@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..analysis.grappler import FOLDING, optimize_graph
 from ..analysis.profile_cache import graph_bytes
-from ..errors import ModelError, tf_reason
+from ..errors import GraphError, ModelError, tf_reason
 from ..model.files import read_saved_model
 from ..model.runtime import LINKED, load_saved_model
 from ..model.signatures import signature_keys
@@ -215,7 +215,11 @@ def _rows(files, saved_model, index, meta_graph, called, wrapper, entry, batches
     key, positions = entry
     made, choice, carried = batches
     split, exact, least = asked
-    rows, why = rows_body(meta_graph, wrapper, positions, ROW_PARTS, SHAPE_OTHER)
+    try:
+        rows, why = rows_body(meta_graph, wrapper, positions, ROW_PARTS, SHAPE_OTHER)
+    except (GraphError, KeyError, IndexError, ValueError) as e:  # a graph our surgery does not expect: ours to fix
+        rows, why = None, (f"the row split could not be made ({type(e).__name__}: {e}); this is a bug of mp-rewrite, "
+                           "please report it with the model")
     if rows is None:
         return made, with_rows(choice, RowChoice(1, f"runs whole: {why}"))
     candidate = split_wrapper(meta_graph, wrapper, carried, choice.branches, output_shapes(meta_graph, key),
