@@ -135,7 +135,8 @@ def convert_saved_model(source, output, precision: str = "float16", *, options: 
                     else:
                         rewritten = rewrite_in_place(source_dir, saved_model, here, keys, tags, progress,
                                                      keras_metadata=keras_metadata, output=output)
-                        rewritten = split_in_place(rewritten, split, tags, measured_dim(here, run_inputs), progress)
+                        rewritten = split_in_place(rewritten, split, tags, measured_dim(here, run_inputs),
+                                                   progress=progress)
                 try:
                     _say_vanished(here, rewritten.node_names, on_note)
                     check_written_attrs(rewritten.saved_model)  # what TF would load, then fail to run

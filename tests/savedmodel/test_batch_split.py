@@ -451,9 +451,9 @@ def test_seq_len_reaches_the_split_with_the_lists_assignment_too(tmp_path, monke
         lengths.append(dim)
         return split_signature(*args, dim=dim, **kwargs)
 
-    def in_place(rewritten, split, tags, dim):
+    def in_place(rewritten, split, tags, dim, progress=None):
         lengths.append(dim)
-        return split_in_place(rewritten, split, tags, dim)
+        return split_in_place(rewritten, split, tags, dim, progress=progress)
     monkeypatch.setattr(freeze_module, "split_signature", frozen)
     monkeypatch.setattr(convert_module, "split_in_place", in_place)
     assert cli.main(["convert", str(source), str(tmp_path / "out"), "--precision", "bfloat16", "--assign", "lists",
