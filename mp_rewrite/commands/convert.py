@@ -325,7 +325,7 @@ def print_result(result) -> None:
 def _copies(result) -> str:
     """Where the written copy holds more low-precision nodes than the rewrite converted, why: batch 1's token-row
     split copies the nodes it runs once per branch (frozen, beside the whole graph; in place, a copy of the function),
-    so the count read back from the file (1,274 for the benchmark Transformer in place) is not the table's (280)."""
+    so the count read back from the file (777 for the benchmark Transformer in place) is not the table's (281)."""
     if not result.written or result.written[0] <= result.converted_nodes:
         return ""
     where = " in batch 1's token rows" if any("batch 1: token rows in" in line for line in result.split) else ""
