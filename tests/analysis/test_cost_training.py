@@ -93,9 +93,9 @@ step = make_step(model, opt)
 x, y = batch()
 float(step(x, y))
 name = step.get_concrete_function(x, y).name.decode()
-result = training.rewritten_functions()[name]
-print("RESULT" + json.dumps({{"pending": deferred.pending(), "source": result.assignment.source,
-                             "kept": len(result.assignment.demoted)}}))
+result = training.rewritten_functions().get(name)  # None: measured here before, float32 as traced ran fastest
+print("RESULT" + json.dumps({{"pending": deferred.pending(), "source": result and result.assignment.source,
+                             "kept": result and len(result.assignment.demoted)}}))
 """
 
 
@@ -119,7 +119,13 @@ def test_a_step_is_measured_across_its_first_calls_and_the_next_process_starts_f
                 calls += 1
         assert name not in deferred.pending() and calls > 10  # a piece per call, never all at once
         assert "from now on it runs" in caplog.text
-        kept = len(assert_measured(name).assignment.demoted)
+        # What the race decides is the machine's to say: on a loaded machine float32 has won it (CI, 2026-12-03).
+        # Either way the decision is swapped in and cached, and the next process runs the same one.
+        if "from now on it runs float32 as traced" in caplog.text:
+            assert name not in training.rewritten_functions()
+            kept = None
+        else:
+            kept = len(assert_measured(name).assignment.demoted)
     finally:
         training.disable_mixed_precision_graph_rewrite()
     here = os.path.dirname(os.path.abspath(__file__))
@@ -131,7 +137,8 @@ def test_a_step_is_measured_across_its_first_calls_and_the_next_process_starts_f
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     warm = json.loads(lines[-1][len("RESULT"):])
-    assert warm["pending"] == [] and "cached in" in warm["source"] and warm["kept"] == kept, warm
+    assert warm["pending"] == [] and warm["kept"] == kept, warm
+    assert kept is None or "cached in" in warm["source"], warm
 
 
 def test_a_distributed_step_is_not_measured():
