@@ -150,8 +150,8 @@ class _Surgery:
                 self.out.append(node)
                 self._input_slices(node)
             elif state is None:
-                fed = any(self._state(t) is not None for t in node.input if t[0] != "^")
-                self.out.append(copied(node, name, [self._whole(t) for t in node.input]) if fed else node)
+                fed = any(self._state(t) is not None for t in node.input)
+                self.out.append(copied(node, name, self._whole_inputs(node.input)) if fed else node)
             else:
                 self._branches(node)
         fetched = {o: self._whole(o) for o in plan.outputs}
@@ -229,14 +229,21 @@ class _Surgery:
             self.row_names[name, i] = unique_name(f"{name}/row{i}", self.taken)
         return self.row_names[name, i]
 
+    def _whole_inputs(self, inputs) -> list:
+        """A node's inputs read whole (`_whole`), a control input on a split node waiting for every copy of it (a
+        tf_keras body's output control node waits so on its embedding lookup)."""
+        data = [self._whole(t) for t in inputs if not t.startswith("^")]
+        control = [t if self._state(t) is None else self._branch(t, i)
+                   for t in inputs if t.startswith("^")
+                   for i in range(1 if self._state(t) is None else self.plan.parts)]
+        return data + list(dict.fromkeys(control))
+
     def _whole(self, tensor: str) -> str:
         """The tensor with all its rows: itself, its slices concatenated (once), or for a per-slice value, the
-        node computed again from whole inputs. A control input on a split node waits for its first copy."""
+        node computed again from whole inputs (a data tensor: control inputs are `_whole_inputs`')."""
         state = self._state(tensor)
         if state is None:
             return tensor
-        if tensor.startswith("^"):
-            return self._branch(tensor, 0)
         name, port = parse_input(tensor)
         key = ("whole", f"{name}:{port}", 0)
         if state[0] != SPLIT:
@@ -246,7 +253,7 @@ class _Surgery:
                 self.out.append(const_node(name, self.plan.constants[name],
                                            attr_or_default(node, "out_type").type or INT32)
                                 if name in self.plan.constants else
-                                copied(node, name, [self._whole(t) for t in node.input]))
+                                copied(node, name, self._whole_inputs(node.input)))
             return tensor
         if key not in self.made:
             concat = unique_name(f"{name}/rows_whole" + (f"_{port}" if port else ""), self.taken)

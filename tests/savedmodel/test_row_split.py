@@ -104,6 +104,25 @@ def test_slices_of_token_rows_compute_the_whole_transformer_bit_for_bit(frozen, 
     assert plan.split_work == sum(n.op in WORK for n in frozen["transformer"].graph_def.node) - 1
 
 
+def test_a_tf_keras_bodys_control_inputs_on_split_nodes_wait_for_every_copy(tmp_path):
+    """tf_keras writes its call's output through a node with a control input on the embedding lookup, which the
+    plan splits: that control input names no node of the split graph unless it waits for the copies (it did not:
+    frozen, `--split` checked the routed graph, found its output empty at batch 1 and ran batch 1 whole)."""
+    import tf_keras
+    tf_keras.utils.set_random_seed(0)
+    tokens = tf_keras.Input((TOKENS,), dtype="int32", name="tokens")
+    x = tf_keras.layers.Embedding(100, 16)(tokens)
+    x = tf_keras.layers.LayerNormalization()(x + tf_keras.layers.MultiHeadAttention(2, 8)(x, x))
+    tf_keras.Model(tokens, tf_keras.layers.Dense(4)(x)).save(str(tmp_path / "model"), save_format="tf")
+    signature = freeze_signature(tf.saved_model.load(str(tmp_path / "model")), "serving_default")
+    signature.graph_def = optimize_graph(signature.graph_def, signature.fetches, FOLDING)
+    plan, graph, whole, split = _whole_and_split(signature)
+    for want, got in zip(whole, split):
+        np.testing.assert_array_equal(got, want)
+    waiting = [n for n in graph.node if any(t.startswith("^") and t.endswith("/row1") for t in n.input)]
+    assert waiting and all(any(t.startswith("^") and t.endswith("/row0") for t in n.input) for n in waiting)
+
+
 def test_an_attention_mask_on_the_query_rows_is_sliced_with_them(frozen):
     plan, _, whole, split = _whole_and_split(frozen["masked"])
     for want, got in zip(whole, split):
