@@ -10,7 +10,7 @@ mp_rewrite.flops counts FLOPs from these shapes.
 
 from __future__ import annotations
 
-from tensorflow.core.framework import attr_value_pb2, graph_pb2, tensor_shape_pb2
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, tensor_shape_pb2, types_pb2
 
 from ..core.graph_view import parse_input
 
@@ -72,8 +72,11 @@ def _with_batch(shape: Shape | None, batch: int | None, others: int | None = Non
 
 def _prepared(graph_def, arg_shapes: dict, resource_shapes: dict, keep: set | None,
               batch: int | None = None, others: int | None = None) -> graph_pb2.GraphDef:
-    """A copy of the graph that imports anywhere: only the `keep` nodes (all if None) without control inputs,
-    _Arg -> Placeholder (with its shape), no _Retval, and the variable shape of resource arguments as
+    """A copy of the graph that imports anywhere: only the `keep` nodes (all if None) without control inputs or
+    colocation (`_class`: a tf_keras body's embedding lookup is colocated with its argument by a name the body
+    does not hold, and TF's importer refuses it), _Arg -> Placeholder (with its shape), no _Retval, a
+    ResourceGather of a variable of known shape as the GatherV2 of a Placeholder of that shape (TF infers no rows
+    from a handle), and the variable shape of resource arguments as
     `_output_shapes` on the ReadVariableOps that read them. With `batch`, an unknown leading dimension of a
     Placeholder or argument becomes `batch`; with `others`, an unknown later one becomes `others`."""
     out = graph_pb2.GraphDef()
@@ -87,6 +90,8 @@ def _prepared(graph_def, arg_shapes: dict, resource_shapes: dict, keep: set | No
             data = [t for t in node.input if not t.startswith("^")]
             del new.input[:]
             new.input.extend(data)
+        if "_class" in node.attr:
+            del new.attr["_class"]
         if node.op == "_Arg":
             new.op = "Placeholder"
             shape = _with_batch(arg_shapes.get(node.name, _declared(node, 0)), batch, others)
@@ -100,7 +105,31 @@ def _prepared(graph_def, arg_shapes: dict, resource_shapes: dict, keep: set | No
             var_shape = resource_shapes.get(parse_input(node.input[0])[0])
             if var_shape is not None and "_output_shapes" not in node.attr:
                 new.attr["_output_shapes"].list.shape.add().CopyFrom(_to_proto(var_shape))
+        elif node.op == "ResourceGather" and len(node.input) > 1 and not new.attr["batch_dims"].i:
+            var_shape = resource_shapes.get(parse_input(node.input[0])[0])
+            if var_shape is not None:
+                _gather_of_placeholder(out, new, var_shape)
     return out
+
+
+def _gather_of_placeholder(out, node, var_shape) -> None:
+    """Make `node` (a ResourceGather copied into `out`) the GatherV2 of a Placeholder of the variable's shape, on
+    axis 0, for shape inference alone."""
+    params, axis = out.node.add(), out.node.add()
+    params.name, axis.name = f"{node.name}/params_shaped", f"{node.name}/axis_0"
+    params.op, axis.op = "Placeholder", "Const"
+    params.attr["dtype"].type = node.attr["dtype"].type
+    params.attr["shape"].shape.CopyFrom(_to_proto(var_shape))
+    axis.attr["dtype"].type = types_pb2.DT_INT32
+    axis.attr["value"].tensor.dtype, axis.attr["value"].tensor.int_val[:] = types_pb2.DT_INT32, [0]
+    indices, dtype, index_type = node.input[1], node.attr["dtype"].type, node.attr["Tindices"].type
+    node.op = "GatherV2"
+    del node.input[:]
+    node.input.extend([params.name, indices, axis.name])
+    node.ClearField("attr")
+    node.attr["Tparams"].type, node.attr["Tindices"].type = dtype, index_type
+    node.attr["Taxis"].type = types_pb2.DT_INT32
+    node.attr["batch_dims"].i = 0
 
 
 def _all_declared(node) -> list:

@@ -161,8 +161,8 @@ class RowWalk:
             return self._reshape(node, data)
         if op in ("Transpose", "ExpandDims") and self.axis(data[1]) is None:
             return self._moved(node, data)
-        if op == "GatherV2":
-            axis = folded_ints(self.nodes, data[2])
+        if op in ("GatherV2", "ResourceGather"):  # ResourceGather: a variable's rows (tf_keras' Embedding)
+            axis = folded_ints(self.nodes, data[2]) if op == "GatherV2" else [0]
             if self.axis(data[0]) is not None or self.axis(data[1]) is None or axis != [0] or \
                     attr_or_default(node, "batch_dims").i:
                 raise FedWhole("not a lookup by split indices")

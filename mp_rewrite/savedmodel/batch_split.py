@@ -36,7 +36,7 @@ from .frozen_function import imported_function
 from .row_choice import ROW_CALLS, ROW_PARTS, RowChoice, row_function, rows_least, with_rows
 from .split_option import SERVE, split_function
 from .inputs import DEFAULT_DIM
-from .split_timing import CALLS, SETTINGS, feeds, saved_functions, times_in_both
+from .split_timing import CALLS, SETTINGS, feeds, learned_specs, saved_functions, times_in_both
 from .split_verdict import SplitChoice, row_verdict, split_verdict
 
 SHAPE_BATCH = 7  # the batch the analysis infers shapes at: odd and prime, so a row count tells its k apart
@@ -65,6 +65,7 @@ def split_signature(graph_def, frozen, captured, split, exact: bool, say=lambda 
     whole = _function(imported, specs, list(frozen.outputs), frozen.shapes, (), 1)
     if split == "off":
         return whole, SplitChoice(1, "off")
+    specs = learned_specs(whole, specs, dim)
     graph = functools.cache(lambda: graph_bytes(graph_def))  # what timed splits are kept under: read once, if timed
     try:
         imported, at_one = _batch_one(graph_def, graph, frozen, captured, imported, specs, whole, split, exact, say,
@@ -216,7 +217,7 @@ def _function(imported, specs, keys, shapes, carried, branches: int, least: int 
 
     if branches > 1:  # a name `inspect` finds in the written model
         run.__name__ = split_function(branches, least)
-    return tf.function(run, input_signature=specs, autograph=False)
+    return tf.function(run, input_signature=list(specs), autograph=False)
 
 
 def unequal_outputs(whole, other, specs, exact: bool, batches, what: str, dim: int = DEFAULT_DIM) -> str:

@@ -188,11 +188,14 @@ def signature_inputs(signature: str, specs: dict, given: dict, batch_size: int, 
     return arrays, sources
 
 
-def made_tensors(specs, batch: int, seed: int = 0, dim: int = DEFAULT_DIM, label: str = "made up") -> list:
+def made_tensors(specs, batch: int, seed: int = 0, dim: int = DEFAULT_DIM, label: str = "made up",
+                 id_limit: int = DEFAULT_ID_LIMIT) -> list:
     """Made-up eager tensors for a function's input TensorSpecs, in order, an unknown batch of `batch` and other
-    unknown dimensions of `dim` (what a conversion times and compares a frozen signature's functions on)."""
+    unknown dimensions of `dim`, ids below `id_limit` (what a conversion times and compares a frozen signature's
+    functions on)."""
     import tensorflow as tf
-    arrays, _ = signature_inputs(label, {spec.name: spec for spec in specs}, {}, batch, seed, dim=dim)
+    arrays, _ = signature_inputs(label, {spec.name: spec for spec in specs}, {}, batch, seed, dim=dim,
+                                 id_limit=id_limit)
     return [tf.constant(arrays[spec.name]) for spec in specs]
 
 

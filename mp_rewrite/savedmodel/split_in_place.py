@@ -45,7 +45,7 @@ from .frozen_signature import freeze_signature
 from .model_dir import serialize, write_model_dir
 from .inputs import DEFAULT_DIM
 from .split_option import SERVE
-from .split_timing import SETTINGS
+from .split_timing import SETTINGS, learned_specs
 from .split_verdict import SplitChoice
 from .split_wrapper import output_shapes, signature_wrapper, split_wrapper
 
@@ -149,8 +149,9 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
     signature = loaded.signatures[key]
     given = signature.structured_input_signature[1]
     names = sorted(given)
-    specs = [tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names]
     whole = _positional(signature, names)
+    specs = learned_specs(whole, [tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names],
+                          dim)
     carried, why = _carried(loaded, key, positions, files, meta_graph, wrapper)
     if why or asked[0] == 1:  # refused, or an earlier wrapper of the same body ran its batch whole
         made, choice = meta_graph, SplitChoice(1, f"not split: {why or 'as the same function called otherwise'}")

@@ -42,7 +42,7 @@ import time
 
 from ..analysis.race_times import RaceTimes, Ratio
 from .frozen_function import remove_tree
-from .inputs import DEFAULT_DIM, made_tensors
+from .inputs import DEFAULT_DIM, DEFAULT_ID_LIMIT, id_limit_from_error, made_tensors
 
 ROUNDS, MOST_ROUNDS, CALLS = 5, 10, 4
 # Each timed block lasts this long at least (more calls than asked where one call is short): in blocks of 4 calls
@@ -68,10 +68,38 @@ class Load:
     others: float | None = None
 
 
+class InputSpecs(list):
+    """A signature's input TensorSpecs, in order, and the ids its integer inputs stay below (`id_limit`: the rows of
+    the smallest table they index, as learned_specs finds it)."""
+
+    def __init__(self, specs, id_limit: int = DEFAULT_ID_LIMIT):
+        super().__init__(specs)
+        self.id_limit = id_limit
+
+
+def learned_specs(whole, specs, dim: int = DEFAULT_DIM, tries: int = 4) -> InputSpecs:
+    """`specs` with the ids the `whole` call accepts: made-up ids that index past a table (TF's "... is not in [0,
+    N)") are drawn below N, as --verify learns them (a vocabulary of 100: the split's check failed on ids < 1000).
+    A call that fails otherwise leaves the limit as it is, for the checks to say."""
+    import tensorflow as tf
+    limit = DEFAULT_ID_LIMIT
+    for _ in range(tries):
+        try:
+            whole(*made_tensors(specs, 2, dim=dim, label="split", id_limit=limit))
+            break
+        except tf.errors.OpError as e:
+            smaller = id_limit_from_error(str(e))
+            if smaller is None or smaller >= limit:
+                break
+            limit = smaller
+    return InputSpecs(specs, limit)
+
+
 def feeds(specs, batch: int, seed: int = 0, dim: int = DEFAULT_DIM) -> list:
     """The made-up inputs a split is checked and timed on (inputs.made_tensors, labelled "split"), every unknown
-    dimension after the first of size `dim`."""
-    return made_tensors(specs, batch, seed, dim=dim, label="split")
+    dimension after the first of size `dim`, ids below the limit InputSpecs carry."""
+    return made_tensors(specs, batch, seed, dim=dim, label="split",
+                        id_limit=getattr(specs, "id_limit", DEFAULT_ID_LIMIT))
 
 
 def interleaved_times(runners: dict, tensors, calls: int = CALLS, block: float = BLOCK_SECONDS) -> tuple[dict, dict]:
@@ -222,7 +250,8 @@ def times_in_both(runners: dict, specs, races: list, places, graph: bytes, dim: 
     busy = busy_timing(loads, here)
     other, env = other_setting(here)
     with places() as where:
-        elsewhere, elsewhere_loads, why = times_elsewhere(where, [spec.name for spec in specs], races, env, dim)
+        elsewhere, elsewhere_loads, why = times_elsewhere(where, [spec.name for spec in specs], races, env, dim,
+                                                          getattr(specs, "id_limit", DEFAULT_ID_LIMIT))
     if elsewhere:
         times[other] = elsewhere
         busy = busy or busy_timing(elsewhere_loads, other)
@@ -244,7 +273,8 @@ def _kept_times(rows) -> dict | None:
     return times or None
 
 
-def times_elsewhere(places, names: list, races: list, env: dict, dim: int = DEFAULT_DIM) -> tuple[dict, dict, str]:
+def times_elsewhere(places, names: list, races: list, env: dict, dim: int = DEFAULT_DIM,
+                    id_limit: int = DEFAULT_ID_LIMIT) -> tuple[dict, dict, str]:
     """({(batch, key): [ms per call, round by round]}, {(batch, key): its Load}, "") timed in a child process with
     the environment `env`, or ({}, {}, why not).
 
@@ -255,11 +285,12 @@ def times_elsewhere(places, names: list, races: list, env: dict, dim: int = DEFA
         races: [(batch, calls, [keys])]: each an interleaved race of those candidates at that batch, the first
             the whole call.
         dim: the size of every unknown input dimension after the first (--seq-len).
+        id_limit: the ids integer inputs stay below (InputSpecs').
     """
     if isinstance(places, str):
         return {}, {}, places
     request = {"places": {str(k): list(v) for k, v in places.items()}, "names": names, "dim": dim,
-               "races": [[batch, calls, [str(k) for k in keys]] for batch, calls, keys in races]}
+               "id_limit": id_limit, "races": [[batch, calls, [str(k) for k in keys]] for batch, calls, keys in races]}
     keys = {str(k): k for k in places}
     try:
         done = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True,
@@ -290,7 +321,8 @@ def _child() -> None:
             loaded[directory] = load_saved_model(directory, "a candidate", tags)
         function = loaded[directory].signatures[signature]
         given = function.structured_input_signature[1]
-        specs = [tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names]
+        specs = InputSpecs([tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names],
+                           request["id_limit"])
         functions[key] = (lambda f: lambda *tensors: f(**dict(zip(names, tensors))))(function)
     out = []
     for batch, calls, keys in request["races"]:

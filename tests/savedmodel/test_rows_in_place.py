@@ -135,3 +135,28 @@ def test_the_convert_line_says_which_converted_nodes_are_the_rows_copies(models,
                      "--split", "2"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote "))
     assert "by the rewrite, the rest their copies in batch 1's token rows)" in line, line
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["in-place", "frozen"])
+def test_a_tf_keras_transformer_of_a_small_vocabulary_runs_batch_one_in_token_rows(tmp_path, freeze):
+    """tf_keras' traced call reads its embedding through a ResourceGather colocated with its argument: in place,
+    the shapes of its body did not import (the colocation names a node the body does not hold) and the gather had
+    no row rule ("no axis 1 of static length (None)"); frozen, its output control node waited on the split lookup
+    (row_split: the rows' output empty). And the split's check made ids below 1000, which a vocabulary of 100
+    refuses: it learns the limit as --verify does."""
+    import tf_keras
+    tf_keras.utils.set_random_seed(0)
+    tokens = tf_keras.Input((16,), dtype="int32", name="tokens")
+    x = tf_keras.layers.Embedding(100, 16)(tokens)
+    x = tf_keras.layers.LayerNormalization()(x + tf_keras.layers.MultiHeadAttention(2, 8)(x, x))
+    tf_keras.Model(tokens, tf_keras.layers.Dense(4)(x)).save(str(tmp_path / "source"), save_format="tf")
+    result = convert_saved_model(tmp_path / "source", tmp_path / "split", "bfloat16", split=2, freeze=freeze)
+    line = next(note for note in result.split if "serving_default" in note)
+    assert "split in 2 branches, as asked; batch 1: token rows in 2 branches (proven" in line, line
+    source = tf.saved_model.load(str(tmp_path / "source")).signatures["serving_default"]
+    split = tf.saved_model.load(str(tmp_path / "split")).signatures["serving_default"]
+    for batch in (1, 3):
+        feed = tf.constant(np.random.default_rng(batch).integers(0, 100, (batch, 16)), tf.int32)
+        want, got = source(tokens=feed), split(tokens=feed)
+        for key in want:  # bfloat16 against float32: within bfloat16's tolerance
+            np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=0.1, atol=0.1)
