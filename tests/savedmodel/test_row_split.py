@@ -296,20 +296,38 @@ def test_convert_freeze_split_runs_batch_one_in_token_rows_equal_to_the_whole(tm
             np.testing.assert_array_equal(got[key].numpy(), want[key].numpy())
 
 
+class _PastItsTable(tf.Module):
+    """Ids that index past the table whatever they are (each offset by 1000): no made-up input runs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = tf.Variable(np.random.default_rng(0).normal(size=(100, 8)).astype("float32"))
+        self.weight = tf.Variable(np.random.default_rng(1).normal(size=(8, 8)).astype("float32"))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.int32, name="tokens")])
+    def serve(self, tokens):
+        return {"out": tf.einsum("btc,cd->btd", tf.gather(self.table, tokens + 1000), self.weight)}
+
+
 def test_convert_freeze_split_runs_batch_one_of_an_unknown_length_in_token_rows(tmp_path):
     """A keras-hub-like export (length unknown) runs batch 1 in token rows from 4 tokens, equal to --freeze's
-    whole graph within round-off at any length; a model the made-up inputs cannot run (ids past a vocabulary of
-    100: the check makes ids below 1000) is written whole, frozen or in place, and the line says why."""
+    whole graph within round-off at any length, a vocabulary of 100 too (the check's made-up ids, drawn below 1000,
+    learn the table's 100 rows from TF's error, as the run check's do); a model no made-up input runs (past the run
+    check, with --no-run-check) is written whole, frozen or in place, and the line says why."""
     keras.utils.set_random_seed(0)
     for name, vocabulary in (("small", 100), ("large", 1000)):
         example_models.masked_transformer(None, vocabulary).export(str(tmp_path / name), verbose=False)
+    module = _PastItsTable()
+    tf.saved_model.save(module, str(tmp_path / "past"), signatures={"serving_default": module.serve})
+    for freeze in (True, False):
+        result = convert_saved_model(tmp_path / "past", tmp_path / f"past_{freeze}", "bfloat16", freeze=freeze,
+                                     split=2, run_check=False)
+        line = next(note for note in result.notes if "branches" in note or "not split" in note)
+        assert "not split: the split's check runs the model on made-up inputs, and the model failed on them" in line
+        assert "is not in [0, 100)" in line, line
     result = convert_saved_model(tmp_path / "small", tmp_path / "small_split", "bfloat16", freeze=True, split=2)
-    line = next(note for note in result.notes if "branches" in note or "not split" in note)
-    assert "not split: the split's check runs the model on made-up inputs, and the model failed on them" in line, line
-    assert "is not in [0, 100)" in line, line
-    result = convert_saved_model(tmp_path / "small", tmp_path / "small_in_place", "bfloat16", split=2)  # in place
-    line = next(note for note in result.notes if "branches" in note or "not split" in note)
-    assert "not split: the split's check runs the model on made-up inputs, and the model failed on them" in line, line
+    line = next(note for note in result.notes if "token rows" in note)
+    assert "batch 1: token rows in 2 branches (an unknown length: samples of 4 tokens or more)" in line, line
     result = convert_saved_model(tmp_path / "large", tmp_path / "split", "bfloat16", freeze=True, split=2)
     line = next(note for note in result.notes if "token rows" in note)
     assert "batch 1: token rows in 2 branches (an unknown length: samples of 4 tokens or more)" in line, line
