@@ -250,8 +250,7 @@ def times_in_both(runners: dict, specs, races: list, places, graph: bytes, dim: 
     busy = busy_timing(loads, here)
     other, env = other_setting(here)
     with places() as where:
-        elsewhere, elsewhere_loads, why = times_elsewhere(where, [spec.name for spec in specs], races, env, dim,
-                                                          getattr(specs, "id_limit", DEFAULT_ID_LIMIT))
+        elsewhere, elsewhere_loads, why = times_elsewhere(where, [spec.name for spec in specs], races, env, dim)
     if elsewhere:
         times[other] = elsewhere
         busy = busy or busy_timing(elsewhere_loads, other)
@@ -273,8 +272,7 @@ def _kept_times(rows) -> dict | None:
     return times or None
 
 
-def times_elsewhere(places, names: list, races: list, env: dict, dim: int = DEFAULT_DIM,
-                    id_limit: int = DEFAULT_ID_LIMIT) -> tuple[dict, dict, str]:
+def times_elsewhere(places, names: list, races: list, env: dict, dim: int = DEFAULT_DIM) -> tuple[dict, dict, str]:
     """({(batch, key): [ms per call, round by round]}, {(batch, key): its Load}, "") timed in a child process with
     the environment `env`, or ({}, {}, why not).
 
@@ -284,13 +282,13 @@ def times_elsewhere(places, names: list, races: list, env: dict, dim: int = DEFA
         names: the signatures' input names, in the order the candidates take them.
         races: [(batch, calls, [keys])]: each an interleaved race of those candidates at that batch, the first
             the whole call.
-        dim: the size of every unknown input dimension after the first (--seq-len).
-        id_limit: the ids integer inputs stay below (InputSpecs').
+        dim: the size of every unknown input dimension after the first (--seq-len); the ids of integer inputs are
+            learned there from the whole call (learned_specs), for `convert --split` and `--tune --split` alike.
     """
     if isinstance(places, str):
         return {}, {}, places
     request = {"places": {str(k): list(v) for k, v in places.items()}, "names": names, "dim": dim,
-               "id_limit": id_limit, "races": [[batch, calls, [str(k) for k in keys]] for batch, calls, keys in races]}
+               "races": [[batch, calls, [str(k) for k in keys]] for batch, calls, keys in races]}
     keys = {str(k): k for k in places}
     try:
         done = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True,
@@ -321,9 +319,9 @@ def _child() -> None:
             loaded[directory] = load_saved_model(directory, "a candidate", tags)
         function = loaded[directory].signatures[signature]
         given = function.structured_input_signature[1]
-        specs = InputSpecs([tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names],
-                           request["id_limit"])
+        specs = [tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names]
         functions[key] = (lambda f: lambda *tensors: f(**dict(zip(names, tensors))))(function)
+    specs = learned_specs(functions[request["races"][0][2][0]], specs, request["dim"])  # on the whole call
     out = []
     for batch, calls, keys in request["races"]:
         times, loads = interleaved_times({key: functions[key] for key in keys},
