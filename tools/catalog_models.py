@@ -127,8 +127,10 @@ def build(name: str, directory: str) -> None:
         size = TF_KERAS[name]
         model = getattr(tf_keras.applications, name.split()[1])(weights=None, input_shape=(size, size, 3), classes=10)
         tf.saved_model.save(model, directory)
-    elif name in TF_KERAS_TOKENS:
-        _tf_keras_transformer(directory)
+    elif name in TF_KERAS_TOKENS:  # 2 layers, d 64, 32 tokens of a 100-token vocabulary, the first token pooled
+        from mp_rewrite.testing.example_models import save_tf_keras_transformer
+        save_tf_keras_transformer(directory, length=32, d_model=64, heads=4, layers=2, ff=256, classes=10,
+                                  pooled=True)
     elif name in TF1:
         _tf1_export(directory)
     else:
@@ -145,20 +147,6 @@ def _check_size(model) -> None:
     size = sum(int(w.numpy().nbytes) for w in model.weights)
     if size > SIZE_LIMIT:
         raise SystemExit(f"skip: {size / 2 ** 20:.0f} MB of weights, over the sweep's {SIZE_LIMIT // 2 ** 20} MB")
-
-
-def _tf_keras_transformer(directory: str) -> None:
-    """A tf_keras Transformer encoder (2 layers, d 64, 4 heads, 32 tokens of a 100-token vocabulary), saved as
-    tf_keras saves (`save_format="tf"`, keras_metadata.pb beside the SavedModel)."""
-    import tf_keras
-    tf_keras.utils.set_random_seed(0)
-    tokens = tf_keras.Input((32,), dtype="int32", name="tokens")
-    x = tf_keras.layers.Embedding(100, 64)(tokens)
-    for _ in range(2):
-        x = tf_keras.layers.LayerNormalization()(x + tf_keras.layers.MultiHeadAttention(4, 16)(x, x))
-        hidden = tf_keras.layers.Dense(256, activation="gelu")(x)
-        x = tf_keras.layers.LayerNormalization()(x + tf_keras.layers.Dense(64)(hidden))
-    tf_keras.Model(tokens, tf_keras.layers.Dense(10)(x[:, 0])).save(directory, save_format="tf")
 
 
 def _tf1_export(directory: str) -> None:

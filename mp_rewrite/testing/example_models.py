@@ -172,6 +172,25 @@ def masked_transformer(length: int | None = 16, vocabulary: int = 100) -> keras.
     return keras.Model([tokens, mask], keras.layers.Dense(4)(pooled))
 
 
+def save_tf_keras_transformer(path: str, length: int = 16, vocabulary: int = 100, d_model: int = 16, heads: int = 2,
+                              layers: int = 1, ff: int = 0, classes: int = 4, pooled: bool = False) -> None:
+    """Save, as tf_keras saves (`save_format="tf"`, keras_metadata.pb beside the SavedModel), a tf_keras Transformer
+    encoder: token ids [batch, `length`] of a `vocabulary`, `layers` of attention (`heads` of d_model / heads) and
+    LayerNorm, with a GELU FFN of `ff` units where ff > 0, then logits per token, or of the first token (`pooled`).
+    tf_keras reads its embedding with a ResourceGather, and the body's output waits on it by a control input."""
+    import tf_keras
+    tf_keras.utils.set_random_seed(0)
+    tokens = tf_keras.Input((length,), dtype="int32", name="tokens")
+    x = tf_keras.layers.Embedding(vocabulary, d_model)(tokens)
+    for _ in range(layers):
+        x = tf_keras.layers.LayerNormalization()(x + tf_keras.layers.MultiHeadAttention(heads, d_model // heads)(x, x))
+        if ff:
+            hidden = tf_keras.layers.Dense(ff, activation="gelu")(x)
+            x = tf_keras.layers.LayerNormalization()(x + tf_keras.layers.Dense(d_model)(hidden))
+    logits = tf_keras.layers.Dense(classes)(x[:, 0] if pooled else x)
+    tf_keras.Model(tokens, logits).save(path, save_format="tf")
+
+
 def lstm(timesteps: int = 6, features: int = 8, units: int = 16, classes: int = 10) -> keras.Model:
     """A ``keras.layers.LSTM`` over a sequence and a logits Dense (a ``While`` loop with TensorLists).
 

@@ -108,12 +108,7 @@ def test_a_tf_keras_bodys_control_inputs_on_split_nodes_wait_for_every_copy(tmp_
     """tf_keras writes its call's output through a node with a control input on the embedding lookup, which the
     plan splits: that control input names no node of the split graph unless it waits for the copies (it did not:
     frozen, `--split` checked the routed graph, found its output empty at batch 1 and ran batch 1 whole)."""
-    import tf_keras
-    tf_keras.utils.set_random_seed(0)
-    tokens = tf_keras.Input((TOKENS,), dtype="int32", name="tokens")
-    x = tf_keras.layers.Embedding(100, 16)(tokens)
-    x = tf_keras.layers.LayerNormalization()(x + tf_keras.layers.MultiHeadAttention(2, 8)(x, x))
-    tf_keras.Model(tokens, tf_keras.layers.Dense(4)(x)).save(str(tmp_path / "model"), save_format="tf")
+    example_models.save_tf_keras_transformer(str(tmp_path / "model"), length=TOKENS)
     signature = freeze_signature(tf.saved_model.load(str(tmp_path / "model")), "serving_default")
     signature.graph_def = optimize_graph(signature.graph_def, signature.fetches, FOLDING)
     plan, graph, whole, split = _whole_and_split(signature)

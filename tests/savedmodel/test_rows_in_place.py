@@ -144,12 +144,7 @@ def test_a_tf_keras_transformer_of_a_small_vocabulary_runs_batch_one_in_token_ro
     no row rule ("no axis 1 of static length (None)"); frozen, its output control node waited on the split lookup
     (row_split: the rows' output empty). And the split's check made ids below 1000, which a vocabulary of 100
     refuses: it learns the limit as --verify does."""
-    import tf_keras
-    tf_keras.utils.set_random_seed(0)
-    tokens = tf_keras.Input((16,), dtype="int32", name="tokens")
-    x = tf_keras.layers.Embedding(100, 16)(tokens)
-    x = tf_keras.layers.LayerNormalization()(x + tf_keras.layers.MultiHeadAttention(2, 8)(x, x))
-    tf_keras.Model(tokens, tf_keras.layers.Dense(4)(x)).save(str(tmp_path / "source"), save_format="tf")
+    example_models.save_tf_keras_transformer(str(tmp_path / "source"))
     result = convert_saved_model(tmp_path / "source", tmp_path / "split", "bfloat16", split=2, freeze=freeze)
     line = next(note for note in result.split if "serving_default" in note)
     assert "split in 2 branches, as asked; batch 1: token rows in 2 branches (proven" in line, line
