@@ -301,6 +301,17 @@ def _saved(key: str, table: CostTable, walls) -> Profile:
     return Profile(table, fp32_ms, lists_ms)
 
 
+def _untimed_said(graph_def, untimed: list) -> str:
+    """What the note says of the bodies priced from the op table: loop or branch bodies the graph calls, and
+    functions nothing the graph runs calls (tf_keras keeps each layer's call functions in the library)."""
+    from ..core.functions import called_functions, reachable_functions
+    names = {f.signature.name for f in graph_def.library.function}
+    called = set(reachable_functions(graph_def.library, called_functions(graph_def.node, names)))
+    bodies, idle = sum(label in called for label in untimed), sum(label not in called for label in untimed)
+    said = [f"{bodies} loop or branch bodies" if bodies else "", f"{idle} functions nothing here calls" if idle else ""]
+    return f"; {' and '.join(x for x in said if x)} from the op table" if untimed else ""
+
+
 def _medians(walls) -> tuple:
     """The median wall ms of each variant's traced runs (float32, then the lists')."""
     return tuple(float(np.median(w)) for w in walls)
@@ -342,8 +353,7 @@ def _table(graph_def, lists, times, walls, prefixes, machine, batch, runs, fetch
     fp32_ms, lists_ms = _medians(walls)
     at = f" at batch {batch}" if batch is not None else ""
     note = (f"costs measured in this graph on this machine{at} ({runs} traced runs of each: float32 {fp32_ms:.1f} ms, "
-            f"Grappler's lists {lists_ms:.1f} ms per run"
-            + (f"; {len(untimed)} loop or branch bodies from the op table)" if untimed else ")"))
+            f"Grappler's lists {lists_ms:.1f} ms per run{_untimed_said(graph_def, untimed)})")
     return CostTable(machine.precision, nodes, casts, fusions, machine.low_units,
                      note if machine.low_units else machine.no_units_note(), together=together)
 
