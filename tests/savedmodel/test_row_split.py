@@ -299,7 +299,7 @@ class _PastItsTable(tf.Module):
         self.table = tf.Variable(np.random.default_rng(0).normal(size=(100, 8)).astype("float32"))
         self.weight = tf.Variable(np.random.default_rng(1).normal(size=(8, 8)).astype("float32"))
 
-    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.int32, name="tokens")])
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.int32, name="tokens")], autograph=False)
     def serve(self, tokens):
         return {"out": tf.einsum("btc,cd->btd", tf.gather(self.table, tokens + 1000), self.weight)}
 
