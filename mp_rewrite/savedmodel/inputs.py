@@ -165,6 +165,25 @@ def id_limit_from_error(message: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def run_learning_id_limit(run, errors, tries: int = 4) -> tuple:
+    """Call `run(id_limit)` with ids below DEFAULT_ID_LIMIT and, while it fails with one of `errors` because an id
+    indexes past a table (TF's "... is not in [0, N)"), again with ids below N, at most `tries` times.
+
+    Returns:
+        (the last limit tried, run's result, None), or (that limit, None, the error the last try raised).
+    """
+    limit = DEFAULT_ID_LIMIT
+    for _ in range(tries):
+        try:
+            return limit, run(limit), None
+        except errors as e:
+            failed, smaller = e, id_limit_from_error(str(e))
+            if smaller is None or smaller >= limit:
+                break
+            limit = smaller
+    return limit, None, failed
+
+
 def signature_inputs(signature: str, specs: dict, given: dict, batch_size: int, seed: int, *, shapes=None,
                      dim: int = DEFAULT_DIM, id_limit: int = DEFAULT_ID_LIMIT) -> tuple[dict, dict]:
     """Inputs for one signature: from `given` (keys "SIGNATURE/name" or "name"), else made from the TensorSpec.

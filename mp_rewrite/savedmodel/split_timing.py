@@ -42,7 +42,7 @@ import time
 
 from ..analysis.race_times import RaceTimes, Ratio
 from .frozen_function import remove_tree
-from .inputs import DEFAULT_DIM, DEFAULT_ID_LIMIT, id_limit_from_error, made_tensors
+from .inputs import DEFAULT_DIM, DEFAULT_ID_LIMIT, made_tensors, run_learning_id_limit
 
 ROUNDS, MOST_ROUNDS, CALLS = 5, 10, 4
 # Each timed block lasts this long at least (more calls than asked where one call is short): in blocks of 4 calls
@@ -82,16 +82,8 @@ def learned_specs(whole, specs, dim: int = DEFAULT_DIM, tries: int = 4) -> Input
     N)") are drawn below N, as --verify learns them (a vocabulary of 100: the split's check failed on ids < 1000).
     A call that fails otherwise leaves the limit as it is, for the checks to say."""
     import tensorflow as tf
-    limit = DEFAULT_ID_LIMIT
-    for _ in range(tries):
-        try:
-            whole(*made_tensors(specs, 2, dim=dim, label="split", id_limit=limit))
-            break
-        except tf.errors.OpError as e:
-            smaller = id_limit_from_error(str(e))
-            if smaller is None or smaller >= limit:
-                break
-            limit = smaller
+    limit, _, _ = run_learning_id_limit(
+        lambda limit: whole(*made_tensors(specs, 2, dim=dim, label="split", id_limit=limit)), tf.errors.OpError, tries)
     return InputSpecs(specs, limit)
 
 

@@ -22,8 +22,9 @@ from ..model.files import read_saved_model
 from ..model.runtime import load_saved_model
 from ..model.signatures import check_signature_keys, function_key, require_signatures
 from ..model.tags import load_tags, parse_tag_set, single_meta_graph
-from .inputs import (DEFAULT_BATCH, DEFAULT_DIM, DEFAULT_ID_LIMIT, InputRecipe, check_given_keys, check_input_options,
-                     id_limit_from_error, load_inputs, missing_inputs, parse_input_shapes, signature_inputs)
+from .inputs import (DEFAULT_BATCH, DEFAULT_DIM, InputRecipe, check_given_keys, check_input_options,
+                     id_limit_from_error, load_inputs, missing_inputs, parse_input_shapes, run_learning_id_limit,
+                     signature_inputs)
 
 # --------------------------------------------------------------------------------------------- SavedModels
 
@@ -326,15 +327,13 @@ def signature_feeds(function, key: str, given: dict, batch_size: int, seed: int,
 def _run_learning_id_range(function, made, key: str, precision: str, which: str = "original", tries: int = 4):
     """Run `function` (the `which` model's) on made-up inputs; when an id indexes past a table ("... is not in
     [0, N)"), draw the ids below N and run again. Returns (arrays, how they were made, outputs)."""
-    limit = DEFAULT_ID_LIMIT
-    for _ in range(tries):
+    def attempt(limit: int) -> tuple:
         arrays, sources = made(limit)
-        try:
-            return arrays, sources, _run(function, arrays, which, key, precision)
-        except ModelError as e:
-            smaller = id_limit_from_error(str(e))
-            if smaller is None or smaller >= limit:
-                raise
-            limit = smaller
+        return arrays, sources, _run(function, arrays, which, key, precision)
+    _, result, error = run_learning_id_limit(attempt, ModelError, tries)
+    if error is None:
+        return result
+    if id_limit_from_error(str(error)) is None:
+        raise error
     raise ModelError(f"signature '{key}': could not find ids inside every table the inputs index; give the "
                      "integer inputs with --inputs FILE.npz")

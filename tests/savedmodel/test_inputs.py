@@ -16,8 +16,8 @@ import tensorflow as tf  # noqa: E402
 
 from mp_rewrite.errors import ModelError, OptionError  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
-from mp_rewrite.savedmodel.inputs import (check_input_options, id_limit_from_error, parse_input_shapes,  # noqa: E402
-                                          signature_inputs)
+from mp_rewrite.savedmodel.inputs import (DEFAULT_ID_LIMIT, check_input_options, id_limit_from_error,  # noqa: E402
+                                          parse_input_shapes, run_learning_id_limit, signature_inputs)
 from mp_rewrite.savedmodel.verify import verify_saved_models  # noqa: E402
 
 
@@ -51,6 +51,24 @@ def test_dynamic_text_inputs_need_no_file_ids_stay_inside_the_table(text_model):
 def test_ids_limit_is_read_from_tensorflows_error():
     assert id_limit_from_error("indices[0,3] = 997 is not in [0, 30) [Op:GatherV2]") == 30
     assert id_limit_from_error("some other failure") is None
+
+
+def test_the_id_limit_is_learned_from_the_tables_a_call_indexes_and_other_failures_are_handed_back():
+    small, large = tf.random.normal([30, 4]), tf.random.normal([500, 4])
+
+    def lookup(limit: int):  # two tables: the larger's error comes first, then the smaller's
+        ids = tf.constant(np.arange(limit - 5, limit))
+        return tf.gather(large, ids) + tf.gather(small, ids)
+
+    limit, result, error = run_learning_id_limit(lookup, tf.errors.OpError)
+    assert (limit, error) == (30, None) and result.shape == (5, 4)
+
+    def broken(limit: int):
+        raise tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [2] vs. [3]")
+    limit, result, error = run_learning_id_limit(broken, tf.errors.OpError)
+    assert (limit, result) == (DEFAULT_ID_LIMIT, None) and "Incompatible shapes" in str(error)
+    limit, result, error = run_learning_id_limit(lookup, tf.errors.OpError, tries=1)  # out of tries: the last error
+    assert (limit, result) == (500, None) and "is not in [0, 500)" in str(error)
 
 
 def test_masks_are_full_then_ragged_and_segments_binary():
