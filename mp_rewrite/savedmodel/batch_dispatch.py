@@ -219,6 +219,8 @@ class KeptRaces:
         from .split_timing import OTHERS
         if part in self._kept:
             return self._kept[part]
+        if self._kept:  # the earlier conversion kept the races alone, not this one (it was disturbed then)
+            self.note += "; the race with the dispatch timed now (the earlier conversion could not keep it)"
         with Span() as span:
             self._timed[part] = time()
         if span.others is not None and span.others > OTHERS:  # a disturbed race decides this conversion only

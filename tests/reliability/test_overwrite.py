@@ -196,8 +196,10 @@ def test_the_same_model_converted_twice_has_the_same_bytes(source, tmp_path, mon
     if dispatch == "force":
         first, second = (next(iter(r.graphs.values())).dispatch for r in results)
         assert first.kept and "earlier conversion" not in first.why, first.why
-        assert second.kept and "times measured by an earlier conversion on this machine" in second.why, second.why
-        assert second.times == first.times and second.segments == first.segments
+        assert second.kept and second.segments == first.segments, second.why
+        if "not kept" not in first.why:  # no other process disturbed the first's races: the second reads them all
+            assert "times measured by an earlier conversion on this machine" in second.why, second.why
+            assert "timed now" not in second.why and second.times == first.times
     files = ("saved_model.pb", "fingerprint.pb")
     assert [(tmp_path / "a" / f).read_bytes() for f in files] == [(tmp_path / "b" / f).read_bytes() for f in files]
     if freeze:

@@ -238,4 +238,7 @@ def test_dispatch_races_run_beside_another_process_are_said_and_not_kept(tmp_pat
     assert "not kept, so the next conversion times again" in races.note
     assert KeptRaces(b"a graph", 7, "auto").note == ""  # nothing was kept
     KeptRaces(b"a graph", 7, "auto").alone(lambda: time.sleep(0.3) or times)  # quiet: kept
-    assert "times measured by an earlier conversion" in KeptRaces(b"a graph", 7, "auto").note
+    later = KeptRaces(b"a graph", 7, "auto")
+    assert later.alone(lambda: None) == times and "times measured by an earlier conversion" in later.note
+    assert later.with_dispatch(lambda: times) is times  # the part the earlier conversion did not keep: timed now
+    assert later.note.endswith("; the race with the dispatch timed now (the earlier conversion could not keep it)")
