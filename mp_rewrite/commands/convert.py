@@ -54,9 +54,9 @@ def register(sub) -> None:
                    help="run each signature's batch in N concurrent branches (slices of the batch, outputs "
                    "concatenated; in place the signature calls its rewritten function per slice, with --freeze the "
                    "frozen graph), where every op is proven to keep samples apart and the split equals the whole "
-                   "call on random inputs; auto keeps it only if it measures faster here (with this process's TF "
-                   "threads: run convert with TF_NUM_INTRAOP_THREADS=1 to choose for one intra-op thread); with "
-                   "--tune the winner's split is raced beside it. With --freeze, batch 1 is decided apart: one "
+                   "call on random inputs; auto keeps it only where it measures faster here in one serving setting "
+                   "(TF's default threads, one intra-op thread: the other timed in a child process) and not slower "
+                   "in the other; with --tune the winner's split is raced beside it. Batch 1 is decided apart: one "
                    "sample's token rows (a Transformer's) in 2 branches, where proven, equal and (auto) faster. "
                    "Serve a split model with one intra-op thread. Default off")
     p.add_argument("--keras-metadata", default="keep", choices=("keep", "drop"),

@@ -50,6 +50,9 @@ from .split_verdict import SplitChoice
 from .split_wrapper import output_shapes, signature_wrapper, split_wrapper
 
 
+WHOLE_AS_CHOSEN = "as chosen for the function it calls"
+
+
 def split_in_place(rewritten, split, tag_set=None, dim: int = DEFAULT_DIM, progress=None):
     """The in-place strategy's Rewritten with its signatures split (split_signatures; `dim`: the length "auto"
     times an unknown input dimension after the batch at, --seq-len; `progress`: told each wrapper's stages, as
@@ -64,14 +67,16 @@ def split_in_place(rewritten, split, tag_set=None, dim: int = DEFAULT_DIM, progr
                                split=tuple(lines))
 
 
-def split_written(directory, target, split, tag_set=None) -> tuple[bool, list[str]]:
-    """Split the signatures of the SavedModel at `directory` (a converted model) into a new one at `target`.
+def split_written(directory, target, split, tag_set=None, exact: bool | None = None,
+                  rows=None) -> tuple[bool, list[str]]:
+    """Split the signatures of the SavedModel at `directory` (a converted model) into a new one at `target`
+    (`exact` and `rows` as split_signatures takes them).
 
     Returns:
         (whether any signature was split -- else nothing is written --, the lines saying what each became).
     """
     saved_model = read_saved_model(directory)
-    new, lines = split_signatures(Path(directory), saved_model, None, split, tag_set)
+    new, lines = split_signatures(Path(directory), saved_model, None, split, tag_set, exact=exact, rows=rows)
     if new is saved_model:
         return False, lines
     write_model_dir(Path(directory), Path(target), new)
@@ -79,7 +84,7 @@ def split_written(directory, target, split, tag_set=None) -> tuple[bool, list[st
 
 
 def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = DEFAULT_DIM,
-                     exact: bool | None = None, progress=None) -> tuple[object, list]:
+                     exact: bool | None = None, progress=None, rows=None) -> tuple[object, list]:
     """(the SavedModel with each signature of `keys` (None: all) split where proven, checked and, for "auto",
     measured faster; one line per signature wrapper: what it became and why). The proto is returned as given where
     nothing is split; else a copy.
@@ -89,9 +94,13 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
         split: "auto" or N (split_option.parse_split).
         dim: the length "auto" times an unknown input dimension after the batch at.
         exact: the model computes in float32 (its token rows at batch 1 are then checked to float32's round-off);
-            None: batch 1 runs whole (`--tune --split` splits the batch alone).
+            None: batch 1 runs whole.
         progress: None, or a callable (done, total, what) told each wrapper's stages (the timing, on a progress bar).
+        rows: batch 1's token rows asked apart from the batch ("auto" or N), `split` then being the branches the
+            batch was already chosen to run in (1: whole; `--tune --split` races the batch split itself); None: as
+            `split`.
     """
+    rows = split if rows is None else rows
     chosen = select_meta_graphs(saved_model, tag_set)
     if len(chosen) != 1:
         return saved_model, [f"not split: the SavedModel has {len(chosen)} MetaGraphs; choose one with --tag-set"]
@@ -123,7 +132,7 @@ def split_signatures(files, saved_model, keys, split, tag_set=None, dim: int = D
             else:
                 asked = (earlier.branches, earlier.least, earlier.rows) if earlier else (split, 0, 0)
                 made, choice = _split_one(files, saved_model, index, meta_graph, (original, loaded), wrapper,
-                                          entries, asked, stack, dim, (exact, rows_least(split, dim)), say)
+                                          entries, asked, stack, dim, (exact, rows_least(rows, dim), rows), say)
                 same = earlier is not None and (choice.branches, choice.rows) == (earlier.branches, earlier.rows)
                 choice = earlier if same else choice
             decided.setdefault(_callees(meta_graph, wrapper), choice)
@@ -140,8 +149,8 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
     loaded copy); `asked` is (split: "auto" or N, the smallest batch split where N is given: SplitChoice.least,
     batch 1's token-row branches where an earlier wrapper of the same body chose them, else 0: decided here);
     `dim` the length "auto" times at; `rows_asked` (the model computes in float32, None: batch 1 is not split; the
-    fewest tokens a sample of an unknown length needs to run in rows, row_choice.rows_least); `say` is told each
-    stage that takes a while."""
+    fewest tokens a sample of an unknown length needs to run in rows, row_choice.rows_least; what batch 1's rows
+    ask, "auto" or N); `say` is told each stage that takes a while."""
     import tensorflow as tf
 
     original, loaded = staged_original
@@ -153,16 +162,17 @@ def _split_one(files, saved_model, index, meta_graph, staged_original, wrapper, 
     specs = learned_specs(whole, [tf.TensorSpec(given[name].shape, given[name].dtype, name=name) for name in names],
                           dim)
     carried, why = _carried(loaded, key, positions, files, meta_graph, wrapper)
-    if why or asked[0] == 1:  # refused, or an earlier wrapper of the same body ran its batch whole
-        made, choice = meta_graph, SplitChoice(1, f"not split: {why or 'as the same function called otherwise'}")
+    # Refused, or its batch whole as chosen before: by an earlier wrapper of the same body, or by --tune's race.
+    if why or asked[0] == 1:
+        made, choice = meta_graph, SplitChoice(1, f"not split: {why or WHOLE_AS_CHOSEN}")
     else:
         made, choice = _batches(files, saved_model, index, meta_graph, (original, whole, specs, names), wrapper,
                                 (key, carried), asked[:2], stack, dim, say)
-    exact, least = rows_asked
+    exact, least, rows = rows_asked
     if exact is None or asked[2] == 1:
         return made, choice
     return _rows(files, saved_model, index, meta_graph, (original, whole, specs, names), wrapper, entries[0],
-                 (made, choice, carried or []), (asked[2] or asked[0], exact, least), stack, dim, say)
+                 (made, choice, carried or []), (asked[2] or rows, exact, least), stack, dim, say)
 
 
 def _batches(files, saved_model, index, meta_graph, called, wrapper, signature, asked, stack, dim: int, say):

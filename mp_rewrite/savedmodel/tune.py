@@ -180,7 +180,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
                     source, p, precision, inputs, seed, batch_size, tag_set).passed for n, p in paths.items()}
                 return _time_candidates(source, paths, inputs, seed, batch_size, tags, rounds, calls, precision,
                                         TuneSteps(progress, len(paths), rounds), clock=clock), checked
-            raced = race_split(chosen, Path(work), split, race, tags, batch_size)
+            exact = not any(r.retyped or r.emulated for r in converted[chosen].results())
+            raced = race_split(chosen, Path(work), split, race, tags, batch_size, exact)
             winner, result.split = raced.directory, raced.branches
         (winner / "assets").mkdir(exist_ok=True)
         (winner / "assets" / TUNING_FILE).write_text(json.dumps(

@@ -10,7 +10,9 @@ the winner first) and not slower beyond it in the other serving setting: the win
 in a child process started with the other intra-op threads (split_timing.times_elsewhere, on made-up inputs at the
 tuning batch), as `convert --split auto` does. A child that fails leaves the other setting untimed, said in the line;
 one disturbed by other processes (split_timing.busy_timing) cannot judge it, and the winner is written
-unsplit with that reason.
+unsplit with that reason. Batch 1 is decided apart, as `convert --split` decides it (row_choice.py): the winner's
+signatures are written again with the batch as chosen and batch 1 routed to one sample's token rows where they
+are proven, equal to the whole call and, for "auto", measured faster at batch 1 in both serving settings.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class SplitRace:
     record: dict
 
 
-def race_split(winner: str, work: Path, split, race, tags=None, batch: int = 8) -> SplitRace:
+def race_split(winner: str, work: Path, split, race, tags=None, batch: int = 8,
+               exact: bool | None = None) -> SplitRace:
     """Split the winner (its conversion at `work / winner`) and race it against its splits.
 
     Args:
@@ -53,7 +56,20 @@ def race_split(winner: str, work: Path, split, race, tags=None, batch: int = 8) 
             timing and verification of the candidates.
         tags: the MetaGraph's tags (model.tags.load_tags), for the child process that times the other setting.
         batch: the batch the candidates were raced at, timed there too.
+        exact: the winner computes in float32 (its token rows are then checked to float32's round-off); None:
+            batch 1 runs whole.
     """
+    raced = _batch_race(winner, work, split, race, tags, batch)
+    if exact is None:
+        return raced
+    made, lines = split_written(work / winner, work / "rows", raced.branches, exact=exact, rows=split)
+    said = "; ".join(dict.fromkeys(line[line.index("batch 1"):] for line in lines if "batch 1" in line))
+    return dataclasses.replace(raced, directory=work / "rows" if made else raced.directory,
+                               line="; ".join(filter(None, (raced.line, said))), record={**raced.record, "rows": lines})
+
+
+def _batch_race(winner: str, work: Path, split, race, tags, batch: int) -> SplitRace:
+    """race_split's batch split: the winner or its split, raced."""
     splits, said = {}, []
     for n in split_candidates(split):
         name = f"{winner}, split in {n}"

@@ -155,3 +155,24 @@ def test_a_tf_keras_transformer_of_a_small_vocabulary_runs_batch_one_in_token_ro
         want, got = source(tokens=feed), split(tokens=feed)
         for key in want:  # bfloat16 against float32: within bfloat16's tolerance
             np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=0.1, atol=0.1)
+
+
+def test_tune_split_decides_batch_one_apart_and_writes_the_token_rows(models, tmp_path):
+    """`--tune --split 2`: the batch split is raced beside the winner, then batch 1 is decided as convert decides
+    it -- the winner's signatures written again with the batch as raced and one sample routed to its token rows."""
+    import json
+
+    from mp_rewrite.savedmodel.tune import TUNING_FILE, tune_saved_model
+    source = models["fixed"][0]
+    result = tune_saved_model(source, tmp_path / "tuned", "bfloat16", rounds=2, calls=1, split=2)
+    record = json.loads((tmp_path / "tuned" / "assets" / TUNING_FILE).read_text())["split"]
+    assert any("batch 1: token rows in 2 branches (proven, and equal to the whole graph at batch 1 but for "
+               "round-off)" in line for line in record["rows"]), record
+    line = next(note for note in result.conversion.notes if note.startswith("--split 2: "))
+    assert "batch 1: token rows in 2 branches" in line and line.count("serve it with one intra-op thread") == 1, line
+    assert any("_token_rows_in_2_" in name for name in _functions(tmp_path / "tuned"))
+    want, got = (tf.saved_model.load(str(p)).signatures["serving_default"] for p in (source, tmp_path / "tuned"))
+    [(name, spec)] = want.structured_input_signature[1].items()
+    ids = tf.constant(np.random.default_rng(0).integers(0, 100, (1, spec.shape[1])), spec.dtype)
+    a, b = want(**{name: ids}), got(**{name: ids})
+    assert all(np.allclose(a[k].numpy(), b[k].numpy(), atol=0.1, rtol=0.05) for k in a)
