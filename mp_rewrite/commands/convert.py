@@ -192,10 +192,7 @@ def _convert(args, options, runs: dict | None = None):
     """Convert with the CLI's options; given `runs`, keep the run check's calls in it (verify's converted_runs)."""
     from ..savedmodel.convert import convert_saved_model
     from ..savedmodel.inputs import input_recipe
-    from ..savedmodel.verify import tags_key
-
-    def keep(tags, key, run):
-        runs[tags_key(tags), key] = run
+    from ..savedmodel.verify import keeping_runs
     recipe = input_recipe(args.inputs, batch_size=made_up_batch(args), dim=args.dim, input_shapes=args.input_shapes,
                           seed=args.seed)
     finishing = "estimating FLOPs, writing, running the written copy" if args.run_check else \
@@ -207,7 +204,7 @@ def _convert(args, options, runs: dict | None = None):
                                    keras_metadata=args.keras_metadata,
                                    overwrite=args.overwrite, run_check=args.run_check, run_inputs=recipe,
                                    allow_opaque_xla=args.allow_opaque_xla, progress=progress, on_note=say,
-                                   on_run=keep if runs is not None else None)
+                                   on_run=keeping_runs(runs) if runs is not None else None)
 
 
 def _tune(args, options):

@@ -41,10 +41,11 @@ from ..model.tags import load_tags, parse_tag_set, single_meta_graph
 from ..errors import ModelError
 from ..model.files import read_saved_model
 from .convert import check_conversion, convert_saved_model
-from .inputs import DEFAULT_BATCH
+from .inputs import DEFAULT_BATCH, input_recipe
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 from .run_check import RunFailure
+from .verify import keeping_runs, loaded_original, verify_saved_models
 
 CANDIDATES = ("cost", "grappler", "matmul-conv", "no-depthwise", "float32")
 DEPTHWISE = ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter")
@@ -140,27 +141,36 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
                   and (name != "cost" or costs.low_units)}
     candidates |= {ORIGINAL: False} if freeze else {}
     steps = TuneSteps(progress, len(candidates), rounds)
-    with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work:
-        converted, out = {}, {}
+    recipe = input_recipe(inputs, batch_size=batch_size, seed=seed)
+    with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work, loaded_original(source, tag_set) as loaded:
+        converted, out, runs = {}, {}, {}
         for name in steps.each("converting", candidates):
             chosen = (dataclasses.replace(options, assign="cost", costs=costs) if name == "cost" else
                       dataclasses.replace(options, assign="lists", costs=None, lists=_candidate_lists(
                           name if name != ORIGINAL else "float32", options.lists)))
-            try:
-                converted[name] = convert_saved_model(source, Path(work) / name, options=chosen,
-                                                      freeze=candidates[name], tag_set=tag_set, signatures=signatures,
-                                                      weights=weights if candidates[name] else "keep",
-                                                      allow_opaque_xla=allow_opaque_xla)
+            runs[name] = {}
+            try:  # its run check calls it on the inputs it is verified on: verify compares those calls
+                converted[name] = convert_saved_model(
+                    source, Path(work) / name, options=chosen, freeze=candidates[name], tag_set=tag_set,
+                    signatures=signatures, weights=weights if candidates[name] else "keep",
+                    allow_opaque_xla=allow_opaque_xla, run_inputs=recipe,
+                    on_run=keeping_runs(runs[name]))
             except RunFailure as e:  # a kernel this CPU cannot run in the precision: out of the race
                 if name in ("float32", ORIGINAL):
                     raise
                 out[name] = str(e).split("; ")[0]
         candidates = {name: frozen for name, frozen in candidates.items() if name not in out}
-        reports = {name: _verification(source, Path(work) / name, precision, inputs, seed, batch_size, tag_set)
-                   for name in steps.each("verifying", candidates)}
+
+        def verification(name, path):
+            """verify's VerifyReport of a candidate (its run check's calls, where it made them) against the
+            original."""
+            return verify_saved_models(source, path, inputs=recipe.given, precision=precision, seed=seed,
+                                       batch_size=batch_size, tag_set=tag_set, converted_runs=runs.get(name),
+                                       loaded=loaded)
+        reports = {name: verification(name, Path(work) / name) for name in steps.each("verifying", candidates)}
         passed = {name: report.passed for name, report in reports.items()}
-        times = _time_candidates(source, {n: Path(work) / n for n in candidates}, inputs, seed, batch_size, tags,
-                                 rounds, calls, precision, steps)
+        times = _time_candidates(loaded, {n: Path(work) / n for n in candidates}, recipe, precision, rounds, calls,
+                                 steps)
         milliseconds = dict(zip(candidates, times.medians))
         fine = [name for name in candidates if passed[name]]
         if not fine:
@@ -176,9 +186,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
             from .tune_split import race_split
 
             def race(paths, clock):
-                checked = {n: passed[chosen] if n == chosen else _verification(
-                    source, p, precision, inputs, seed, batch_size, tag_set).passed for n, p in paths.items()}
-                return _time_candidates(source, paths, inputs, seed, batch_size, tags, rounds, calls, precision,
+                checked = {n: passed[chosen] if n == chosen else verification(n, p).passed for n, p in paths.items()}
+                return _time_candidates(loaded, paths, recipe, precision, rounds, calls,
                                         TuneSteps(progress, len(paths), rounds), clock=clock), checked
             exact = not any(r.retyped or r.emulated for r in converted[chosen].results())
             raced = race_split(chosen, Path(work), split, race, tags, batch_size, exact)
@@ -245,32 +254,22 @@ def _has_ops(source, ops) -> bool:
     return False
 
 
-def _verification(original, converted, precision, inputs, seed, batch_size, tag_set):
-    """verify's VerifyReport of one candidate against the original."""
-    from .verify import verify_saved_models
-    return verify_saved_models(original, converted, inputs=inputs, precision=precision, seed=seed,
-                               batch_size=batch_size, tag_set=tag_set)
-
-
-def _time_candidates(source, paths: dict, inputs, seed: int, batch_size: int, tags, rounds: int, calls: int,
-                     precision: str, steps: TuneSteps, clock=time.process_time):
+def _time_candidates(original, paths: dict, recipe, precision: str, rounds: int, calls: int, steps: TuneSteps,
+                     clock=time.process_time):
     """A RaceTimes (in `paths`' order) of CPU ms (or of `clock`'s: time.perf_counter for wall time) of one call of
-    every signature, per candidate, per round, timed in rotated interleaved rounds, on the
-    inputs verify makes (ids inside the tables they index, learned on the original). Each load and round is a step
-    told to `steps`."""
+    every signature, per candidate, per round, timed in rotated interleaved rounds, on the inputs verify makes by
+    `recipe` (ids inside the tables they index, learned on `original`, verify's LoadedOriginal). Each load and round
+    is a step told to `steps`."""
     import tensorflow as tf
 
     from ..model.runtime import load_saved_model
-    from .inputs import load_inputs
     from .verify import signature_feeds
-    given = load_inputs(inputs) if inputs else {}
-    original = load_saved_model(source, "original", tags)  # runnable_directory's: no effect is performed
-    feeds = {key: {k: tf.constant(v) for k, v in signature_feeds(function, key, given, batch_size, seed,
-                                                                    precision).items()}
-             for key, function in original.signatures.items()}
+    feeds = {key: {k: tf.constant(v) for k, v in signature_feeds(
+        function, key, recipe.given, recipe.batch_size, recipe.seed, precision).items()}
+        for key, function in original.model.signatures.items()}
     runs = {}
     for name in steps.each("loading", paths):
-        loaded = load_saved_model(paths[name], f"candidate '{name}'", tags)
+        loaded = load_saved_model(paths[name], f"candidate '{name}'", original.tags)
         for key, function in loaded.signatures.items():
             function(**feeds[key])  # the first call builds and optimizes the graph
             runs.setdefault(name, []).append((function, feeds[key]))

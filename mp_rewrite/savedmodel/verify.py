@@ -11,6 +11,7 @@ The comparison itself is mp_rewrite.analysis.compare (pure numpy).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -166,7 +167,7 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
                         seed: int = 0, rtol: float | None = None, atol: float | None = None,
                         precision: str | None = None, input_shapes: str | dict | None = None, dim: int = DEFAULT_DIM,
                         tag_set=None,
-                        progress=None, converted_runs: dict | None = None) -> VerifyReport:
+                        progress=None, converted_runs: dict | None = None, loaded=None) -> VerifyReport:
     """Run every (or the given) signature of both SavedModels on the same inputs and compare the outputs.
 
     Args:
@@ -184,6 +185,9 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
             inputs (the run check of convert, which fills it through `on_run`; tags key: `tags_key(tags)`): those
             signatures are compared with the original's outputs on the run's inputs, without loading or calling
             the converted model; the others are run as usual.
+        loaded: the original as `loaded_original(original, tag_set)` loaded it, shared by several verifications
+            against it (`--tune`'s candidates): loaded once, each of its signatures called once per inputs; None:
+            loaded here.
 
     Returns:
         A VerifyReport (report.passed tells whether every output is within the tolerance).
@@ -193,19 +197,20 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
             input that needs data is named).
         OptionError: a bad precision, tolerance, seed, shape or inputs file.
     """
-    from .frozen_function import remove_tree  # it imports TensorFlow: not when the CLI imports this module
-    from .loadable_copy import loadable_copy
     start = time.perf_counter()
-    source_model = read_saved_model(original)
-    _, meta_graph = single_meta_graph(source_model, parse_tag_set(tag_set), "verifying")
-    tags = load_tags(meta_graph)
+    shapes = input_shapes if isinstance(input_shapes, dict) else parse_input_shapes(input_shapes)
+    check_input_options(seed=seed, batch_size=batch_size, dim=dim, rtol=rtol, atol=atol)
+    if loaded is None:
+        with loaded_original(original, tag_set) as loaded:
+            return verify_saved_models(original, converted, signatures=signatures, inputs=inputs,
+                                       batch_size=batch_size, seed=seed, rtol=rtol, atol=atol, precision=precision,
+                                       input_shapes=shapes, dim=dim, tag_set=tag_set, progress=progress,
+                                       converted_runs=converted_runs, loaded=loaded)
     converted_graphs = read_saved_model(converted).meta_graphs
     if len(converted_graphs) == 1:  # a frozen conversion keeps one MetaGraph, with the tags it was made from
         converted_tags = load_tags(converted_graphs[0])
     else:
-        converted_tags = tags
-    shapes = input_shapes if isinstance(input_shapes, dict) else parse_input_shapes(input_shapes)
-    check_input_options(seed=seed, batch_size=batch_size, dim=dim, rtol=rtol, atol=atol)
+        converted_tags = loaded.tags
     precision = precision or detect_precision(converted)
     default_rtol, default_atol = default_tolerance(precision)
     defaults = rtol is None and atol is None
@@ -213,28 +218,67 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
     given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
     recipe = InputRecipe(dict(given or {}), batch_size, dim, shapes, seed)
     runs = {key: run for (at, key), run in (converted_runs or {}).items() if at == tags_key(converted_tags)}
-    staging = loadable_copy(original, source_model)  # only its signatures are called: its saver is not needed
-    try:
-        reference = load_saved_model(staging or original, "original", tags, shown_as=original)
-        keys = check_signature_keys(signatures, reference.signatures.keys(), "the original SavedModel") or \
-            require_signatures(list(reference.signatures.keys()), original)
-        specs = {k: reference.signatures[k].structured_input_signature[1] for k in keys}
-        check_given_keys(recipe.given, specs)
-        missing = missing_inputs(specs, recipe.given)
-        if missing:
-            raise ModelError(f"{len(missing)} input(s) need data that cannot be made up: {', '.join(missing)}; "
-                             "give them in --inputs FILE.npz (keys: input names)")
-        the_converted = _Converted(converted, converted_tags, runs)
-        checks, sources = _compare(reference, the_converted, keys, recipe, precision, rtol, atol, progress)
-    finally:
-        remove_tree(staging)
+    reference = loaded.model
+    keys = check_signature_keys(signatures, reference.signatures.keys(), "the original SavedModel") or \
+        require_signatures(list(reference.signatures.keys()), original)
+    specs = {k: reference.signatures[k].structured_input_signature[1] for k in keys}
+    check_given_keys(recipe.given, specs)
+    missing = missing_inputs(specs, recipe.given)
+    if missing:
+        raise ModelError(f"{len(missing)} input(s) need data that cannot be made up: {', '.join(missing)}; "
+                         "give them in --inputs FILE.npz (keys: input names)")
+    the_converted = _Converted(converted, converted_tags, runs)
+    checks, sources = _compare(loaded, the_converted, keys, recipe, precision, rtol, atol, progress)
     return VerifyReport(str(original), str(converted), precision, rtol, atol, defaults, checks, sources,
                         time.perf_counter() - start)
+
+
+@dataclasses.dataclass
+class LoadedOriginal:
+    """The original SavedModel as verify loads it (loaded_original), and what its signatures computed.
+
+    Attributes:
+        model: the loaded SavedModel (its signatures only are called).
+        tags: the MetaGraph's tags it was loaded with (model.tags.load_tags).
+        called: [(function_identity, inputs, outputs)] of each call so far (_run_once: a call on the same inputs
+            is not made again).
+    """
+
+    model: object
+    tags: object
+    called: list = dataclasses.field(default_factory=list)
+
+
+@contextlib.contextmanager
+def loaded_original(original, tag_set=None):
+    """The original SavedModel at `original` loaded for verify_saved_models (a LoadedOriginal): without its
+    saver's functions (loadable_copy), from the MetaGraph `tag_set` chooses.
+
+    Raises:
+        ModelError: it cannot be loaded, or no single MetaGraph matches.
+    """
+    from .frozen_function import remove_tree  # it imports TensorFlow: not when the CLI imports this module
+    from .loadable_copy import loadable_copy
+    source_model = read_saved_model(original)
+    _, meta_graph = single_meta_graph(source_model, parse_tag_set(tag_set), "verifying")
+    tags = load_tags(meta_graph)
+    staging = loadable_copy(original, source_model)  # only its signatures are called: its saver is not needed
+    try:
+        yield LoadedOriginal(load_saved_model(staging or original, "original", tags, shown_as=original), tags)
+    finally:
+        remove_tree(staging)
 
 
 def tags_key(tags) -> frozenset | None:
     """The key of a MetaGraph's `tags=` (model.tags.load_tags) in verify's converted_runs."""
     return frozenset(tags) if tags else None
+
+
+def keeping_runs(runs: dict):
+    """convert's `on_run` callable that keeps each call of its run check in `runs`, as verify's converted_runs."""
+    def keep(tags, key: str, run: SignatureRun) -> None:
+        runs[tags_key(tags), key] = run
+    return keep
 
 
 class _Converted:
@@ -253,13 +297,13 @@ class _Converted:
         return self.loaded.signatures[key] if key in self.loaded.signatures else None
 
 
-def _compare(reference, converted: _Converted, keys, recipe, precision: str, rtol: float, atol: float,
-             progress) -> tuple[list, dict]:
+def _compare(original: LoadedOriginal, converted: _Converted, keys, recipe, precision: str, rtol: float,
+             atol: float, progress) -> tuple[list, dict]:
     """Run each signature of both models on the same inputs (a converted run's own, where the run check called
     it) and compare: (OutputCheck list, {signature: how its inputs were made})."""
-    checks, sources, total, called = [], {}, 2 * len(keys), []
+    checks, sources, total = [], {}, 2 * len(keys)
     for i, key in enumerate(keys):
-        ref_fn, got = reference.signatures[key], converted.signature(key)
+        ref_fn, got = original.model.signatures[key], converted.signature(key)
         if got is None:
             checks.append(OutputCheck(key, "*", (), "", passed=False, problem="signature missing in converted model"))
             continue
@@ -269,7 +313,7 @@ def _compare(reference, converted: _Converted, keys, recipe, precision: str, rto
             continue
         if ran:
             arrays, sources[key] = got.arrays, got.sources
-            expected = _run_once(ref_fn, arrays, key, precision, called)
+            expected = _run_once(ref_fn, arrays, key, precision, original.called)
         else:
             arrays, sources[key], expected = _run_learning_id_range(ref_fn, _maker(key, ref_fn, recipe), key,
                                                                     precision)
