@@ -214,7 +214,8 @@ def _tune(args, options):
                                  overwrite=args.overwrite, inputs=args.inputs, seed=args.seed,
                                  batch_size=made_up_batch(args), tag_set=args.tag_set,
                                  signatures=args.signature or None, weights=args.weights, progress=progress,
-                                 allow_opaque_xla=args.allow_opaque_xla, split=args.split)
+                                 allow_opaque_xla=args.allow_opaque_xla, split=args.split, rtol=args.rtol,
+                                 atol=args.atol)
     stdout_console().print(tuned.summary(), soft_wrap=True)
     return tuned.conversion
 

@@ -41,7 +41,7 @@ from ..model.tags import load_tags, parse_tag_set, single_meta_graph
 from ..errors import ModelError
 from ..model.files import read_saved_model
 from .convert import check_conversion, convert_saved_model
-from .inputs import DEFAULT_BATCH, input_recipe
+from .inputs import DEFAULT_BATCH, check_input_options, input_recipe
 from .model_dir import absolute_output, check_output, write_model_dir
 from .output_lock import output_lock
 from .run_check import RunFailure
@@ -66,6 +66,7 @@ class TuneResult:
             then proves nothing there), else "".
         tie: where the fastest candidate was not chosen, why ("a tie with 'float32' (...)"), else "".
         split: with --split, the number of branches the chosen candidate was written with (1: whole), else 0.
+        tolerance: the tolerance the candidates were verified at (VerifyReport.tolerance).
     """
 
     chosen: str
@@ -75,6 +76,7 @@ class TuneResult:
     unvarying: str = ""
     tie: str = ""
     split: int = 0
+    tolerance: str = ""
 
     def summary(self) -> str:
         """One line per candidate, then the choice."""
@@ -90,7 +92,8 @@ class TuneResult:
         chose = f"chose '{self.chosen}' " + (f"({self.tie})" if self.tie else "(the fastest candidate that verifies)")
         chose += f", split in {self.split} branches (see the split line)" if self.split > 1 else \
             ", not split (see the split line)" if self.split == 1 else ""
-        return chose + "\ntuning on this machine (median CPU time per call):\n" + "\n".join(lines) + \
+        verified = f"; verified at {self.tolerance}" if self.tolerance else ""
+        return chose + f"\ntuning on this machine (median CPU time per call{verified}):\n" + "\n".join(lines) + \
             (f"\n  verifying the candidates:{self.unvarying.removeprefix(' ')}" if self.unvarying else "")
 
 
@@ -108,7 +111,8 @@ def _candidate_lists(name: str, base):
 def tune_saved_model(source, output, precision: str = "bfloat16", *, options=None, freeze: bool = False,
                      overwrite: bool = False, lists=None, rounds: int = 5, calls: int = 3, inputs=None, seed: int = 0,
                      batch_size: int = DEFAULT_BATCH, tag_set=None, signatures=None, weights: str = "keep",
-                     progress=None, allow_opaque_xla: bool = False, split="off", **rewrite_options):
+                     progress=None, allow_opaque_xla: bool = False, split="off", rtol: float | None = None,
+                     atol: float | None = None, **rewrite_options):
     """Convert each candidate, time and verify it here, and write the fastest that verifies to `output`.
 
     Args:
@@ -117,6 +121,7 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
         options: an Options made with make_options (each candidate changes only its lists).
         rounds, calls: interleaved timing rounds, and calls of each signature per round.
         inputs, seed, batch_size: the inputs every candidate runs on (as for verify_saved_models).
+        rtol, atol: the tolerance every candidate is verified at (None: the precision's default, as verify's).
         progress: optional callable (done, total, step), as each step begins: converting, verifying and loading
             each candidate ("verifying 'grappler' (candidate 2 of 5), about 40 s left"), each timing round, then
             writing the chosen one (done == total).
@@ -132,6 +137,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
     """
     options = given_or_made(options, precision, lists=lists, **rewrite_options)
     precision = options.precision
+    recipe = input_recipe(inputs, batch_size=batch_size, seed=seed)  # checked before anything is converted
+    check_input_options(rtol=rtol, atol=atol)
     saved_model = check_conversion(source, output, parse_tag_set(tag_set), signatures, freeze, overwrite, options,
                                    allow_opaque_xla=allow_opaque_xla)[2]
     tags = load_tags(single_meta_graph(saved_model, parse_tag_set(tag_set), "--tune")[1])
@@ -141,7 +148,6 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
                   and (name != "cost" or costs.low_units)}
     candidates |= {ORIGINAL: False} if freeze else {}
     steps = TuneSteps(progress, len(candidates), rounds)
-    recipe = input_recipe(inputs, batch_size=batch_size, seed=seed)
     with tempfile.TemporaryDirectory(prefix="mp_rewrite-tune-") as work, loaded_original(source, tag_set) as loaded:
         converted, out, runs = {}, {}, {}
         for name in steps.each("converting", candidates):
@@ -165,8 +171,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
             """verify's VerifyReport of a candidate (its run check's calls, where it made them) against the
             original."""
             return verify_saved_models(source, path, inputs=recipe.given, precision=precision, seed=seed,
-                                       batch_size=batch_size, tag_set=tag_set, converted_runs=runs.get(name),
-                                       loaded=loaded)
+                                       batch_size=batch_size, rtol=rtol, atol=atol, tag_set=tag_set,
+                                       converted_runs=runs.get(name), loaded=loaded)
         reports = {name: verification(name, Path(work) / name) for name in steps.each("verifying", candidates)}
         passed = {name: report.passed for name, report in reports.items()}
         times = _time_candidates(loaded, {n: Path(work) / n for n in candidates}, recipe, precision, rounds, calls,
@@ -180,7 +186,8 @@ def tune_saved_model(source, output, precision: str = "bfloat16", *, options=Non
         steps.finish(f"writing '{chosen}', " + ("a tie with the fastest" if tie else "the fastest candidate that "
                                                                                      "verifies"))
         unvarying = reports[chosen].unvarying_note() if reports[chosen].unvarying else ""
-        result = TuneResult(chosen, milliseconds, passed, converted[chosen], unvarying, tie)
+        result = TuneResult(chosen, milliseconds, passed, converted[chosen], unvarying, tie,
+                            tolerance=reports[chosen].tolerance)
         winner, raced = Path(work) / chosen, None
         if split != "off":
             from .tune_split import race_split

@@ -90,16 +90,21 @@ class VerifyReport:
         """True when every output passed but none depends on the inputs fed: a broken conversion would pass too."""
         return bool(self.checks) and self.passed and len(self.unvarying) == len(self.checks)
 
+    @property
+    def tolerance(self) -> str:
+        """"rtol=R, atol=A (the P defaults)" or "(as given)"."""
+        where = f"the {self.precision} defaults" if self.defaults else "as given"
+        return f"rtol={self.rtol:g}, atol={self.atol:g} ({where})"
+
     def summary(self) -> str:
         """One line: passed, failed or proved nothing, how many outputs, at which tolerance; then, where outputs
         do not depend on the inputs fed, which and what to do."""
         verdict = "passed" if self.passed else f"FAILED ({len(self.failures)} of {len(self.checks)} outputs)"
         if self.proved_nothing:
             verdict = "proved nothing"
-        where = f"the {self.precision} defaults" if self.defaults else "as given"
         signatures = len({c.signature for c in self.checks})  # those that could not run count too
         line = (f"verification {verdict}: {_count(len(self.checks), 'output')} of "
-                f"{_count(signatures, 'signature')} compared at rtol={self.rtol:g}, atol={self.atol:g} ({where})")
+                f"{_count(signatures, 'signature')} compared at {self.tolerance}")
         return line + (f"\n{self.unvarying_note()}" if self.unvarying else "")
 
     def unvarying_note(self) -> str:

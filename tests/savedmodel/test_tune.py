@@ -7,10 +7,13 @@ import json
 import os
 import re
 
+import pytest
+
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import tensorflow as tf  # noqa: E402
 
+from mp_rewrite.errors import OptionError  # noqa: E402
 from mp_rewrite.savedmodel.convert import convert_saved_model  # noqa: E402
 from mp_rewrite.savedmodel.tune import CANDIDATES, ORIGINAL, TUNING_FILE, _candidate_lists, tune_saved_model  # noqa: E402,E501
 from mp_rewrite.core.oplists import load_lists  # noqa: E402
@@ -40,6 +43,20 @@ def test_tune_writes_the_fastest_verified_candidate_and_records_why(tmp_path):
     assert result.conversion.output == str(tmp_path / "tuned")
     assert not any("mp_rewrite-tune-" in note for note in result.conversion.notes), result.conversion.notes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn", "tuned"]  # no candidate left behind
+
+
+def test_the_candidates_are_verified_at_the_tolerance_given(tmp_path):
+    # At 1e-6 only a candidate computing in float32 agrees with the original: tune writes it, and says the others
+    # failed (before, tune verified at the precision's defaults whatever --rtol/--atol said).
+    example_models.cnn_bn(image_size=16).export(str(tmp_path / "cnn"), verbose=False)
+    with pytest.raises(OptionError, match="rtol"):  # checked before any candidate is converted
+        tune_saved_model(tmp_path / "cnn", tmp_path / "tuned", "bfloat16", rtol=-1.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn"]
+    result = tune_saved_model(tmp_path / "cnn", tmp_path / "tuned", "bfloat16", rounds=2, calls=1, rtol=1e-6,
+                              atol=1e-6)
+    assert result.passed == {name: name == "float32" for name in TRIED - {"no-depthwise"}}, result.passed
+    assert result.chosen == "float32"
+    assert "verified at rtol=1e-06, atol=1e-06 (as given)" in result.summary()
 
 
 def test_a_model_with_depthwise_convolutions_also_tries_them_in_float32(tmp_path):
