@@ -54,8 +54,10 @@ def test_the_candidates_are_verified_at_the_tolerance_given(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn"]
     result = tune_saved_model(tmp_path / "cnn", tmp_path / "tuned", "bfloat16", rounds=2, calls=1, rtol=1e-6,
                               atol=1e-6)
-    assert result.passed == {name: name == "float32" for name in TRIED - {"no-depthwise"}}, result.passed
-    assert result.chosen == "float32"
+    # The lists' candidates compute in bfloat16 and fail; the cost candidate may keep all float32 where its
+    # measured costs say so (a busy machine), and then passes.
+    assert result.passed["float32"] and not result.passed["grappler"] and not result.passed["matmul-conv"]
+    assert result.passed[result.chosen]
     assert "verified at rtol=1e-06, atol=1e-06 (as given)" in result.summary()
 
 
