@@ -92,7 +92,7 @@ class VerifyReport:
 
     @property
     def tolerance(self) -> str:
-        """"rtol=R, atol=A (the P defaults)" or "(as given)"."""
+        """The tolerance as the lines say it: "rtol=R, atol=A (the P defaults)" or "... (as given)"."""
         where = f"the {self.precision} defaults" if self.defaults else "as given"
         return f"rtol={self.rtol:g}, atol={self.atol:g} ({where})"
 
@@ -205,35 +205,30 @@ def verify_saved_models(original, converted, *, signatures=None, inputs=None, ba
     start = time.perf_counter()
     shapes = input_shapes if isinstance(input_shapes, dict) else parse_input_shapes(input_shapes)
     check_input_options(seed=seed, batch_size=batch_size, dim=dim, rtol=rtol, atol=atol)
-    if loaded is None:
-        with loaded_original(original, tag_set) as loaded:
-            return verify_saved_models(original, converted, signatures=signatures, inputs=inputs,
-                                       batch_size=batch_size, seed=seed, rtol=rtol, atol=atol, precision=precision,
-                                       input_shapes=shapes, dim=dim, tag_set=tag_set, progress=progress,
-                                       converted_runs=converted_runs, loaded=loaded)
-    converted_graphs = read_saved_model(converted).meta_graphs
-    if len(converted_graphs) == 1:  # a frozen conversion keeps one MetaGraph, with the tags it was made from
-        converted_tags = load_tags(converted_graphs[0])
-    else:
-        converted_tags = loaded.tags
-    precision = precision or detect_precision(converted)
-    default_rtol, default_atol = default_tolerance(precision)
-    defaults = rtol is None and atol is None
-    rtol, atol = (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
-    given = load_inputs(inputs) if isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__") else inputs
-    recipe = InputRecipe(dict(given or {}), batch_size, dim, shapes, seed)
-    runs = {key: run for (at, key), run in (converted_runs or {}).items() if at == tags_key(converted_tags)}
-    reference = loaded.model
-    keys = check_signature_keys(signatures, reference.signatures.keys(), "the original SavedModel") or \
-        require_signatures(list(reference.signatures.keys()), original)
-    specs = {k: reference.signatures[k].structured_input_signature[1] for k in keys}
-    check_given_keys(recipe.given, specs)
-    missing = missing_inputs(specs, recipe.given)
-    if missing:
-        raise ModelError(f"{len(missing)} input(s) need data that cannot be made up: {', '.join(missing)}; "
-                         "give them in --inputs FILE.npz (keys: input names)")
-    the_converted = _Converted(converted, converted_tags, runs)
-    checks, sources = _compare(loaded, the_converted, keys, recipe, precision, rtol, atol, progress)
+    with contextlib.nullcontext(loaded) if loaded is not None else loaded_original(original, tag_set) as loaded:
+        converted_graphs = read_saved_model(converted).meta_graphs
+        if len(converted_graphs) == 1:  # a frozen conversion keeps one MetaGraph, with the tags it was made from
+            converted_tags = load_tags(converted_graphs[0])
+        else:
+            converted_tags = loaded.tags
+        precision = precision or detect_precision(converted)
+        default_rtol, default_atol = default_tolerance(precision)
+        defaults = rtol is None and atol is None
+        rtol, atol = (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+        path = isinstance(inputs, (str, bytes)) or hasattr(inputs, "__fspath__")
+        recipe = InputRecipe(dict((load_inputs(inputs) if path else inputs) or {}), batch_size, dim, shapes, seed)
+        runs = {key: run for (at, key), run in (converted_runs or {}).items() if at == tags_key(converted_tags)}
+        reference = loaded.model
+        keys = check_signature_keys(signatures, reference.signatures.keys(), "the original SavedModel") or \
+            require_signatures(list(reference.signatures.keys()), original)
+        specs = {k: reference.signatures[k].structured_input_signature[1] for k in keys}
+        check_given_keys(recipe.given, specs)
+        missing = missing_inputs(specs, recipe.given)
+        if missing:
+            raise ModelError(f"{len(missing)} input(s) need data that cannot be made up: {', '.join(missing)}; "
+                             "give them in --inputs FILE.npz (keys: input names)")
+        the_converted = _Converted(converted, converted_tags, runs)
+        checks, sources = _compare(loaded, the_converted, keys, recipe, precision, rtol, atol, progress)
     return VerifyReport(str(original), str(converted), precision, rtol, atol, defaults, checks, sources,
                         time.perf_counter() - start)
 
