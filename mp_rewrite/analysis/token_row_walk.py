@@ -13,7 +13,7 @@ ELEMENTWISE = frozenset({"AddV2", "Add", "Sub", "Mul", "RealDiv", "SquaredDiffer
                          "Identity", "Cast", "Relu", "Relu6", "Less", "Greater", "SelectV2", "BiasAdd", "Tanh",
                          "Sigmoid", "Maximum", "Minimum", "Neg", "Square", "Exp", "Elu", "Selu", "Softplus",
                          "StopGradient", "Snapshot", "LogicalAnd", "LogicalOr", "LogicalNot", "Equal", "NotEqual",
-                         "GreaterEqual", "LessEqual", "Log", "Abs", "Reciprocal", "Pow", "DivNoNan"})
+                         "GreaterEqual", "LessEqual", "Log", "Abs", "Reciprocal", "Pow", "DivNoNan", "AddN"})
 BATCH_MATMULS = frozenset({"BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
 REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod"})
 CHANNEL_NORMS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
@@ -161,6 +161,11 @@ class RowWalk:
             return self._reshape(node, data)
         if op in ("Transpose", "ExpandDims") and self.axis(data[1]) is None:
             return self._moved(node, data)
+        if op == "Tile" and self.axis(data[1]) is None:  # Grappler's spelling of a Mul by ones (a LayerNorm's)
+            multiples, axis = folded_ints(self.nodes, data[1]), self.axis(data[0])
+            if multiples is None or axis >= len(multiples) or multiples[axis] != 1:
+                raise FedWhole("tiles the split axis")
+            return axis, [], [], None
         if op in ("GatherV2", "ResourceGather"):  # ResourceGather: a variable's rows (tf_keras' Embedding)
             axis = folded_ints(self.nodes, data[2]) if op == "GatherV2" else [0]
             if self.axis(data[0]) is not None or self.axis(data[1]) is None or axis != [0] or \

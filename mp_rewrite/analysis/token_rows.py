@@ -10,7 +10,7 @@ visits the nodes the outputs need, each after its inputs, and gives each node on
 
 An op splits only by a rule: elementwise ops whose unsplit operands do not broadcast over the token axis (an operand
 of full length along it, such as an attention mask on the query rows, is sliced too), matmuls on rows (MatMul,
-BatchMatMul), Transpose and ExpandDims, reductions over other axes, reshapes that keep the token axis whole, an
+BatchMatMul), Transpose and ExpandDims, a Tile that repeats no token, reductions over other axes, reshapes that keep the token axis whole, an
 embedding lookup, softmax over another axis, einsums on a letter the other operands lack (attention on the query
 rows, its keys and values gathered), a Fill or BroadcastTo to the shape of a split tensor; a batched matmul splits
 on the columns of its second operand instead where its rows would reach a softmax over them (attention's scores
@@ -23,6 +23,12 @@ in, plain data out; shapes are the caller's (analysis/shapes.node_shapes at batc
 count unknown (keras-hub exports it so) is planned at a stand-in count the caller pins (`others=`); the plan then
 makes nothing of that count -- no constant shape, no reshape target naming it -- and the split graph cuts the rows
 it is given at run time (`unknown_length`).
+
+A model whose input has no token axis -- an image cut into patches (ViT) -- makes its tokens inside: where the
+input's own plan is refused, the tensors it feeds before its first matmul, of shape [1, tokens, features] at batch
+1, are tried as the rows to cut (the earliest that splits the most matmuls; only for an input of static shape but
+its batch); what computes them runs once, whole (`source` is then the input they come from, `input` the tensor
+cut).
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ class TokenRows:
     Attributes:
         splittable: a plan exists (some matmul runs on split rows).
         reason: why not ("" when splittable), naming the node.
-        input: the input tensor whose `axis` is cut; rank: its rank; bounds: the slices' row bounds (parts + 1).
+        input: the tensor whose `axis` is cut (a graph input, or a tensor made from one: the module docstring);
+            rank: its rank; bounds: the slices' row bounds (parts + 1).
+        source: the graph input `input` is, or is computed from.
         order: the nodes the outputs need, each after its inputs.
         states: {node: None | (SPLIT, axis) | (LOCAL,)}.
         gathers: {split node: inputs it reads whole (attention's keys and values)}.
@@ -76,6 +84,7 @@ class TokenRows:
     outputs: tuple = ()
     split_work: int = 0
     unknown_length: bool = False
+    source: str = ""
 
     @property
     def parts(self) -> int:
@@ -96,6 +105,8 @@ def token_rows(graph_def, inputs: dict, outputs, shapes: dict, parts: int = 2) -
     refusals, plans = [], []
     for tensor in inputs:
         found = row_plan(graph_def, tensor, 1, outputs, shapes, parts)
+        if not found.splittable:
+            found = _made_inside(graph_def, tensor, outputs, shapes, parts) or found
         (plans if found.splittable else refusals).append(found)
     if plans:
         return max(plans, key=lambda plan: plan.split_work)
@@ -143,7 +154,34 @@ def row_plan(graph_def, input_tensor: str, axis: int, outputs, shapes: dict, par
     bounds = tuple(round(i * walk.rows / parts) for i in range(parts + 1))
     return TokenRows(True, "", input_tensor, axis, len(shape), bounds,
                      order, walk.states, walk.gathers, walk.slices, walk.reshapes, tuple(walk.fed_whole),
-                     walk.gathered, walk.constants, tuple(outputs), work, pinned)
+                     walk.gathered, walk.constants, tuple(outputs), work, pinned, input_tensor)
+
+
+def _made_inside(graph_def, input_tensor: str, outputs, shapes: dict, parts: int) -> TokenRows | None:
+    """The plan on tokens the graph makes from `input_tensor` (module docstring), or None: of the tensors of shape
+    [1, tokens, features] at batch 1 that the input feeds before its first matmul (the first output of a node of
+    one output), the earliest whose plan splits the most matmuls. Only for an input of static shape but its batch:
+    where the graph leaves a dimension unknown, the caller's stand-in for it would be taken for the token count."""
+    declared = _declared_shape(graph_def, input_tensor)
+    if not declared or None in declared[1:]:
+        return None
+    nodes = {n.name: n for n in graph_def.node}
+    fed, best = {parse_input(input_tensor)[0]}, None
+    for name in needed_order(nodes, [parse_input(o)[0] for o in outputs]):
+        node = nodes[name]
+        if name in fed or not any(parse_input(t.lstrip("^"))[0] in fed for t in node.input):
+            continue
+        fed.add(name)
+        if node.op in WORK:
+            break
+        shape = (shapes.get(name) or [None])[0]
+        if len(shapes.get(name) or ()) != 1 or not shape or len(shape) != 3 or shape[0] != 1 or \
+                shape[1] is None or shape[1] < 2 * parts:
+            continue
+        found = row_plan(graph_def, f"{name}:0", 1, outputs, shapes, parts)
+        if found.splittable and (best is None or found.split_work > best.split_work):
+            best = dataclasses.replace(found, source=input_tensor)
+    return best
 
 
 def _declared_shape(graph_def, tensor: str):

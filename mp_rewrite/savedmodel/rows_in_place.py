@@ -106,5 +106,5 @@ def rows_body(meta_graph, wrapper: str, positions: dict, parts: int, length: int
     split.node.extend(copied(nodes[name], name, [fetched[output]]) for name, output in zip(body.retvals, outputs))
     function = graph_to_function(split, called, signatures)
     function.signature.name = _named(function, called.signature.name, ROW_ROUTE.format(parts), functions)
-    return RowsBody(function, called.signature.name, inputs[plan.input], parts, plan.unknown_length), ""
+    return RowsBody(function, called.signature.name, inputs[plan.source], parts, plan.unknown_length), ""
 
