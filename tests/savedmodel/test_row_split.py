@@ -1,7 +1,8 @@
 """Batch 1 on both cores (issue 40): one sample's token rows in 2 branches. The plan (analysis/token_rows.py)
 splits a Transformer's row-wise ops and gathers attention's keys and values, or refuses a model with nothing worth
 splitting, naming the node; the split graph (savedmodel/row_split.py) equals the whole frozen graph bit for bit in
-float32, with an attention mask too; `convert --freeze --split 2` calls it at batch 1 and says so."""
+float32, with an attention mask too; `convert --freeze --split 2` calls it at batch 1 and says so. A ViT makes its
+tokens from the image inside the graph: they are cut where they are made."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 from mp_rewrite.analysis.grappler import FOLDING, optimize_graph  # noqa: E402
 from mp_rewrite.analysis.shapes import node_shapes  # noqa: E402
-from mp_rewrite.analysis.token_rows import WORK, token_rows  # noqa: E402
+from mp_rewrite.analysis.token_rows import WORK, row_plan, token_rows  # noqa: E402
 from mp_rewrite.commands import cli  # noqa: E402
 from mp_rewrite.savedmodel.batch_split import ROW_ULPS, SHAPE_OTHER, within_round_off  # noqa: E402
 from mp_rewrite.savedmodel.split_verdict import row_verdict  # noqa: E402
@@ -32,6 +33,13 @@ from split_times import in_rounds  # noqa: E402
 TOKENS = 16
 
 
+def _vit() -> keras.Model:
+    """keras-hub's ViT, tiny: a 32x32 image in 16 patches and a class token, 17 tokens made inside the graph."""
+    import keras_hub
+    return keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2,
+                                        hidden_dim=16, mlp_dim=32)
+
+
 def _flattened_tokens() -> keras.Model:
     """Its first op mixes the tokens: a Dense over all of them at once."""
     tokens = keras.Input((TOKENS, 8), name="tokens")
@@ -44,7 +52,7 @@ def frozen(tmp_path_factory):
     keras.utils.set_random_seed(0)
     made = {"transformer": example_models.token_transformer(layers=2, d_model=32, heads=2, ff=64),
             "masked": example_models.masked_transformer(), "cnn": example_models.cnn_bn(), "flat": _flattened_tokens(),
-            "unknown_length": example_models.masked_transformer(None)}
+            "unknown_length": example_models.masked_transformer(None), "vit": _vit()}
     found = {}
     for name, model in made.items():
         path = tmp_path_factory.mktemp(name) / "model"
@@ -102,6 +110,54 @@ def test_slices_of_token_rows_compute_the_whole_transformer_bit_for_bit(frozen, 
     assert sum(n.op == "ConcatV2" and "/rows_whole" in n.name for n in graph.node) == 2 * 2 + 1
     # Every matmul but the logits' (on the pooled row) runs once per slice.
     assert plan.split_work == sum(n.op in WORK for n in frozen["transformer"].graph_def.node) - 1
+
+
+def test_tokens_made_inside_the_graph_are_cut_where_they_are_made(frozen):
+    """A ViT's input is an image, with no token axis: the rows cut are the first tensor of [1, 17, 16] that splits
+    every matmul (the patches and the class token concatenated); the patch embedding runs once, whole."""
+    signature = frozen["vit"]
+    plan, graph, whole, split = _whole_and_split(signature)
+    assert plan.source == signature.inputs[0][1] and plan.input != plan.source, (plan.source, plan.input)
+    nodes = {n.name: n for n in signature.graph_def.node}
+    assert nodes[plan.input.split(":")[0]].op == "ConcatV2"
+    assert plan.split_work == sum(n.op in WORK for n in signature.graph_def.node) and not plan.fed_whole
+    assert not any(n.op == "Conv2D" and "/row" in n.name for n in graph.node)  # the patches are made once
+    for want, got in zip(whole, split):  # 9 and 8 rows: a matmul's remainder rows may sum in another order
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_grapplers_layer_norm_spelling_splits_on_the_rows():
+    """Grappler's arithmetic optimizer spells a LayerNorm's Mul by a broadcast as a Tile and its sums as an AddN
+    (the frozen ViT's, as `--freeze` writes it): both are row-wise, and before these rules every matmul after them
+    read gathered rows (6 of ViT-Tiny's 96 split)."""
+    rng = np.random.default_rng(2)
+    w = tf.constant(rng.normal(size=[8, 8]).astype(np.float32))
+
+    def spelled(x):
+        mean = tf.tile(tf.reduce_mean(x, -1, keepdims=True), [1, 1, 8])
+        return tf.matmul(tf.math.add_n([x, -mean, tf.matmul(x, w)]), w)
+    concrete = tf.function(spelled).get_concrete_function(tf.TensorSpec([None, TOKENS, 8], tf.float32))
+    graph_def = concrete.graph.as_graph_def()
+    assert {"Tile", "AddN"} <= {n.op for n in graph_def.node}
+    source, output = concrete.inputs[0].name, concrete.outputs[0].name
+    plan = token_rows(graph_def, [source], [output], node_shapes(graph_def, batch=1))
+    assert plan.splittable and not plan.fed_whole and plan.split_work == 2, plan.reason or plan.fed_whole
+    graph, fetched = split_rows(graph_def, plan)
+    x = tf.constant(rng.normal(size=[1, TOKENS, 8]).astype(np.float32))
+
+    def run(g, out):
+        return tf.function(lambda v: tf.graph_util.import_graph_def(
+            g, input_map={source: v}, return_elements=[out], name="g")[0])(x).numpy()
+    np.testing.assert_array_equal(run(graph, fetched[output]), run(graph_def, output))
+    # A Tile that repeats the tokens is not row-wise on the input's rows; its output, made inside, is cut instead.
+    tiled = tf.function(lambda x: tf.matmul(tf.tile(x, [1, 2, 1]), w)).get_concrete_function(
+        tf.TensorSpec([None, TOKENS, 8], tf.float32))
+    graph_def, shapes = tiled.graph.as_graph_def(), node_shapes(tiled.graph.as_graph_def(), batch=1)
+    source, output = tiled.inputs[0].name, tiled.outputs[0].name
+    refused = row_plan(graph_def, source, 1, [output], shapes)
+    assert not refused.splittable and "(op Tile) needs every token row (tiles the split axis)" in refused.reason
+    plan = token_rows(graph_def, [source], [output], shapes)
+    assert plan.splittable and plan.input.startswith("Tile") and plan.source == source, plan
 
 
 def test_a_tf_keras_bodys_control_inputs_on_split_nodes_wait_for_every_copy(tmp_path):

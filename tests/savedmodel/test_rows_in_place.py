@@ -1,7 +1,8 @@
 """Batch 1's token rows in place (issue 40): `convert --split` without --freeze adds the token-row split of the
 traced function a signature's wrapper calls (savedmodel/rows_in_place.py) and routes one sample to it; the function
 the pass rewrote is written as it was, both read the same variables, and the rows equal the whole call but for
-round-off, at a fixed length and at one the model leaves unknown (from 4 tokens, shorter samples run whole)."""
+round-off, at a fixed length and at one the model leaves unknown (from 4 tokens, shorter samples run whole), and
+where the model makes its tokens from an image (ViT)."""
 
 from __future__ import annotations
 
@@ -155,6 +156,27 @@ def test_a_tf_keras_transformer_of_a_small_vocabulary_runs_batch_one_in_token_ro
         want, got = source(tokens=feed), split(tokens=feed)
         for key in want:  # bfloat16 against float32: within bfloat16's tolerance
             np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=0.1, atol=0.1)
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["in-place", "frozen"])
+def test_a_vit_runs_batch_one_in_the_token_rows_it_makes_from_the_image(tmp_path, freeze):
+    """keras-hub's ViT takes an image: its tokens (patches and a class token) are made inside, and they are cut
+    there (analysis/token_rows: "made inside"); in place the wrapper routes one sample by the image's batch (the
+    plan's `source`: before, a plan cut inside had no wrapper argument). The rows equal the whole call but for
+    round-off."""
+    import keras_hub
+    keras.utils.set_random_seed(0)
+    keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), patch_size=8, num_layers=1, num_heads=2, hidden_dim=16,
+                                 mlp_dim=32).export(str(tmp_path / "source"), verbose=False)
+    for name, split in (("whole", "off"), ("split", 2)):
+        result = convert_saved_model(tmp_path / "source", tmp_path / name, "bfloat16", split=split, freeze=freeze)
+    line = next(note for note in result.split if "serving_default" in note)
+    assert "split in 2 branches, as asked; batch 1: token rows in 2 branches (proven" in line, line
+    whole = tf.saved_model.load(str(tmp_path / "whole")).signatures["serving_default"]
+    split = tf.saved_model.load(str(tmp_path / "split")).signatures["serving_default"]
+    for batch in (1, 3):
+        images = tf.constant(np.random.default_rng(batch).normal(size=(batch, 32, 32, 3)), tf.float32)
+        _agree(whole(images=images), split(images=images))
 
 
 def test_tune_split_decides_batch_one_apart_and_writes_the_token_rows(models, tmp_path):
