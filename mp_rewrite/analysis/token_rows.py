@@ -10,9 +10,10 @@ visits the nodes the outputs need, each after its inputs, and gives each node on
 
 An op splits only by a rule: elementwise ops whose unsplit operands do not broadcast over the token axis (an operand
 of full length along it, such as an attention mask on the query rows, is sliced too), matmuls on rows (MatMul,
-BatchMatMul), Transpose and ExpandDims, a Tile that repeats no token, reductions over other axes, reshapes that keep the token axis whole, an
-embedding lookup, softmax over another axis, einsums on a letter the other operands lack (attention on the query
-rows, its keys and values gathered), a Fill or BroadcastTo to the shape of a split tensor; a batched matmul splits
+BatchMatMul), Transpose and ExpandDims, a Tile that repeats no token, reductions over other axes, reshapes that
+keep the token axis whole, an embedding lookup, softmax over another axis, einsums on a letter the other operands
+lack (attention on the query rows, its keys and values gathered), a Fill or BroadcastTo to the shape of a split
+tensor (AddN counts as elementwise: Grappler's spelling of a LayerNorm's sums); a batched matmul splits
 on the columns of its second operand instead where its rows would reach a softmax over them (attention's scores
 spelled keys @ queries^T). Any other op that reads a split tensor is fed the slices concatenated ("gathered"); a
 tensor made from a slice's shape is computed whole (a slice's Shape is then its value at batch 1, a constant). So

@@ -63,9 +63,13 @@ def race_split(winner: str, work: Path, split, race, tags=None, batch: int = 8,
     if exact is None:
         return raced
     made, lines = split_written(work / winner, work / "rows", raced.branches, exact=exact, rows=split)
-    said = "; ".join(dict.fromkeys(line[line.index("batch 1"):] for line in lines if "batch 1" in line))
-    return dataclasses.replace(raced, directory=work / "rows" if made else raced.directory,
-                               line="; ".join(filter(None, (raced.line, said))), record={**raced.record, "rows": lines})
+    # What batch 1 got, said once per wrapper, and how to serve the model said once, at the end: the race's line
+    # and each wrapper's both end with it where they split.
+    said = dict.fromkeys(line[line.index("batch 1"):].removesuffix(f"; {SERVE}") for line in lines if "batch 1" in line)
+    serve = SERVE if made or raced.branches > 1 else ""
+    line = "; ".join(filter(None, (raced.line.removesuffix(f"; {SERVE}"), *said, serve)))
+    return dataclasses.replace(raced, directory=work / "rows" if made else raced.directory, line=line,
+                               record={**raced.record, "rows": lines})
 
 
 def _batch_race(winner: str, work: Path, split, race, tags, batch: int) -> SplitRace:
