@@ -136,19 +136,8 @@ def test_grapplers_layer_norm_spelling_splits_on_the_rows():
     def spelled(x):
         mean = tf.tile(tf.reduce_mean(x, -1, keepdims=True), [1, 1, 8])
         return tf.matmul(tf.math.add_n([x, -mean, tf.matmul(x, w)]), w)
-    concrete = tf.function(spelled).get_concrete_function(tf.TensorSpec([None, TOKENS, 8], tf.float32))
-    graph_def = concrete.graph.as_graph_def()
-    assert {"Tile", "AddN"} <= {n.op for n in graph_def.node}
-    source, output = concrete.inputs[0].name, concrete.outputs[0].name
-    plan = token_rows(graph_def, [source], [output], node_shapes(graph_def, batch=1))
-    assert plan.splittable and not plan.fed_whole and plan.split_work == 2, plan.reason or plan.fed_whole
-    graph, fetched = split_rows(graph_def, plan)
-    x = tf.constant(rng.normal(size=[1, TOKENS, 8]).astype(np.float32))
-
-    def run(g, out):
-        return tf.function(lambda v: tf.graph_util.import_graph_def(
-            g, input_map={source: v}, return_elements=[out], name="g")[0])(x).numpy()
-    np.testing.assert_array_equal(run(graph, fetched[output]), run(graph_def, output))
+    plan, graph_def = _split_traced(spelled, rng)
+    assert {"Tile", "AddN"} <= {n.op for n in graph_def.node} and plan.split_work == 2
     # A Tile that repeats the tokens is not row-wise on the input's rows; its output, made inside, is cut instead.
     tiled = tf.function(lambda x: tf.matmul(tf.tile(x, [1, 2, 1]), w)).get_concrete_function(
         tf.TensorSpec([None, TOKENS, 8], tf.float32))
@@ -252,9 +241,10 @@ def test_the_routed_graph_names_its_nodes_apart_from_the_models_own(frozen):
         np.testing.assert_array_equal(got, want)
 
 
-def _split_attention(attention, rng):
-    """(the plan, the traced graph) of `attention` on [batch, TOKENS, 8], after checking that the plan splits every
-    op (the softmax runs per slice, nothing is fed whole) and that the split equals the graph bit for bit."""
+def _split_traced(attention, rng):
+    """(the plan, the traced graph) of `attention` (or any function) on [batch, TOKENS, 8], after checking that the
+    plan splits every op (the softmax runs per slice, nothing is fed whole) and that the split equals the graph bit
+    for bit."""
     concrete = tf.function(attention).get_concrete_function(tf.TensorSpec([None, TOKENS, 8], tf.float32))
     graph_def = concrete.graph.as_graph_def()
     source, output = concrete.inputs[0].name, concrete.outputs[0].name
@@ -278,7 +268,7 @@ def test_attention_spelled_keys_by_transposed_queries_splits_the_queries():
         q, k = tf.matmul(x, wq), tf.matmul(x, wk)
         scores = tf.transpose(tf.matmul(k, tf.transpose(q, [0, 2, 1])), [0, 2, 1])
         return tf.matmul(tf.nn.softmax(scores), k)
-    _split_attention(attention, rng)
+    _split_traced(attention, rng)
 
 
 def test_attention_on_adjoint_operands_splits_the_query_rows():
@@ -291,7 +281,7 @@ def test_attention_on_adjoint_operands_splits_the_query_rows():
         q, k, v = tf.matmul(x, wq), tf.matmul(x, wk), tf.matmul(x, wv)
         scores = tf.linalg.matmul(tf.transpose(q, [0, 2, 1]), k, adjoint_a=True, adjoint_b=True)  # [b, Tq, Tk]
         return tf.matmul(tf.nn.softmax(scores), v)
-    plan, graph_def = _split_attention(attention, rng)
+    plan, graph_def = _split_traced(attention, rng)
     assert any(n.op == "BatchMatMulV2" and n.attr["adj_x"].b and n.attr["adj_y"].b for n in graph_def.node)
     assert plan.split_work == sum(n.op in WORK for n in graph_def.node)  # the scores and the weighted sum too
 
