@@ -295,6 +295,27 @@ class RowWalk:
         at = values[0] % (rank + 1)
         return axis + (at <= axis), [], [], None
 
+    def _constant_at(self, target: str, p: int):
+        """The constant a Reshape target made per slice gives position `p` (a Pack's element, or a ConcatV2's
+        piece), or None where the slice's shape gives it or it cannot be read."""
+        node = self.nodes.get(parse_input(target)[0])
+        data = [t for t in node.input if not t.startswith("^")] if node is not None else []
+        if node is not None and node.op == "Pack" and p < len(data):
+            values = folded_ints(self.nodes, data[p])
+            return values[0] if values and len(values) == 1 else None
+        if node is None or node.op != "ConcatV2":
+            return None
+        at = 0
+        for piece in data[:-1]:
+            length = (self.shape(piece) or [None])[0]
+            if length is None:
+                return None
+            if at <= p < at + length:
+                values = folded_ints(self.nodes, piece)
+                return values[p - at] if values and len(values) == length else None
+            at += length
+        return None
+
     def _reshape(self, node, data):
         axis, shape_in, shape_out = self.axis(data[0]), self.shape(data[0]), self.shape(node.name)
         if axis is None or not shape_in or not shape_out or None in shape_in or None in shape_out:
@@ -306,6 +327,8 @@ class RowWalk:
             raise FedWhole("the split axis does not stay whole")
         p = found[0]
         if self.states.get(parse_input(data[1])[0]) is not None:  # computed per slice (a slice's Shape)
+            if self._constant_at(data[1], p) not in (None, -1):  # SegFormer's [batch, 256, 1, 16] in place
+                raise FedWhole("its target, made per slice, names the whole token count")
             return p, [], [], None
         target = folded_ints(self.nodes, data[1])
         if target is None:

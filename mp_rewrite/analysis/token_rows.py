@@ -27,9 +27,9 @@ it is given at run time (`unknown_length`).
 
 A model whose input has no token axis -- an image cut into patches (ViT) -- makes its tokens inside: where the
 input's own plan is refused, the tensors it feeds before its first matmul, of shape [1, tokens, features] at batch
-1, are tried as the rows to cut (the earliest that splits the most matmuls; only for an input of static shape but
-its batch); what computes them runs once, whole (`source` is then the input they come from, `input` the tensor
-cut).
+1, are tried as the rows to cut (the earliest that splits the most matmuls, where that is half of them or more;
+only for an input of static shape but its batch); what computes them runs once, whole (`source` is then the input
+they come from, `input` the tensor cut).
 """
 
 from __future__ import annotations
@@ -161,8 +161,10 @@ def row_plan(graph_def, input_tensor: str, axis: int, outputs, shapes: dict, par
 def _made_inside(graph_def, input_tensor: str, outputs, shapes: dict, parts: int) -> TokenRows | None:
     """The plan on tokens the graph makes from `input_tensor` (module docstring), or None: of the tensors of shape
     [1, tokens, features] at batch 1 that the input feeds before its first matmul (the first output of a node of
-    one output), the earliest whose plan splits the most matmuls. Only for an input of static shape but its batch:
-    where the graph leaves a dimension unknown, the caller's stand-in for it would be taken for the token count."""
+    one output), the earliest whose plan splits the most matmuls, and only where it splits half of them or more (a
+    hierarchical model -- SegFormer's MiT -- turns its tokens back into an image in every block: cut, it would
+    exchange rows at every block for a few split matmuls). Only for an input of static shape but its batch: where
+    the graph leaves a dimension unknown, the caller's stand-in for it would be taken for the token count."""
     declared = _declared_shape(graph_def, input_tensor)
     if not declared or None in declared[1:]:
         return None
@@ -182,7 +184,8 @@ def _made_inside(graph_def, input_tensor: str, outputs, shapes: dict, parts: int
         found = row_plan(graph_def, f"{name}:0", 1, outputs, shapes, parts)
         if found.splittable and (best is None or found.split_work > best.split_work):
             best = dataclasses.replace(found, source=input_tensor)
-    return best
+    work = sum(nodes[name].op in WORK for name in best.order) if best else 0
+    return best if best and 2 * best.split_work >= work else None
 
 
 def _declared_shape(graph_def, tensor: str):

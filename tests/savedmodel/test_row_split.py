@@ -87,6 +87,12 @@ def _feeds(signature, seed=0, batch=1, length=TOKENS):
     return feeds
 
 
+def _run_one(graph_def, source: str, output: str, x):
+    """`output` of `graph_def` fed `x` at `source`."""
+    return tf.function(lambda v: tf.graph_util.import_graph_def(
+        graph_def, input_map={source: v}, return_elements=[output], name="g")[0])(x).numpy()
+
+
 def _whole_and_split(signature, parts: int = 2):
     plan = _plan(signature, parts)
     assert plan.splittable, plan.reason
@@ -147,6 +153,28 @@ def test_grapplers_layer_norm_spelling_splits_on_the_rows():
     assert not refused.splittable and "(op Tile) needs every token row (tiles the split axis)" in refused.reason
     plan = token_rows(graph_def, [source], [output], shapes)
     assert plan.splittable and plan.input.startswith("Tile") and plan.source == source, plan
+
+
+def test_a_reshape_target_made_per_slice_that_names_every_token_is_fed_whole():
+    """SegFormer's attention, traced in place, reshapes to [batch, 256, 1, 16] with the batch read from the rows'
+    shape and 256 a constant: the target is computed per slice, yet names every token. It was split (each slice
+    asked for 256 rows: the check failed at run time); it is fed whole."""
+    rng = np.random.default_rng(3)
+    w = tf.constant(rng.normal(size=[8, 8]).astype(np.float32))
+
+    def attention_like(x):
+        y = tf.matmul(x, w)
+        return tf.matmul(tf.reshape(tf.reshape(y, tf.stack([tf.shape(y)[0], TOKENS, 2, 4])), tf.shape(y)), w)
+    concrete = tf.function(attention_like).get_concrete_function(tf.TensorSpec([None, TOKENS, 8], tf.float32))
+    graph_def = concrete.graph.as_graph_def()
+    source, output = concrete.inputs[0].name, concrete.outputs[0].name
+    plan = token_rows(graph_def, [source], [output], node_shapes(graph_def, batch=1))
+    assert any(op == "Reshape" and why == "its target, made per slice, names the whole token count"
+               for _, op, why in plan.fed_whole), plan.fed_whole
+    graph, fetched = split_rows(graph_def, plan)
+    x = tf.constant(rng.normal(size=[1, TOKENS, 8]).astype(np.float32))
+    np.testing.assert_array_equal(_run_one(graph, source, fetched[output], x),
+                                  _run_one(graph_def, source, output, x))
 
 
 def test_a_tf_keras_bodys_control_inputs_on_split_nodes_wait_for_every_copy(tmp_path):
@@ -252,11 +280,8 @@ def _split_traced(attention, rng):
     assert plan.splittable and not plan.fed_whole, plan.reason or plan.fed_whole
     graph, fetched = split_rows(graph_def, plan)
     x = tf.constant(rng.normal(size=[1, TOKENS, 8]).astype(np.float32))
-
-    def run(g, out):
-        return tf.function(lambda v: tf.graph_util.import_graph_def(
-            g, input_map={source: v}, return_elements=[out], name="g")[0])(x).numpy()
-    np.testing.assert_array_equal(run(graph, fetched[output]), run(graph_def, output))
+    np.testing.assert_array_equal(_run_one(graph, source, fetched[output], x),
+                                  _run_one(graph_def, source, output, x))
     return plan, graph_def
 
 
