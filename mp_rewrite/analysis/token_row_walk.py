@@ -299,12 +299,12 @@ class RowWalk:
         """The constant a Reshape target made per slice gives position `p` (a Pack's element, or a ConcatV2's
         piece), or None where the slice's shape gives it or it cannot be read."""
         node = self.nodes.get(parse_input(target)[0])
-        data = [t for t in node.input if not t.startswith("^")] if node is not None else []
-        if node is not None and node.op == "Pack" and p < len(data):
-            values = folded_ints(self.nodes, data[p])
-            return values[0] if values and len(values) == 1 else None
-        if node is None or node.op != "ConcatV2":
+        if node is None or node.op not in ("Pack", "ConcatV2"):
             return None
+        data = [t for t in node.input if not t.startswith("^")]
+        if node.op == "Pack":
+            values = folded_ints(self.nodes, data[p]) if p < len(data) else None
+            return values[0] if values and len(values) == 1 else None
         at = 0
         for piece in data[:-1]:
             length = (self.shape(piece) or [None])[0]

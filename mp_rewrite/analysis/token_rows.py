@@ -177,9 +177,9 @@ def _made_inside(graph_def, input_tensor: str, outputs, shapes: dict, parts: int
         fed.add(name)
         if node.op in WORK:
             break
-        shape = (shapes.get(name) or [None])[0]
-        if len(shapes.get(name) or ()) != 1 or not shape or len(shape) != 3 or shape[0] != 1 or \
-                shape[1] is None or shape[1] < 2 * parts:
+        found = shapes.get(name) or ()
+        shape = found[0] if len(found) == 1 else None
+        if not shape or len(shape) != 3 or shape[0] != 1 or shape[1] is None or shape[1] < 2 * parts:
             continue
         found = row_plan(graph_def, f"{name}:0", 1, outputs, shapes, parts)
         if found.splittable and (best is None or found.split_work > best.split_work):

@@ -147,7 +147,8 @@ def test_grapplers_layer_norm_spelling_splits_on_the_rows():
     # A Tile that repeats the tokens is not row-wise on the input's rows; its output, made inside, is cut instead.
     tiled = tf.function(lambda x: tf.matmul(tf.tile(x, [1, 2, 1]), w)).get_concrete_function(
         tf.TensorSpec([None, TOKENS, 8], tf.float32))
-    graph_def, shapes = tiled.graph.as_graph_def(), node_shapes(tiled.graph.as_graph_def(), batch=1)
+    graph_def = tiled.graph.as_graph_def()
+    shapes = node_shapes(graph_def, batch=1)
     source, output = tiled.inputs[0].name, tiled.outputs[0].name
     refused = row_plan(graph_def, source, 1, [output], shapes)
     assert not refused.splittable and "(op Tile) needs every token row (tiles the split axis)" in refused.reason
